@@ -1,0 +1,107 @@
+"""Frozen configuration dataclasses. Each layer of the stack takes the config of the layer below.
+
+SpecConfig -> EngineConfig -> ServerConfig (server/). Derived values are properties.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+
+class Mode(str, enum.Enum):
+    """Decoding mode; all three run in one engine so they can be measured side by side."""
+
+    AR = "ar"  # target only
+    SYNC = "sync"  # draft, then verify, then draft (the DFlash-style sequential loop)
+    ASYNC = "async"  # D3D: pre-draft branches for round k+1 while the target verifies round k
+
+
+class BranchPolicy(str, enum.Enum):
+    """Which verification outcomes the drafter pre-drafts for while the target verifies."""
+
+    ALL = "all"  # every rejection position plus full acceptance (num_drafts + 1 outcomes)
+    TOPK = "topk"  # only the `branch_budget` most likely outcomes by the drafter's own confidence
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    temperature: float = 0.0  # 0 means greedy
+    top_p: float = 1.0
+    top_k: int = 0  # 0 disables top-k
+    seed: int | None = None
+    max_new_tokens: int = 128
+    stop_token_ids: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.temperature < 0:
+            raise ValueError("temperature must be >= 0")
+        if not 0 < self.top_p <= 1:
+            raise ValueError("top_p must be in (0, 1]")
+        if self.top_k < 0:
+            raise ValueError("top_k must be >= 0")
+        if self.max_new_tokens < 1:
+            raise ValueError("max_new_tokens must be >= 1")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+@dataclass(frozen=True)
+class SpecConfig:
+    """Speculation shape.
+
+    block_size: tokens the target verifies per cycle = the last accepted token + (block_size - 1)
+    drafts. The drafter fills block_size mask slots: block_size - 1 drafts and, in the last slot,
+    its guess of the bonus token (used for the full-acceptance branch).
+    """
+
+    block_size: int = 16
+    branch_policy: BranchPolicy = BranchPolicy.TOPK
+    branch_budget: int = 4  # number of branches pre-drafted under TOPK
+    guesses_per_position: int = 1  # correction-token guesses per rejection position
+
+    def __post_init__(self) -> None:
+        if self.block_size < 2:
+            raise ValueError("block_size must be >= 2")
+        if self.branch_budget < 1:
+            raise ValueError("branch_budget must be >= 1")
+        if self.guesses_per_position < 1:
+            raise ValueError("guesses_per_position must be >= 1")
+
+    @property
+    def num_drafts(self) -> int:
+        return self.block_size - 1
+
+    @property
+    def num_outcomes(self) -> int:
+        return self.num_drafts + 1
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    mode: Mode = Mode.ASYNC
+    spec: SpecConfig = field(default_factory=SpecConfig)
+    target_path: str | None = None  # None: the default SmolLM2-135M-Instruct
+    drafter_path: str | None = None  # None: the shipped default drafter
+    device: str = "cpu"
+    draft_device: str | None = None  # None: same as device
+    dtype: str = "float32"
+    max_batch_size: int = 16  # running requests per cycle (slots in the KV caches)
+    max_context: int = 2048  # per-request KV capacity (prompt + generated)
+    max_queue: int = 256  # waiting requests beyond this are refused (HTTP 503)
+    # Adaptive speculation: the verify pass holds at most this many tokens in total, so the
+    # block shrinks as the batch grows; below min_block_size the engine decodes target-only.
+    verify_token_budget: int = 64
+    min_block_size: int = 3
+    draft_threads: int = 1  # intra-op threads of the drafter's worker (CPU)
+    target_threads: int = 1  # intra-op threads of the target's worker (CPU)
+
+    def __post_init__(self) -> None:
+        if self.max_batch_size < 1 or self.max_context < 8:
+            raise ValueError("max_batch_size >= 1 and max_context >= 8 required")
+
+    @property
+    def resolved_draft_device(self) -> str:
+        return self.draft_device or self.device

@@ -1,0 +1,95 @@
+"""Speculation statistics: one `CycleStats` per verify cycle, folded into `RequestStats`.
+
+The engine fills these; the logger, the CLI's JSON output and the Prometheus recorder
+(server/metrics.py) all read from them, so every surface reports the same numbers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+
+@dataclass
+class CycleStats:
+    """One verify cycle of one request."""
+
+    num_drafts: int  # draft tokens sent to the target (0 in ar mode)
+    num_accepted: int  # drafts the target accepted (the bonus/correction token not included)
+    branch_hit: bool | None  # async only: did a pre-drafted branch match? None otherwise
+    draft_time: float  # seconds the drafter spent on this cycle's drafting work
+    verify_time: float  # seconds of the target forward pass
+    cycle_time: float  # wall seconds from cycle start to tokens emitted
+    overlap_time: float  # seconds during which drafter and target ran at the same time
+
+    @property
+    def accepted_length(self) -> int:
+        """Tokens gained this cycle: accepted drafts plus the target's own token."""
+        return self.num_accepted + 1
+
+
+@dataclass
+class RequestStats:
+    """Per-request aggregate. Lists are per cycle so a timeline can be rebuilt."""
+
+    mode: str = "async"
+    prompt_tokens: int = 0
+    generated_tokens: int = 0
+    accepted_lengths: list[int] = field(default_factory=list)
+    accepted_per_position: list[int] = field(default_factory=list)  # [i]: cycles accepting draft i
+    drafts_per_position: list[int] = field(default_factory=list)  # [i]: cycles that proposed draft i
+    branch_hits: int = 0
+    branch_misses: int = 0
+    draft_time: float = 0.0
+    verify_time: float = 0.0
+    cycle_time: float = 0.0
+    overlap_time: float = 0.0
+    prefill_time: float = 0.0
+    fallbacks: int = 0  # cycles where the drafter failed and the engine carried on without it
+
+    def add_cycle(self, c: CycleStats) -> None:
+        self.accepted_lengths.append(c.accepted_length)
+        _bump(self.drafts_per_position, c.num_drafts)
+        _bump(self.accepted_per_position, c.num_accepted)
+        if c.branch_hit is True:
+            self.branch_hits += 1
+        elif c.branch_hit is False:
+            self.branch_misses += 1
+        self.draft_time += c.draft_time
+        self.verify_time += c.verify_time
+        self.cycle_time += c.cycle_time
+        self.overlap_time += c.overlap_time
+
+    @property
+    def num_cycles(self) -> int:
+        return len(self.accepted_lengths)
+
+    @property
+    def mean_accepted_length(self) -> float:
+        return sum(self.accepted_lengths) / max(1, self.num_cycles)
+
+    @property
+    def branch_hit_rate(self) -> float | None:
+        total = self.branch_hits + self.branch_misses
+        return self.branch_hits / total if total else None
+
+    @property
+    def overlap_fraction(self) -> float:
+        return self.overlap_time / self.cycle_time if self.cycle_time > 0 else 0.0
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d.update(
+            num_cycles=self.num_cycles,
+            mean_accepted_length=self.mean_accepted_length,
+            branch_hit_rate=self.branch_hit_rate,
+            overlap_fraction=self.overlap_fraction,
+        )
+        return d
+
+
+def _bump(counts: list[int], upto: int) -> None:
+    """Add one to counts[0:upto], growing the list as needed."""
+    if len(counts) < upto:
+        counts.extend([0] * (upto - len(counts)))
+    for i in range(upto):
+        counts[i] += 1

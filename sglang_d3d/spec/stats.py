@@ -44,6 +44,7 @@ class RequestStats:
     cycle_time: float = 0.0
     overlap_time: float = 0.0
     prefill_time: float = 0.0
+    queue_time: float = 0.0  # submit -> first scheduled (prefill start)
     fallbacks: int = 0  # cycles where the drafter failed and the engine carried on without it
 
     def add_cycle(self, c: CycleStats) -> None:

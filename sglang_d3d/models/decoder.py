@@ -1,0 +1,133 @@
+"""Our forward pass over Hugging Face Llama/Qwen3 decoder weights.
+
+We reuse the HF submodules (projections, norms, MLP, rotary embedding) so the weights and the
+maths of each piece stay the library's; only attention is ours, because speculative decoding
+needs what the HF cache cannot give cheaply: per-request cache slots, writes at arbitrary
+indices (scratch blocks and branches), and explicit boolean attention masks (causal prefix +
+bidirectional mask blocks + tree-shaped branches).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from sglang_d3d.models.kv_cache import KVCache, slot_selector
+
+
+@dataclass(frozen=True)
+class DecoderSpec:
+    vocab_size: int
+    hidden_size: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    max_position: int
+
+    @classmethod
+    def from_hf_config(cls, cfg) -> DecoderSpec:
+        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        return cls(
+            vocab_size=cfg.vocab_size,
+            hidden_size=cfg.hidden_size,
+            num_heads=cfg.num_attention_heads,
+            num_kv_heads=cfg.num_key_value_heads,
+            head_dim=head_dim,
+            max_position=cfg.max_position_embeddings,
+        )
+
+
+@dataclass
+class Batch:
+    """Where a forward pass reads and writes in the cache. `cache=None`: no cache, and the
+    mask is over the T input tokens themselves (training)."""
+
+    positions: torch.Tensor  # [N, T] RoPE positions
+    mask: torch.Tensor  # [N, T, S] bool, True = may attend; S = span of cache indices read
+    cache: KVCache | None = None
+    slots: list[int] | None = None  # [N] cache rows
+    write_at: torch.Tensor | None = None  # [N, T] cache index of each input token
+
+
+def attention(layer, x: torch.Tensor, cos, sin, b: Batch, li: int, spec: DecoderSpec):
+    """x: [N, T, H] -> [N, T, H]. `layer` is an HF decoder layer (self_attn submodules)."""
+    a = layer.self_attn
+    n, t, _ = x.shape
+    q = a.q_proj(x).view(n, t, spec.num_heads, spec.head_dim)
+    k = a.k_proj(x).view(n, t, spec.num_kv_heads, spec.head_dim)
+    v = a.v_proj(x).view(n, t, spec.num_kv_heads, spec.head_dim)
+    if hasattr(a, "q_norm"):  # Qwen3 normalises q and k per head before RoPE
+        q, k = a.q_norm(q), a.k_norm(k)
+    q, k = _rope(q.transpose(1, 2), cos, sin), _rope(k.transpose(1, 2), cos, sin)
+    if b.cache is None:
+        keys, values = k, v.transpose(1, 2)
+    else:
+        slot_idx = torch.tensor(b.slots).unsqueeze(1).expand(n, t)
+        b.cache.write(li, slot_idx, b.write_at, k.transpose(1, 2), v)
+        keys, values = b.cache.read(li, slot_selector(b.slots), b.mask.shape[-1])
+    out = F.scaled_dot_product_attention(
+        q, keys, values, attn_mask=b.mask.unsqueeze(1), enable_gqa=True
+    )
+    return a.o_proj(out.transpose(1, 2).reshape(n, t, -1))
+
+
+def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x: [N, heads, T, D]; cos/sin: [N, T, D]."""
+    cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + rotated * sin
+
+
+def run_layers(layers, rotary, h: torch.Tensor, b: Batch, spec: DecoderSpec) -> torch.Tensor:
+    """h: [N, T, H] embeddings -> [N, T, H] hidden states before the final norm."""
+    cos, sin = rotary(h, b.positions)
+    for li, layer in enumerate(layers):
+        h = h + attention(layer, layer.input_layernorm(h), cos, sin, b, li, spec)
+        h = h + layer.mlp(layer.post_attention_layernorm(h))
+    return h
+
+
+class Decoder(nn.Module):
+    """The target model: HF weights, our attention. Built from a loaded HF causal LM."""
+
+    def __init__(self, hf_model) -> None:
+        super().__init__()
+        inner = hf_model.model
+        self.spec = DecoderSpec.from_hf_config(hf_model.config)
+        self.hf_config = hf_model.config
+        self.embed_tokens = inner.embed_tokens
+        self.layers = inner.layers
+        self.norm = inner.norm
+        self.rotary = inner.rotary_emb
+        self.lm_head = hf_model.lm_head
+
+    @classmethod
+    def from_hf(cls, hf_model) -> Decoder:
+        return cls(hf_model)
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.layers)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.embed_tokens.weight.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.embed_tokens.weight.device
+
+    def make_cache(self, num_slots: int, max_len: int) -> KVCache:
+        s = self.spec
+        return KVCache(
+            self.num_layers, num_slots, max_len, s.num_kv_heads, s.head_dim, self.dtype, self.device
+        )
+
+    def forward(self, input_ids: torch.Tensor, b: Batch) -> torch.Tensor:
+        """input_ids [N, T] -> logits [N, T, V]."""
+        h = run_layers(self.layers, self.rotary, self.embed_tokens(input_ids), b, self.spec)
+        return self.lm_head(self.norm(h))

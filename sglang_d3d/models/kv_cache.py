@@ -1,0 +1,63 @@
+"""Slot KV cache: one row per request, writes at arbitrary cache indices.
+
+Lengths (what is committed) live in the runners, not here: the cache is storage. Writing past a
+row's committed length is how scratch work (verify blocks, pre-drafted branches) is done; rolling
+back is just not advancing the length, and committing a pre-drafted token is a copy.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+class KVCache:
+    def __init__(
+        self,
+        num_layers: int,
+        num_slots: int,
+        max_len: int,
+        num_kv_heads: int,
+        head_dim: int,
+        dtype: torch.dtype,
+        device: str | torch.device,
+    ) -> None:
+        shape = (num_layers, num_slots, max_len, num_kv_heads, head_dim)
+        self.k = torch.zeros(shape, dtype=dtype, device=device)
+        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        self.max_len = max_len
+
+    @property
+    def num_slots(self) -> int:
+        return self.k.shape[1]
+
+    def write(
+        self,
+        layer: int,
+        slot_idx: torch.Tensor,  # [N, T] long
+        pos: torch.Tensor,  # [N, T] long, cache indices
+        k: torch.Tensor,  # [N, T, Hkv, D]
+        v: torch.Tensor,  # [N, T, Hkv, D]
+    ) -> None:
+        self.k[layer].index_put_((slot_idx, pos), k)
+        self.v[layer].index_put_((slot_idx, pos), v)
+
+    def read(
+        self, layer: int, slots: torch.Tensor | slice, span: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys and values of the first `span` cache indices: each [N, Hkv, span, D]."""
+        k = self.k[layer][slots, :span]
+        v = self.v[layer][slots, :span]
+        return k.transpose(1, 2), v.transpose(1, 2)
+
+    def copy_positions(self, slot: int, src: list[int], dst: list[int]) -> None:
+        """Move entries within one slot, all layers (e.g. commit a pre-drafted token)."""
+        s, d = torch.tensor(src), torch.tensor(dst)
+        self.k[:, slot, d] = self.k[:, slot, s]
+        self.v[:, slot, d] = self.v[:, slot, s]
+
+
+def slot_selector(slots: list[int]) -> torch.Tensor | slice:
+    """A contiguous run of slots reads as a view (no copy) — the common batch-of-one case."""
+    if slots == list(range(slots[0], slots[0] + len(slots))):
+        return slice(slots[0], slots[0] + len(slots))
+    return torch.tensor(slots)

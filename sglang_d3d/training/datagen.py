@@ -40,8 +40,8 @@ class DatagenConfig:
     gsm8k_path: str = GSM8K_TRAIN
     gsm8k_per_mix: int = 2  # GSM8K prompts per mix prompt in the interleaved order
     max_prompts: int | None = None  # cap on the prompt list (None: all)
-    shard_size: int = 64
-    batch_size: int = 16
+    shard_size: int = 128
+    batch_size: int = 64
     max_new_tokens: int = 256
     temperature: float = 0.0  # 0: greedy
     seed: int = 0
@@ -162,8 +162,17 @@ def _record_shard(manifest: dict, name: str, samples: list[Sample], seconds: flo
     manifest["seconds"] = round(manifest["seconds"] + seconds, 1)
 
 
+# Settings that change which sample lands in which shard; the others (batch size, threads, caps)
+# may differ between a run and its resumption.
+CONTENT_KEYS = ("target_path", "gsm8k_path", "gsm8k_per_mix", "shard_size", "max_new_tokens",
+                "temperature", "seed")
+
+
 def _check_compatible(old: dict, new: dict) -> None:
-    if old and old.get("generation") != new["generation"]:
+    def key(m: dict) -> dict:
+        return {k: m.get("generation", {}).get(k) for k in CONTENT_KEYS}
+
+    if old and key(old) != key(new):
         raise ValueError(
             "the output folder holds shards made with other settings; use another --out-dir"
         )
@@ -185,7 +194,7 @@ def run_datagen_config(cfg: DatagenConfig) -> dict:
     manifest = _base_manifest(cfg, target, len(items))
     old = read_manifest(out)
     _check_compatible(old, manifest)
-    manifest = old or manifest
+    manifest = {**old, "generation": manifest["generation"]} if old else manifest
     model, tok = load_hf_model(target), load_tokenizer(target)
     eos_ids = _eos_ids(model, tok)
     num_shards = -(-len(items) // cfg.shard_size)

@@ -1,0 +1,153 @@
+"""The engine's use of the drafter: synchronous drafts, asynchronous branches, and what to do
+after verification (commit a hit branch, or fall back to a synchronous draft on a miss).
+
+Drafter faults never cost tokens: a failing or garbage-producing drafter leaves the row with a
+placeholder draft whose proposal distribution is a point mass. Verification against a point
+mass is still exact (greedy: it is just compared; sampling: accepted with probability p(x), else
+the residual), so the request carries on target-only until the drafter recovers.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from sglang_d3d.config import BranchPolicy, SpecConfig
+from sglang_d3d.engine.sequence import Sequence
+from sglang_d3d.models.draft_runner import DraftRunner
+from sglang_d3d.models.packing import branch_pack, extend_pack
+from sglang_d3d.spec.branches import match_branch, select_branches
+from sglang_d3d.spec.sampling import draft_probs, sample
+
+log = logging.getLogger(__name__)
+MAX_DRAFTER_FAULTS = 3  # after this many, a request stops using the drafter
+
+
+class DrafterFault(RuntimeError):
+    """The drafter raised or produced unusable output."""
+
+
+class Drafting:
+    def __init__(self, runner: DraftRunner, spec: SpecConfig) -> None:
+        self.runner = runner
+        self.spec = spec
+
+    # ---- before verify ----------------------------------------------------------------------
+    def prefill(self, seq: Sequence) -> None:
+        """Cache the prompt (runs while the target prefills)."""
+        self._guard([seq], lambda: self.runner.run([(seq.slot, extend_pack(seq.tokens, 0))]))
+        if seq.drafter_faults == 0:
+            seq.pending = []
+
+    def ensure_drafts(self, rows: list[Sequence], block: int) -> None:
+        """Give every row `block - 1` drafts: a synchronous draft where none is ready."""
+        for s in rows:
+            if s.draft is not None and len(s.draft) < block - 1:
+                s.draft = None  # drafted for a smaller block
+        need = [s for s in rows if s.draft is None and s.drafter_faults < MAX_DRAFTER_FAULTS]
+        if need:
+            self._guard(need, lambda: self._sync_draft(need, block))
+        for s in rows:
+            if s.draft is None:
+                _placeholder(s, block)
+            s.draft = s.draft[: block - 1]
+            if s.draft_q is not None:
+                s.draft_q = s.draft_q[:block]
+
+    def _sync_draft(self, rows: list[Sequence], block: int) -> None:
+        packs = [(s.slot, extend_pack(s.pending, block)) for s in rows]
+        for s, logits in zip(rows, self.runner.run(packs)):
+            s.pending = []
+            _set_draft(s, _checked(logits[0]))
+
+    def predraft(self, rows: list[Sequence], block: int) -> None:
+        """Pre-draft the next block for the likely outcomes of the verify in flight."""
+        rows = [s for s in rows if not s.placeholder]
+        if not rows:
+            return
+        for s in rows:
+            s.branches = select_branches(
+                s.draft, s.draft_q, self.spec.branch_policy, self._budget(block),
+                self.spec.guesses_per_position,
+            )
+        packs = [
+            (s.slot, branch_pack(s.draft, [(b.num_accepted, b.token) for b in s.branches], block))
+            for s in rows
+        ]
+        self._guard(rows, lambda: self._store_branches(rows, self.runner.run(packs)))
+
+    def _store_branches(self, rows: list[Sequence], logits: list[torch.Tensor]) -> None:
+        for s, lg in zip(rows, logits):
+            s.branch_logits = _checked(lg)
+
+    def _budget(self, block: int) -> int:
+        if self.spec.branch_policy is BranchPolicy.ALL:
+            return block * self.spec.guesses_per_position
+        return self.spec.branch_budget
+
+    # ---- after verify -----------------------------------------------------------------------
+    def advance(self, s: Sequence, accepted: int, token: int, block: int) -> bool | None:
+        """Bring the drafter up to date with the verified outcome. -> branch hit/miss/None."""
+        hit_index = None
+        had_branches = s.branch_logits is not None and bool(s.branches)
+        if had_branches:
+            hit_index = match_branch(s.branches, accepted, token)
+        if hit_index is not None:
+            self.runner.commit_branch(s.slot, len(s.draft), hit_index, accepted, block)
+            _set_draft(s, s.branch_logits[hit_index])
+        elif had_branches:
+            self.runner.commit(s.slot, accepted)  # d1..dn were written by the branch pass
+            s.pending.append(token)
+            s.draft = None
+        else:
+            s.pending.extend(s.draft[:accepted])
+            s.pending.append(token)
+            s.draft = None
+        s.branches, s.branch_logits = [], None
+        return None if not had_branches else hit_index is not None
+
+    def skip(self, s: Sequence, new_tokens: list[int]) -> None:
+        """A cycle ran without the drafter: remember what it has not seen."""
+        s.pending.extend(new_tokens)
+        s.draft, s.branches, s.branch_logits = None, [], None
+
+    # ---- faults -----------------------------------------------------------------------------
+    def _guard(self, rows: list[Sequence], fn) -> None:
+        try:
+            fn()
+        except Exception as e:  # noqa: BLE001 - any drafter failure degrades, never fails
+            log.warning("drafter fault on %d request(s): %s", len(rows), e)
+            for s in rows:
+                self._reset(s)
+
+    def _reset(self, s: Sequence) -> None:
+        s.drafter_faults += 1
+        s.stats.fallbacks += 1
+        self.runner.reset(s.slot)
+        s.pending = list(s.tokens)  # rebuild the drafter cache from scratch next time
+        s.draft, s.draft_q, s.branches, s.branch_logits = None, None, [], None
+
+
+def _checked(logits: torch.Tensor) -> torch.Tensor:
+    if not torch.isfinite(logits).any(-1).all():
+        raise DrafterFault("drafter produced non-finite logits")
+    return logits
+
+
+def _set_draft(s: Sequence, slot_logits: torch.Tensor) -> None:
+    """slot_logits [B, V] -> drafts (argmax, or sampled from q) and q [B, V]."""
+    q = draft_probs(slot_logits, s.params)
+    if s.params.greedy:
+        tokens = slot_logits.argmax(-1).tolist()
+    else:
+        tokens = [sample(q[j], s.generator) for j in range(q.shape[0])]
+    s.draft, s.draft_q = tokens[:-1], q
+    s.placeholder = False
+
+
+def _placeholder(s: Sequence, block: int) -> None:
+    """Drafts that are the last token repeated, proposed with probability one (exact)."""
+    s.draft = [s.last_token] * (block - 1)
+    s.draft_q = None
+    s.placeholder = True

@@ -1,0 +1,213 @@
+"""The speculative engine: one `step()` = schedule -> draft -> verify (overlapped with
+pre-drafting) -> accept -> emit, for every running request at once.
+
+Modes share everything but the drafting: `ar` verifies no drafts (plain decoding), `sync`
+drafts then verifies, `async` also pre-drafts the next block while the target verifies.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from sglang_d3d.config import EngineConfig, Mode
+from sglang_d3d.engine.api import EventCallback, GenerationRequest, RequestTooLongError, TokenEvent
+from sglang_d3d.engine.drafting import Drafting
+from sglang_d3d.engine.overlap import CycleTimes, TargetWorker, Timeline
+from sglang_d3d.engine.scheduler import Scheduler
+from sglang_d3d.engine.sequence import Sequence
+from sglang_d3d.models.decoder import Decoder
+from sglang_d3d.models.draft_runner import DraftRunner
+from sglang_d3d.models.drafter import D3DDrafter
+from sglang_d3d.models.target import TargetRunner
+from sglang_d3d.spec.sampling import make_generator, sample, target_probs
+from sglang_d3d.spec.stats import CycleStats
+from sglang_d3d.spec.verify import greedy_accept, rejection_accept
+
+
+class SpecEngine:
+    def __init__(self, cfg: EngineConfig, target: Decoder, drafter: D3DDrafter | None) -> None:
+        if cfg.mode is not Mode.AR and drafter is None:
+            raise ValueError(f"mode {cfg.mode.value} needs a drafter")
+        self.cfg = cfg
+        self.vocab_size = target.spec.vocab_size
+        slots, block = cfg.max_batch_size, cfg.spec.block_size
+        self.target = TargetRunner(target, slots, cfg.max_context + block + 1)
+        self.drafting = None
+        if drafter is not None and cfg.mode is not Mode.AR:
+            scratch = block + self._max_branches() * block
+            self.drafting = Drafting(DraftRunner(drafter, slots, cfg.max_context + scratch), cfg.spec)
+        self.scheduler = Scheduler(slots, cfg.max_queue)
+        self.worker = TargetWorker(cfg.target_threads)
+        self.timeline = Timeline()
+        self.cycle_listeners: list = []
+        self._steps = 0
+
+    def _max_branches(self) -> int:
+        s = self.cfg.spec
+        return s.num_outcomes * s.guesses_per_position
+
+    # ---- requests ---------------------------------------------------------------------------
+    def submit(self, req: GenerationRequest, on_event: EventCallback) -> None:
+        if not req.prompt_ids:
+            raise ValueError("the prompt is empty")
+        if any(t < 0 or t >= self.vocab_size for t in req.prompt_ids):
+            raise ValueError("prompt token id out of the vocabulary")
+        total = len(req.prompt_ids) + req.params.max_new_tokens
+        if total > self.cfg.max_context:
+            raise RequestTooLongError(
+                f"prompt ({len(req.prompt_ids)} tokens) + max_tokens "
+                f"({req.params.max_new_tokens}) = {total} exceeds the context length "
+                f"{self.cfg.max_context}"
+            )
+        seq = Sequence(req=req, on_event=on_event, tokens=list(req.prompt_ids))
+        seq.num_prompt = len(req.prompt_ids)
+        seq.stats.mode = self.cfg.mode.value
+        seq.stats.prompt_tokens = seq.num_prompt
+        if req.arrival_time:
+            seq.submit_time = req.arrival_time
+        seq.generator = make_generator(req.params.seed)
+        self.scheduler.add(seq)
+
+    def abort(self, request_id: str) -> None:
+        self.scheduler.abort(request_id)
+
+    # ---- the loop body ----------------------------------------------------------------------
+    def step(self) -> list[TokenEvent]:
+        events: list[TokenEvent] = []
+        for seq in self.scheduler.take_aborted():
+            events.append(self._finish(seq, "abort"))
+        for seq in self.scheduler.admit():
+            events.append(self._prefill(seq))
+        rows = [s for s in self.scheduler.running if s.finish_reason is None]
+        if rows:
+            events.extend(self._cycle(rows, self.block_size(len(rows))))
+        for seq in [s for s in self.scheduler.running if s.finish_reason is not None]:
+            self.scheduler.release(seq)
+            self.target.free(seq.slot)
+        return events
+
+    def block_size(self, batch: int) -> int:
+        """Verify tokens per request this cycle; 1 means target-only decoding. The block
+        shrinks as the batch grows so one verify pass stays within the token budget."""
+        if self.drafting is None:
+            return 1
+        block = min(self.cfg.spec.block_size, self.cfg.verify_token_budget // batch)
+        return block if block >= self.cfg.min_block_size else 1
+
+    # ---- prefill ----------------------------------------------------------------------------
+    def _prefill(self, seq: Sequence) -> TokenEvent:
+        t0 = time.perf_counter()
+        seq.stats.queue_time = max(0.0, time.monotonic() - seq.submit_time)
+        fut = self.worker.submit(self.target.prefill, seq.slot, seq.tokens)
+        if self.drafting is not None:
+            self.drafting.prefill(seq)  # overlaps with the target's prefill
+        logits, _, _ = fut.result()
+        token = sample(target_probs(logits, seq.params), seq.generator)
+        seq.stats.prefill_time = time.perf_counter() - t0
+        if self.drafting is not None:
+            seq.pending.append(token)
+        return self._emit(seq, [token])
+
+    # ---- one speculative cycle --------------------------------------------------------------
+    def _cycle(self, rows: list[Sequence], block: int) -> list[TokenEvent]:
+        self._steps += 1
+        ct = CycleTimes(step=self._steps, batch=len(rows), block=block)
+        t0 = time.perf_counter()
+        if block > 1:
+            self.drafting.ensure_drafts(rows, block)
+        ct.draft_end = time.perf_counter() - t0
+        tokens = torch.tensor([[s.last_token] + (s.draft if block > 1 else []) for s in rows])
+        fut = self.worker.submit(self.target.forward_block, [s.slot for s in rows], tokens)
+        if block > 1 and self.cfg.mode is Mode.ASYNC:
+            ct.predraft_start = time.perf_counter() - t0
+            self.drafting.predraft(rows, block)
+            ct.predraft_end = time.perf_counter() - t0
+        logits, v0, v1 = fut.result()
+        ct.verify_start, ct.verify_end = v0 - t0, v1 - t0
+        events = [self._accept(s, logits[i], block, ct) for i, s in enumerate(rows)]
+        ct.end = time.perf_counter() - t0
+        self.timeline.add(ct)
+        self._record(rows, ct)
+        return events
+
+    def _accept(self, s: Sequence, logits: torch.Tensor, block: int, ct: CycleTimes) -> TokenEvent:
+        """logits [block, V] from the verify pass -> emitted tokens for this request."""
+        try:
+            draft = s.draft if block > 1 else []
+            n, token = self._verify(s, draft, logits)
+            self.target.advance(s.slot, n + 1)
+            hit = None
+            if self.drafting is not None:
+                if block > 1:
+                    hit = self.drafting.advance(s, n, token, block)
+                else:
+                    self.drafting.skip(s, [token])
+            ct.hits += hit is True
+            ct.misses += hit is False
+            s.last_cycle = (len(draft), n, hit)
+            return self._emit(s, draft[:n] + [token])
+        except Exception as e:  # noqa: BLE001 - one request's failure must not stop the others
+            return self._finish(s, "error", error=f"{type(e).__name__}: {e}")
+
+    def _verify(self, s: Sequence, draft: list[int], logits: torch.Tensor) -> tuple[int, int]:
+        d = torch.tensor(draft, dtype=torch.long)
+        if s.params.greedy:
+            return greedy_accept(d, logits)
+        p = target_probs(logits, s.params)
+        if s.placeholder or s.draft_q is None:
+            q = torch.nn.functional.one_hot(d, logits.shape[-1]).float()
+        else:
+            q = s.draft_q[: len(draft)]
+        return rejection_accept(d, q, p, s.generator)
+
+    def _record(self, rows: list[Sequence], ct: CycleTimes) -> None:
+        draft_time = ct.draft_end + (ct.predraft_end - ct.predraft_start)
+        for s in rows:
+            if s.last_cycle is None:
+                continue
+            g, n, hit = s.last_cycle
+            s.last_cycle = None
+            c = CycleStats(g, n, hit, draft_time, ct.verify_end - ct.verify_start, ct.end, ct.overlap)
+            s.stats.add_cycle(c)
+            for fn in self.cycle_listeners:
+                fn(s.request_id, c)
+
+    # ---- output -----------------------------------------------------------------------------
+    def _emit(self, s: Sequence, new: list[int]) -> TokenEvent:
+        """Append accepted tokens, cut at a stop token or the length limit."""
+        stops = set(s.params.stop_token_ids)
+        out, reason = [], None
+        for t in new[: s.remaining]:
+            out.append(t)
+            if t in stops:
+                reason = "stop"
+                break
+        if reason is None and s.num_generated + len(out) >= s.params.max_new_tokens:
+            reason = "length"
+        s.tokens.extend(out)
+        s.stats.generated_tokens = s.num_generated
+        if reason is not None:
+            return self._finish(s, reason, out)
+        return TokenEvent(s.request_id, out)
+
+    def _finish(self, s: Sequence, reason: str, out=None, error=None) -> TokenEvent:
+        s.finish_reason = reason
+        if s.slot >= 0 and reason in ("abort",):
+            self.target.free(s.slot)
+        return TokenEvent(s.request_id, out or [], True, reason, error, s.stats)
+
+    @property
+    def num_running(self) -> int:
+        return self.scheduler.num_running
+
+    @property
+    def num_waiting(self) -> int:
+        return self.scheduler.num_waiting
+
+    def has_work(self) -> bool:
+        return self.scheduler.has_work()
+
+    def shutdown(self) -> None:
+        self.worker.shutdown()

@@ -1,0 +1,38 @@
+"""Build an engine from an EngineConfig: load target, drafter and tokenizer."""
+
+from __future__ import annotations
+
+import torch
+
+from sglang_d3d.config import EngineConfig, Mode
+from sglang_d3d.engine.engine import SpecEngine
+from sglang_d3d.engine.loop import EngineLoop
+from sglang_d3d.models.decoder import Decoder
+from sglang_d3d.models.drafter import D3DDrafter
+from sglang_d3d.models.loading import (
+    load_hf_model,
+    load_tokenizer,
+    resolve_drafter_path,
+    resolve_target_path,
+)
+
+
+def load_models(cfg: EngineConfig) -> tuple[Decoder, D3DDrafter | None, object]:
+    target_path = resolve_target_path(cfg.target_path)
+    target = Decoder.from_hf(load_hf_model(target_path, cfg.dtype).to(cfg.device))
+    drafter = None
+    if cfg.mode is not Mode.AR or cfg.drafter_path is not None:
+        path = resolve_drafter_path(cfg.drafter_path)
+        drafter = D3DDrafter.from_pretrained(path, target).to(cfg.resolved_draft_device)
+    return target, drafter, load_tokenizer(target_path)
+
+
+def build_engine(cfg: EngineConfig) -> tuple[SpecEngine, object]:
+    torch.set_grad_enabled(False)
+    target, drafter, tokenizer = load_models(cfg)
+    return SpecEngine(cfg, target, drafter), tokenizer
+
+
+def build_engine_loop(cfg: EngineConfig) -> EngineLoop:
+    engine, tokenizer = build_engine(cfg)
+    return EngineLoop(engine, tokenizer)

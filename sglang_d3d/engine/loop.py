@@ -1,0 +1,112 @@
+"""EngineLoop: runs `SpecEngine.step()` on a thread of its own.
+
+Callers (the HTTP server) submit and abort from any thread; events come back through each
+request's callback, called on the loop thread.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+import torch
+
+from sglang_d3d.engine.api import EventCallback, GenerationRequest, TokenEvent
+from sglang_d3d.engine.engine import SpecEngine
+
+log = logging.getLogger(__name__)
+
+
+class EngineLoop:
+    def __init__(self, engine: SpecEngine, tokenizer=None) -> None:
+        self.engine = engine
+        self.tokenizer = tokenizer
+        self.config = engine.cfg
+        self._callbacks: dict[str, EventCallback] = {}
+        self._wake = threading.Condition()
+        self._stop = False
+        self._draining = False
+        self._thread = threading.Thread(target=self._run, name="d3d-engine", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def submit(self, req: GenerationRequest, on_event: EventCallback) -> None:
+        if self._draining:
+            raise RuntimeError("the engine is shutting down")
+        self._callbacks[req.request_id] = on_event
+        try:
+            self.engine.submit(req, on_event)
+        except Exception:
+            self._callbacks.pop(req.request_id, None)
+            raise
+        with self._wake:
+            self._wake.notify()
+
+    def abort(self, request_id: str) -> None:
+        self.engine.abort(request_id)
+        with self._wake:
+            self._wake.notify()
+
+    def add_cycle_listener(self, fn) -> None:
+        self.engine.cycle_listeners.append(fn)
+
+    @property
+    def num_running(self) -> int:
+        return self.engine.num_running
+
+    @property
+    def num_waiting(self) -> int:
+        return self.engine.num_waiting
+
+    def shutdown(self, drain_timeout: float = 30.0) -> None:
+        """Stop taking requests, let the running ones finish up to the timeout, abort the rest."""
+        self._draining = True
+        deadline = time.monotonic() + drain_timeout
+        while self.engine.has_work() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        for rid in list(self._callbacks):
+            self.engine.abort(rid)
+        with self._wake:
+            self._stop = True
+            self._wake.notify()
+        self._thread.join(timeout=10)
+        self.engine.shutdown()
+
+    def _run(self) -> None:
+        torch.set_num_threads(self.engine.cfg.draft_threads)
+        while True:
+            with self._wake:
+                while not self._stop and not self.engine.has_work():
+                    self._wake.wait(timeout=0.5)
+                if self._stop and not self.engine.has_work():
+                    return
+            self._dispatch(self._safe_step())
+
+    def _safe_step(self) -> list[TokenEvent]:
+        try:
+            return self.engine.step()
+        except Exception as e:  # noqa: BLE001 - a failed batch fails its requests, not the server
+            log.exception("engine step failed")
+            return self._fail_running(f"{type(e).__name__}: {e}")
+
+    def _fail_running(self, message: str) -> list[TokenEvent]:
+        events = []
+        for seq in list(self.engine.scheduler.running):
+            events.append(self.engine._finish(seq, "error", error=message))
+            self.engine.scheduler.release(seq)
+            self.engine.target.free(seq.slot)
+        return events
+
+    def _dispatch(self, events: list[TokenEvent]) -> None:
+        for ev in events:
+            cb = self._callbacks.get(ev.request_id)
+            if ev.finished:
+                self._callbacks.pop(ev.request_id, None)
+            if cb is None:
+                continue
+            try:
+                cb(ev)
+            except Exception:  # noqa: BLE001 - a broken consumer must not stop the loop
+                log.exception("event callback failed for %s", ev.request_id)

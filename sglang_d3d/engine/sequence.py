@@ -1,0 +1,54 @@
+"""Per-request decoding state inside the engine."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from sglang_d3d.engine.api import EventCallback, GenerationRequest
+from sglang_d3d.spec.branches import Branch
+from sglang_d3d.spec.stats import RequestStats
+
+
+@dataclass
+class Sequence:
+    req: GenerationRequest
+    on_event: EventCallback
+    slot: int = -1
+    tokens: list[int] = field(default_factory=list)  # prompt + accepted output
+    num_prompt: int = 0
+    generator: torch.Generator | None = None
+    stats: RequestStats = field(default_factory=RequestStats)
+    submit_time: float = field(default_factory=time.monotonic)
+    # Drafter state. `pending`: accepted tokens the drafter cache has not seen yet.
+    pending: list[int] = field(default_factory=list)
+    draft: list[int] | None = None  # drafts for the next verify
+    draft_q: torch.Tensor | None = None  # [G+1, V] drafter distributions of those slots
+    branches: list[Branch] = field(default_factory=list)  # pre-drafted for the verify in flight
+    branch_logits: torch.Tensor | None = None  # [num_branches, B, V]
+    placeholder: bool = False  # the draft is a stand-in (drafter unavailable), q = point mass
+    drafter_faults: int = 0
+    last_cycle: tuple[int, int, bool | None] | None = None  # (drafts, accepted, branch hit)
+    finish_reason: str | None = None
+
+    @property
+    def request_id(self) -> str:
+        return self.req.request_id
+
+    @property
+    def params(self):
+        return self.req.params
+
+    @property
+    def num_generated(self) -> int:
+        return len(self.tokens) - self.num_prompt
+
+    @property
+    def last_token(self) -> int:
+        return self.tokens[-1]
+
+    @property
+    def remaining(self) -> int:
+        return self.params.max_new_tokens - self.num_generated

@@ -1,0 +1,77 @@
+"""The drafter side: its own KV cache of the accepted prefix, packed passes, branch commits."""
+
+from __future__ import annotations
+
+import torch
+
+from sglang_d3d.models.drafter import D3DDrafter
+from sglang_d3d.models.packing import Pack, branch_token_index
+
+
+class DraftRunner:
+    def __init__(self, drafter: D3DDrafter, num_slots: int, max_len: int) -> None:
+        self.model = drafter
+        self.cache = drafter.make_cache(num_slots, max_len)
+        self.lengths = [0] * num_slots
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.mask_embedding.device
+
+    @torch.inference_mode()
+    def run(self, rows: list[tuple[int, Pack]]) -> list[torch.Tensor]:
+        """One batched pass over packs (one per slot). -> per row logits [num_blocks, B, V].
+
+        Tokens counted in a pack's `num_commit` join the committed prefix.
+        """
+        slots = [s for s, _ in rows]
+        t = max(len(p.input_ids) for _, p in rows)
+        lens = [self.lengths[s] for s in slots]
+        ids, pos, write, mask = self._layout(rows, lens, t)
+        dev = self.device
+        h = self.model.hidden(
+            ids.to(dev), pos.to(dev), mask.to(dev), self.cache, slots, write.to(dev)
+        )
+        picks = [torch.tensor(p.blocks, dtype=torch.long).view(-1) for _, p in rows]  # [num_blocks * B] each
+        flat = torch.cat([h[r, idx.to(dev)] for r, idx in enumerate(picks)])  # [sum, H]
+        logits = self.model.logits(flat).float() if flat.shape[0] else flat.new_zeros(0, 1)
+        out, at = [], 0
+        for _, p in rows:
+            k, b = len(p.blocks), len(p.blocks[0]) if p.blocks else 0
+            out.append(logits[at : at + k * b].reshape(k, b, logits.shape[-1]))
+            at += k * b
+        for s, p in rows:
+            self.lengths[s] += p.num_commit
+        return out
+
+    def _layout(self, rows, lens: list[int], t: int):
+        n = len(rows)
+        span = max(lens) + t
+        ids = torch.zeros(n, t, dtype=torch.long)
+        pos = torch.zeros(n, t, dtype=torch.long)
+        write = torch.zeros(n, t, dtype=torch.long)
+        mask = torch.zeros(n, t, span, dtype=torch.bool)
+        for r, ((_, p), base) in enumerate(zip(rows, lens)):
+            m = len(p.input_ids)
+            ids[r, :m] = torch.tensor(p.input_ids)
+            pos[r, :m] = base + torch.tensor(p.rel_pos)
+            pos[r, m:] = base
+            write[r] = base + torch.arange(t)  # padding lands in scratch past the pack
+            write[r, :m] = base + torch.tensor(p.rel_write)
+            mask[r, :, :base] = True
+            mask[r, :, base : base + t] = p.intra_mask(t)
+        return ids, pos, write, mask
+
+    def commit(self, slot: int, n: int) -> None:
+        """Keep n more tokens already written at their final indices (e.g. accepted drafts)."""
+        self.lengths[slot] += n
+
+    def commit_branch(self, slot: int, num_drafts: int, branch: int, accepted: int, block: int):
+        """A pre-drafted branch was hit: its accepted drafts are in place; move its token."""
+        base = self.lengths[slot]
+        src = base + branch_token_index(num_drafts, branch, block)
+        self.cache.copy_positions(slot, [src], [base + accepted])
+        self.lengths[slot] = base + accepted + 1
+
+    def reset(self, slot: int) -> None:
+        self.lengths[slot] = 0

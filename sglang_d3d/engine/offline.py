@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import torch
+
 from sglang_d3d.config import SamplingParams
 from sglang_d3d.engine.api import GenerationRequest, TokenEvent
 from sglang_d3d.engine.engine import SpecEngine
@@ -23,6 +25,7 @@ def generate(
 ) -> list[Output]:
     """Submit every prompt, step until all finish. Outputs are in prompt order."""
     plist = params if isinstance(params, list) else [params] * len(prompts)
+    torch.set_num_threads(engine.cfg.draft_threads)  # this thread runs the drafter
     outs = [Output() for _ in prompts]
 
     def collect(i: int):

@@ -7,6 +7,10 @@ layers; the embedding and LM head are the target's, frozen and shared (not store
 checkpoint), so the checkpoint holds only the layers, the final norm and the mask embedding.
 An optional restricted head (FR-Spec style) scores only the K most frequent tokens, since the
 full-vocabulary LM head dominates the drafter's cost on small models.
+
+BLOCK CONVENTION (docs/design.md): a block is the anchor (last accepted token x_a, clean,
+causal) + B-1 mask slots at positions a+1..a+B-1. Every block position predicts the NEXT token:
+anchor -> x_{a+1}, mask j -> x_{a+j+1}. Masks see the prefix, the anchor and each other.
 """
 
 from __future__ import annotations

@@ -3,8 +3,8 @@
 Prompt order: GSM8K train questions and the instruction/code mix interleaved (ratio
 `gsm8k_per_mix`), so any prefix of a run is a usable, mixed dataset. Shard k always holds prompts
 [k*S, (k+1)*S) of that deterministic order; a restart skips shards already on disk, so a killed
-run resumes where it stopped and never writes a prompt twice. Within a shard prompts are sorted
-by length so batches waste little left padding.
+run resumes where it stopped and never writes a prompt twice. Generation is continuously
+batched on the engine's own target runner (training/generation.py).
 
 Greedy responses (temperature 0) are exactly the target's greedy continuation, which is what
 lets training measure greedy acceptance length offline.
@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
+from sglang_d3d.training.generation import generate_continuous
 from sglang_d3d.training.prompt_mix import build_mix
 from sglang_d3d.training.shards import (
     Sample,
@@ -41,7 +42,7 @@ class DatagenConfig:
     gsm8k_per_mix: int = 2  # GSM8K prompts per mix prompt in the interleaved order
     max_prompts: int | None = None  # cap on the prompt list (None: all)
     shard_size: int = 128
-    batch_size: int = 64
+    batch_size: int = 32  # concurrent sequences (cache slots) of continuous batching
     max_new_tokens: int = 256
     temperature: float = 0.0  # 0: greedy
     seed: int = 0
@@ -87,51 +88,19 @@ def encode_chat(tokenizer, question: str) -> list[int]:
     return tokenizer(text, add_special_tokens=False)["input_ids"]
 
 
-def cut_response(row: list[int], eos_ids: set[int]) -> tuple[list[int], bool]:
-    """Generated ids up to and including the first EOS; (ids, finished)."""
-    for i, t in enumerate(row):
-        if t in eos_ids:
-            return row[: i + 1], True
-    return row, False
-
-
-def generate_batch(model, prompts: list[list[int]], cfg: DatagenConfig, pad_id: int, eos_ids):
-    """Left-padded batched generation; returns [(response ids, finished)] in input order."""
-    import torch
-
-    width = max(len(p) for p in prompts)
-    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)  # [N, W]
-    mask = torch.zeros_like(ids)
-    for i, p in enumerate(prompts):
-        ids[i, width - len(p) :] = torch.tensor(p)
-        mask[i, width - len(p) :] = 1
-    kwargs = dict(do_sample=cfg.temperature > 0, max_new_tokens=cfg.max_new_tokens)
-    if cfg.temperature > 0:
-        kwargs.update(temperature=cfg.temperature, top_p=1.0, top_k=0)
-    with torch.inference_mode():
-        out = model.generate(
-            input_ids=ids, attention_mask=mask, pad_token_id=pad_id,
-            eos_token_id=sorted(eos_ids), **kwargs,
-        )
-    return [cut_response(row[width:].tolist(), eos_ids) for row in out]
-
-
-def generate_shard(model, tok, items, first_index: int, cfg: DatagenConfig, eos_ids, pbar=None):
-    """Samples for prompts items[...] (absolute indices from first_index), length-sorted batches."""
+def generate_shard(target, tok, items, first_index: int, cfg: DatagenConfig, eos_ids, pbar=None):
+    """Samples for prompts `items` (absolute indices from first_index)."""
     encoded = [encode_chat(tok, q) for _, q in items]
-    order = sorted(range(len(items)), key=lambda i: len(encoded[i]))
-    results: dict[int, tuple[list[int], bool]] = {}
-    for b in range(0, len(order), cfg.batch_size):
-        idx = order[b : b + cfg.batch_size]
-        outs = generate_batch(model, [encoded[i] for i in idx], cfg, tok.pad_token_id, eos_ids)
-        results.update(zip(idx, outs, strict=True))
-        if pbar is not None:
-            pbar.update(len(idx))
+    results = generate_continuous(
+        target, encoded, cfg.max_new_tokens, eos_ids, num_slots=cfg.batch_size,
+        temperature=cfg.temperature, seed=cfg.seed + first_index,
+        on_done=(lambda _: pbar.update(1)) if pbar is not None else None,
+    )
     samples = [
         Sample(np.array(encoded[i]), np.array(results[i][0]), items[i][0], first_index + i)
         for i in range(len(items))
     ]
-    return samples, [results[i][1] for i in range(len(items))]
+    return samples, [r[1] for r in results]
 
 
 def _eos_ids(model, tok) -> set[int]:
@@ -183,6 +152,7 @@ def run_datagen_config(cfg: DatagenConfig) -> dict:
     import torch
     from tqdm import tqdm
 
+    from sglang_d3d.models.decoder import Decoder
     from sglang_d3d.models.loading import load_hf_model, load_tokenizer, resolve_target_path
 
     torch.set_num_threads(cfg.threads)
@@ -197,6 +167,7 @@ def run_datagen_config(cfg: DatagenConfig) -> dict:
     manifest = {**old, "generation": manifest["generation"]} if old else manifest
     model, tok = load_hf_model(target), load_tokenizer(target)
     eos_ids = _eos_ids(model, tok)
+    decoder = Decoder.from_hf(model)
     num_shards = -(-len(items) // cfg.shard_size)
     todo = [k for k in range(num_shards) if shard_name(k) not in manifest["shards"]]
     todo = todo[: cfg.max_shards] if cfg.max_shards is not None else todo
@@ -205,7 +176,7 @@ def run_datagen_config(cfg: DatagenConfig) -> dict:
     for k in todo:
         t0 = time.perf_counter()
         chunk = items[k * cfg.shard_size : (k + 1) * cfg.shard_size]
-        samples, finished = generate_shard(model, tok, chunk, k * cfg.shard_size, cfg, eos_ids, pbar)
+        samples, finished = generate_shard(decoder, tok, chunk, k * cfg.shard_size, cfg, eos_ids, pbar)
         write_shard(out / shard_name(k), samples, finished)
         _record_shard(manifest, shard_name(k), samples, time.perf_counter() - t0)
         write_manifest(out, manifest)  # after the shard: a listed shard always exists whole

@@ -91,7 +91,8 @@ def build_example(
         mask=block_mask(t, anchors, block),
         labels=torch.cat([none, slot_labels]),
         block_pos=torch.cat([torch.zeros(t, dtype=torch.long), j.repeat(k)]),
-        ar_labels=torch.cat([none if ar_labels is None else ar_labels, none[: k * block]]),
+        ar_labels=torch.cat([none if ar_labels is None else ar_labels,
+                             torch.full((k * block,), IGNORE, dtype=torch.long)]),
     )
 
 

@@ -1,0 +1,126 @@
+"""`d3d bench`: ar, sync and async side by side in one process, on the same prompts.
+
+Modes are interleaved prompt by prompt so that machine noise hits them alike; greedy outputs
+must be identical across modes (checked, reported, and a non-zero exit if not).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+from sglang_d3d.cli_args import add_engine_args, engine_config
+from sglang_d3d.config import Mode, SamplingParams
+from sglang_d3d.engine.engine import SpecEngine
+from sglang_d3d.engine.factory import load_models
+from sglang_d3d.engine.offline import generate
+from sglang_d3d.prompts import chat_ids, load_questions
+
+
+def add_bench_args(p: argparse.ArgumentParser) -> None:
+    add_engine_args(p, modes=True)
+    p.add_argument("--dataset", default="gsm8k", help="gsm8k | mt_bench | FILE.jsonl")
+    p.add_argument("--num-prompts", type=int, default=20)
+    p.add_argument("--modes", default="ar,sync,async")
+    p.add_argument("--max-new-tokens", type=int, default=256)
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--out", default=None, help="save the results as JSON here")
+    p.add_argument("--timeline", default=None, help="save the async per-cycle timeline here")
+
+
+def run_bench(args: argparse.Namespace) -> int:
+    modes = [Mode(m) for m in args.modes.split(",")]
+    cfgs = {m: engine_config(args, m.value) for m in modes}
+    target, drafter, tok = load_models(cfgs[modes[-1]])
+    engines = {m: SpecEngine(c, target, drafter if m is not Mode.AR else None) for m, c in cfgs.items()}
+    prompts = [chat_ids(tok, q) for q in load_questions(args.dataset, args.num_prompts)]
+    params = SamplingParams(
+        temperature=args.temperature, max_new_tokens=args.max_new_tokens,
+        stop_token_ids=(tok.eos_token_id,), seed=0,
+    )
+    _warmup(engines, prompts[0], params)
+    runs = {m: [] for m in modes}
+    for i, ids in enumerate(prompts):
+        for m in modes:
+            runs[m].append(_timed(engines[m], ids, params))
+        print(f"prompt {i + 1}/{len(prompts)}: " + "  ".join(
+            f"{m.value} {r[-1]['tokens'] / r[-1]['seconds']:.1f} tok/s" for m, r in runs.items()))
+    report = _report(args, runs, params.greedy)
+    _print(report)
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
+    if args.timeline and Mode.ASYNC in engines:
+        Path(args.timeline).write_text(json.dumps(engines[Mode.ASYNC].timeline.to_list()) + "\n")
+    return 0 if report["greedy_identical"] in (True, None) else 1
+
+
+def _warmup(engines, ids, params) -> None:
+    short = SamplingParams(max_new_tokens=8, stop_token_ids=params.stop_token_ids)
+    for e in engines.values():
+        generate(e, [ids], short)
+        e.timeline.cycles.clear()
+
+
+def _timed(engine: SpecEngine, ids: list[int], params: SamplingParams) -> dict:
+    t0 = time.perf_counter()
+    out = generate(engine, [ids], params)[0]
+    dt = time.perf_counter() - t0
+    s = out.stats
+    return {
+        "seconds": dt, "tokens": len(out.token_ids), "token_ids": out.token_ids,
+        "cycles": s.num_cycles, "accepted": sum(s.accepted_lengths),
+        "hits": s.branch_hits, "misses": s.branch_misses,
+        "draft_time": s.draft_time, "verify_time": s.verify_time,
+        "cycle_time": s.cycle_time, "overlap_time": s.overlap_time,
+        "prefill_time": s.prefill_time, "fallbacks": s.fallbacks,
+    }
+
+
+def _summary(rs: list[dict]) -> dict:
+    tot = {k: sum(r[k] for r in rs) for k in rs[0] if k != "token_ids"}
+    cycles = max(1, tot["cycles"])
+    hits = tot["hits"] + tot["misses"]
+    return {
+        "tokens_per_s": tot["tokens"] / tot["seconds"],
+        "tokens": tot["tokens"], "seconds": tot["seconds"],
+        "mean_accepted_length": tot["accepted"] / cycles,
+        "branch_hit_rate": tot["hits"] / hits if hits else None,
+        "overlap_fraction": tot["overlap_time"] / tot["cycle_time"] if tot["cycle_time"] else 0.0,
+        "mean_cycle_ms": 1e3 * tot["cycle_time"] / cycles,
+        "mean_draft_ms": 1e3 * tot["draft_time"] / cycles,
+        "mean_verify_ms": 1e3 * tot["verify_time"] / cycles,
+        "cycle_over_max_draft_verify": tot["cycle_time"] / max(1e-9, max(tot["draft_time"], tot["verify_time"])),
+        "mean_prefill_ms": 1e3 * tot["prefill_time"] / len(rs),
+        "fallbacks": tot["fallbacks"],
+    }
+
+
+def _report(args, runs: dict, greedy: bool) -> dict:
+    modes = {m.value: _summary(rs) for m, rs in runs.items()}
+    base = modes.get("ar", {}).get("tokens_per_s")
+    for s in modes.values():
+        s["speedup_vs_ar"] = s["tokens_per_s"] / base if base else None
+    identical = None
+    if greedy and len(runs) > 1:
+        outs = [[r["token_ids"] for r in rs] for rs in runs.values()]
+        identical = all(o == outs[0] for o in outs[1:])
+    return {
+        "dataset": args.dataset, "num_prompts": args.num_prompts, "block_size": args.block_size,
+        "branch_policy": args.branch_policy, "branch_budget": args.branch_budget,
+        "max_new_tokens": args.max_new_tokens, "temperature": args.temperature,
+        "drafter": args.drafter or "default", "greedy_identical": identical, "modes": modes,
+    }
+
+
+def _print(report: dict) -> None:
+    cols = ["tokens_per_s", "speedup_vs_ar", "mean_accepted_length", "branch_hit_rate",
+            "overlap_fraction", "mean_cycle_ms", "mean_draft_ms", "mean_verify_ms",
+            "cycle_over_max_draft_verify"]
+    print("mode   " + " ".join(f"{c[:14]:>14}" for c in cols))
+    for m, s in report["modes"].items():
+        vals = [s[c] for c in cols]
+        print(f"{m:<6} " + " ".join(f"{v:>14.3f}" if isinstance(v, float) else f"{str(v):>14}" for v in vals))
+    print(f"greedy outputs identical across modes: {report['greedy_identical']}")

@@ -1,0 +1,61 @@
+"""Command-line options that mirror EngineConfig/SpecConfig (shared by generate, bench, serve)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from sglang_d3d.config import BranchPolicy, EngineConfig, Mode, SpecConfig
+
+
+def add_engine_args(p: argparse.ArgumentParser, modes: bool = False) -> None:
+    g = p.add_argument_group("engine")
+    g.add_argument("--target", default=None, help="HF model folder (default: SmolLM2-135M-Instruct)")
+    g.add_argument("--drafter", default=None, help="D3D drafter folder (default: the shipped one)")
+    if not modes:
+        g.add_argument("--mode", choices=[m.value for m in Mode], default=Mode.ASYNC.value)
+    g.add_argument("--block-size", type=int, default=SpecConfig.block_size)
+    g.add_argument("--branch-policy", choices=[b.value for b in BranchPolicy], default="topk")
+    g.add_argument("--branch-budget", type=int, default=SpecConfig.branch_budget)
+    g.add_argument("--guesses-per-position", type=int, default=SpecConfig.guesses_per_position)
+    g.add_argument("--device", default="cpu")
+    g.add_argument("--draft-device", default=None, help="e.g. cuda:1 to give the drafter its own GPU")
+    g.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    g.add_argument("--max-context", type=int, default=EngineConfig.max_context)
+    g.add_argument("--max-batch-size", type=int, default=EngineConfig.max_batch_size)
+    g.add_argument("--verify-token-budget", type=int, default=EngineConfig.verify_token_budget)
+    g.add_argument("--threads", type=int, default=None, help="CPU threads in all (default: all cores)")
+
+
+def split_threads(mode: Mode, total: int | None) -> tuple[int, int]:
+    """(target, drafter) intra-op threads. In async mode the two models run at once, so the
+    cores are split between them; otherwise each runs alone and gets every core."""
+    total = total or os.cpu_count() or 1
+    if mode is Mode.ASYNC and total >= 2:
+        return total - total // 2, total // 2
+    return total, total
+
+
+def engine_config(args: argparse.Namespace, mode: str | None = None) -> EngineConfig:
+    m = Mode(mode or args.mode)
+    target_threads, draft_threads = split_threads(m, args.threads)
+    spec = SpecConfig(
+        block_size=args.block_size,
+        branch_policy=BranchPolicy(args.branch_policy),
+        branch_budget=args.branch_budget,
+        guesses_per_position=args.guesses_per_position,
+    )
+    return EngineConfig(
+        mode=m,
+        spec=spec,
+        target_path=args.target,
+        drafter_path=args.drafter,
+        device=args.device,
+        draft_device=args.draft_device,
+        dtype=args.dtype,
+        max_batch_size=args.max_batch_size,
+        max_context=args.max_context,
+        verify_token_budget=args.verify_token_budget,
+        target_threads=target_threads,
+        draft_threads=draft_threads,
+    )

@@ -1,0 +1,74 @@
+"""Per-request verification inside SGLang: SGLang's sampling parameters mapped onto ours, and the
+accept decision made by the same pure functions the embedded engine uses (spec/verify.py).
+"""
+
+from __future__ import annotations
+
+import zlib
+
+import torch
+
+from sglang_d3d.config import SamplingParams
+from sglang_d3d.spec.sampling import make_generator, target_probs
+from sglang_d3d.spec.verify import greedy_accept, rejection_accept
+
+
+def to_sampling_params(sp, vocab_size: int) -> SamplingParams:
+    """SGLang SamplingParams -> ours. SGLang marks greedy as top_k == 1 (temperature 0 is
+    rewritten to top_k = 1), and "no top-k" as a huge top_k."""
+    if sp.top_k == 1:
+        return SamplingParams(temperature=0.0, max_new_tokens=max(1, sp.max_new_tokens or 1))
+    top_k = sp.top_k if 0 < sp.top_k < vocab_size else 0
+    return SamplingParams(
+        temperature=float(sp.temperature),
+        top_p=float(sp.top_p),
+        top_k=int(top_k),
+        seed=sp.sampling_seed,
+        max_new_tokens=max(1, sp.max_new_tokens or 1),
+    )
+
+
+def unsupported_reason(req) -> str | None:
+    """Why D3D cannot verify this request exactly, or None. Verification reproduces the target's
+    distribution under temperature/top-k/top-p only; anything that reshapes the logits per step
+    would make the accepted tokens differ from what SGLang's sampler would produce."""
+    sp = req.sampling_params
+    checks = [
+        (sp.min_p > 0, "min_p"),
+        (sp.frequency_penalty != 0 or sp.presence_penalty != 0, "frequency/presence penalty"),
+        (sp.repetition_penalty != 1, "repetition_penalty"),
+        (bool(sp.logit_bias), "logit_bias"),
+        (sp.min_new_tokens > 0, "min_new_tokens"),
+        (any((sp.json_schema, sp.regex, sp.ebnf, sp.structural_tag)), "structured output"),
+        (sp.beam_width not in (None, 1), "beam search"),
+        (getattr(req, "custom_logit_processor", None) is not None, "custom logit processors"),
+        (bool(getattr(req, "return_logprob", False)), "logprobs"),
+    ]
+    names = [name for bad, name in checks if bad]
+    if not names:
+        return None
+    return f"--speculative-algorithm D3D does not support {', '.join(names)} (request {req.rid})"
+
+
+def request_generator(rid: str, seed: int | None) -> torch.Generator:
+    """Seeded from the request's seed, else from its id: every tensor-parallel rank runs the
+    same drafter and verification, so their random draws must agree without communication."""
+    return make_generator(seed if seed is not None else zlib.crc32(rid.encode()))
+
+
+def verify_row(
+    draft: list[int],  # [G]
+    q: torch.Tensor | None,  # [>=G, V] drafter distributions; None = drafts proposed surely
+    logits: torch.Tensor,  # [G+1, V] the target's verify logits for this request
+    params: SamplingParams,
+    generator: torch.Generator | None,
+) -> tuple[int, int]:
+    """-> (drafts accepted, the target's own next token)."""
+    d = torch.tensor(draft, dtype=torch.long, device=logits.device)
+    if params.greedy:
+        return greedy_accept(d, logits)
+    p = target_probs(logits, params).cpu()
+    if q is None:
+        # A placeholder draft is proposed with probability one: q is a point mass.
+        q = torch.nn.functional.one_hot(d.cpu(), logits.shape[-1]).float()
+    return rejection_accept(d.cpu(), q[: len(draft)].float().cpu(), p, generator)

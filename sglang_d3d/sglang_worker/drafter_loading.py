@@ -1,0 +1,96 @@
+"""Build the D3D drafter next to a target that SGLang has already loaded.
+
+`D3DDrafter.from_pretrained` wants our `Decoder` over an HF model. Loading the HF target a second
+time would double the target's memory, yet the drafter keeps only the target's embedding, LM head
+and rotary tables; its layers and norm come from its own checkpoint. So the HF model is built on
+the meta device, only the drafter's source layers and the norm are materialised (as storage that
+the checkpoint then overwrites), and the embedding and head are either SGLang's own tensors (same
+device, tensor parallel size 1: shared, no copy) or read from the target's safetensors.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from torch import nn
+
+from sglang_d3d.models.decoder import Decoder
+from sglang_d3d.models.drafter import D3DDrafter
+
+EMBED_KEY = "model.embed_tokens.weight"
+HEAD_KEY = "lm_head.weight"
+
+
+def build_drafter(
+    drafter_path: str | Path,
+    target_path: str | Path,
+    device: torch.device | str,
+    dtype: torch.dtype,
+    embed: torch.Tensor | None = None,  # [V, H] the target's embedding, if it can be shared
+    head: torch.Tensor | None = None,  # [V, H] the target's LM head, if it can be shared
+) -> D3DDrafter:
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    hf_cfg = AutoConfig.from_pretrained(str(target_path))
+    source_layers = json.loads((Path(drafter_path) / "config.json").read_text())["source_layers"]
+    with torch.device("meta"):
+        hf = AutoModelForCausalLM.from_config(hf_cfg, dtype=dtype)
+    for i in source_layers:
+        hf.model.layers[i].to_empty(device=device)
+    hf.model.norm.to_empty(device=device)
+    hf.model.rotary_emb = type(hf.model.rotary_emb)(config=hf_cfg).to(device)
+    if embed is None or head is None:
+        embed, head = read_embed_and_head(target_path, hf_cfg)
+    hf.model.embed_tokens = _frozen_embedding(embed.to(device, dtype))
+    hf.lm_head = _frozen_head(head.to(device, dtype))
+    drafter = D3DDrafter.from_pretrained(drafter_path, Decoder.from_hf(hf))
+    return drafter.to(device).eval()
+
+
+def read_embed_and_head(target_path: str | Path, hf_cfg) -> tuple[torch.Tensor, torch.Tensor]:
+    """The two tensors from the target's safetensors shards (tied embeddings: one tensor)."""
+    found: dict[str, torch.Tensor] = {}
+    for shard in sorted(Path(target_path).glob("*.safetensors")):
+        with safe_open(str(shard), framework="pt") as f:
+            for key in (EMBED_KEY, HEAD_KEY):
+                if key in f.keys():
+                    found[key] = f.get_tensor(key)
+    if EMBED_KEY not in found:
+        raise FileNotFoundError(f"no {EMBED_KEY} in the safetensors files of {target_path}")
+    head = found.get(HEAD_KEY)
+    if head is None:
+        if not getattr(hf_cfg, "tie_word_embeddings", False):
+            raise FileNotFoundError(f"no {HEAD_KEY} in the safetensors files of {target_path}")
+        head = found[EMBED_KEY]
+    return found[EMBED_KEY], head
+
+
+def shared_target_weights(model, vocab_size: int, tp_size: int):
+    """SGLang's own embedding and head as [V, H] views, when they hold the whole vocabulary.
+
+    -> (embed, head), or (None, None) when they are sharded (tensor parallel) or quantised.
+    SGLang pads the vocabulary dimension; the views drop the padding.
+    """
+    if tp_size != 1:
+        return None, None
+    embed = getattr(getattr(getattr(model, "model", None), "embed_tokens", None), "weight", None)
+    head = getattr(getattr(model, "lm_head", None), "weight", None)
+    ok = [w for w in (embed, head) if isinstance(w, torch.Tensor) and w.is_floating_point()]
+    if len(ok) != 2 or min(w.shape[0] for w in ok) < vocab_size:
+        return None, None
+    return embed[:vocab_size], head[:vocab_size]
+
+
+def _frozen_embedding(weight: torch.Tensor) -> nn.Embedding:
+    emb = nn.Embedding(weight.shape[0], weight.shape[1], device="meta")
+    emb.weight = nn.Parameter(weight, requires_grad=False)
+    return emb
+
+
+def _frozen_head(weight: torch.Tensor) -> nn.Linear:
+    head = nn.Linear(weight.shape[1], weight.shape[0], bias=False, device="meta")
+    head.weight = nn.Parameter(weight, requires_grad=False)
+    return head

@@ -1,0 +1,65 @@
+"""The plugin's own settings. SGLang's ServerArgs has no room for plugin flags, so D3D reads the
+few it needs from SGLANG_D3D_* environment variables (one typed place, like SGLang's `envs`);
+everything SGLang already has a flag for (draft model path, block size) comes from ServerArgs.
+
+    SGLANG_D3D_MODE            async (default: pre-draft branches while the target verifies) | sync
+    SGLANG_D3D_DRAFT_DEVICE    "" (default: the target's device, own CUDA stream) | cuda:1 | cpu
+    SGLANG_D3D_BRANCH_POLICY   topk (default) | all
+    SGLANG_D3D_BRANCH_BUDGET   branches pre-drafted under topk (default 4)
+    SGLANG_D3D_GUESSES         correction-token guesses per rejection position (default 1)
+    SGLANG_D3D_DRAFT_DTYPE     "" (default: the target's dtype) | float32 | bfloat16 | float16
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from sglang_d3d.config import BranchPolicy, Mode, SpecConfig
+
+ENV_PREFIX = "SGLANG_D3D_"
+
+
+@dataclass(frozen=True)
+class PluginOptions:
+    mode: Mode = Mode.ASYNC
+    draft_device: str = ""  # "" = the target's device
+    branch_policy: BranchPolicy = BranchPolicy.TOPK
+    branch_budget: int = 4
+    guesses_per_position: int = 1
+    draft_dtype: str = ""  # "" = the target's dtype
+
+    def __post_init__(self) -> None:
+        if self.mode is Mode.AR:
+            raise ValueError(
+                f"{ENV_PREFIX}MODE=ar makes no sense for a speculative algorithm; "
+                "drop --speculative-algorithm instead"
+            )
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> PluginOptions:
+        env = os.environ if env is None else env
+
+        def get(name: str, default: str) -> str:
+            return env.get(ENV_PREFIX + name, default).strip()
+
+        try:
+            return cls(
+                mode=Mode(get("MODE", "async").lower()),
+                draft_device=get("DRAFT_DEVICE", ""),
+                branch_policy=BranchPolicy(get("BRANCH_POLICY", "topk").lower()),
+                branch_budget=int(get("BRANCH_BUDGET", "4")),
+                guesses_per_position=int(get("GUESSES", "1")),
+                draft_dtype=get("DRAFT_DTYPE", ""),
+            )
+        except ValueError as e:
+            raise ValueError(f"bad {ENV_PREFIX}* setting: {e}") from e
+
+    def spec_config(self, block_size: int) -> SpecConfig:
+        return SpecConfig(
+            block_size=block_size,
+            branch_policy=self.branch_policy,
+            branch_budget=self.branch_budget,
+            guesses_per_position=self.guesses_per_position,
+        )

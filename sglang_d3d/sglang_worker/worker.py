@@ -1,0 +1,234 @@
+"""D3DWorker: SGLang's speculative worker for --speculative-algorithm D3D.
+
+One `forward_batch_generation` call is one D3D cycle for every running request:
+
+    sync     bring each request's drafter state up to SGLang's record of it
+    draft    synchronous drafts where no pre-drafted branch hit (drafter thread)
+    verify   SGLang's target worker, TARGET_VERIFY mode, its KV pool and radix cache   } at the
+    predraft the drafter pre-drafts the next block for likely outcomes (async mode)  } same time
+    accept   spec/verify.py per request (greedy, or rejection sampling)
+    follow   the drafter commits the hit branch or falls back (engine/drafting.py)
+
+Prefill batches go to the target worker unchanged while the drafter caches the new prompts.
+The drafter (sglang_d3d.models.drafter) keeps its own KV cache and never reads the target's
+hidden states; drafting and branch policy are the embedded engine's own code.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import torch
+from sglang.srt.managers.utils import GenerationBatchResult
+from sglang.srt.speculative.base_spec_worker import BaseSpecWorker
+
+from sglang_d3d.config import Mode
+from sglang_d3d.engine.drafting import Drafting
+from sglang_d3d.engine.overlap import CycleTimes, Timeline
+from sglang_d3d.models.draft_runner import DraftRunner
+from sglang_d3d.sglang_worker.accept import unsupported_reason, verify_row
+from sglang_d3d.sglang_worker.draft_executor import DraftExecutor
+from sglang_d3d.sglang_worker.draft_input import D3DDraftInput
+from sglang_d3d.sglang_worker.drafter_loading import build_drafter, shared_target_weights
+from sglang_d3d.sglang_worker.options import PluginOptions
+from sglang_d3d.sglang_worker.requests import RequestTable
+from sglang_d3d.sglang_worker.verify_io import build_verify_forward_batch, commit_rows
+from sglang_d3d.spec.stats import CycleStats
+
+log = logging.getLogger(__name__)
+
+
+class D3DWorker(BaseSpecWorker):
+    def __init__(self, server_args, gpu_id: int, nccl_port: int, target_worker, **_) -> None:
+        super().__init__()
+        self.server_args = server_args
+        self._target_worker = target_worker
+        self._draft_worker = None  # no SGLang-managed draft model: ours has its own cache
+        self.options = PluginOptions.from_env()
+        runner = target_worker.model_runner
+        self.block = int(server_args.speculative_num_draft_tokens)
+        self.vocab_size = int(runner.model_config.vocab_size)
+        self.device = torch.device(runner.device)
+        self.draft_device = _draft_device(self.options, self.device, gpu_id)
+        self.drafting = Drafting(self._draft_runner(runner), self.options.spec_config(self.block))
+        num_slots = len(self.drafting.runner.lengths)
+        self.table = RequestTable(self.drafting, num_slots, self.vocab_size)
+        self.executor = DraftExecutor(self.draft_device)
+        self.timeline = Timeline(maxlen=10_000)
+        self.cycle_listeners: list = []  # fn(request_id, CycleStats), like SpecEngine's
+        log.info(
+            "D3D worker: block %d, mode %s, drafter on %s, %d slots",
+            self.block,
+            self.options.mode.value,
+            self.draft_device,
+            num_slots,
+        )
+
+    def _draft_runner(self, runner) -> DraftRunner:
+        dtype = _dtype(self.options.draft_dtype) or runner.dtype
+        embed = head = None
+        if self.draft_device == self.device:
+            embed, head = shared_target_weights(
+                runner.model, self.vocab_size, self.server_args.tp_size
+            )
+        drafter = build_drafter(
+            self.server_args.speculative_draft_model_path,
+            self.server_args.model_path,
+            self.draft_device,
+            dtype,
+            embed,
+            head,
+        )
+        spec = self.options.spec_config(self.block)
+        scratch = self.block + spec.num_outcomes * spec.guesses_per_position * (self.block + 1)
+        slots = int(self.server_args.max_running_requests or 1)
+        return DraftRunner(drafter, slots, runner.model_config.context_len + scratch)
+
+    # ---- SGLang's entry point ------------------------------------------------------------
+    def forward_batch_generation(
+        self, batch, on_publish=None, grammar_barrier=None, pp_proxy_tensors=None
+    ):
+        if batch.forward_mode.is_extend() or batch.is_extend_in_batch:
+            result = self._prefill(batch)
+        elif batch.forward_mode.is_idle():
+            result = self._idle()
+        else:
+            result = self._cycle(batch)
+        if on_publish is not None:
+            on_publish(result.new_seq_lens)
+        return result
+
+    def note_request_finished(self, *, rid: str, natural_stop: bool) -> None:
+        self.table.release(rid)
+
+    # ---- prefill -------------------------------------------------------------------------
+    def _prefill(self, batch) -> GenerationBatchResult:
+        new = []
+        for req in batch.reqs:
+            reason = unsupported_reason(req)
+            if reason is not None:
+                _abort(req, reason)
+            elif req.rid not in self.table.rows:
+                new.append(self.table.get(req))
+        fut = self.executor.submit(lambda: [self.drafting.prefill(s) for s in new])
+        result = self.target_worker.forward_batch_generation(batch)
+        fut.result()
+        result.next_draft_input = D3DDraftInput()
+        result.new_seq_lens = batch.seq_lens
+        return result
+
+    def _idle(self) -> GenerationBatchResult:
+        empty = torch.empty((0,), dtype=torch.int64, device=self.device)
+        return GenerationBatchResult(
+            logits_output=None,
+            next_token_ids=empty,
+            accept_lens=empty.to(torch.int32),
+            next_draft_input=D3DDraftInput(),
+            speculative_num_draft_tokens=self.block,
+            new_seq_lens=empty,
+        )
+
+    # ---- one D3D cycle -------------------------------------------------------------------
+    def _cycle(self, batch) -> GenerationBatchResult:
+        self.table.tick()
+        rows = [self.table.get(req) for req in batch.reqs]
+        for seq, req in zip(rows, batch.reqs, strict=True):
+            self.table.sync(seq, req)
+        ct = CycleTimes(step=len(self.timeline.cycles), batch=len(rows), block=self.block)
+        t0 = time.perf_counter()
+        self.executor.submit(self.drafting.ensure_drafts, rows, self.block).result()
+        ct.draft_end = time.perf_counter() - t0
+        tokens = torch.tensor([[s.last_token] + s.draft for s in rows], dtype=torch.int64)
+        predraft = None
+        if self.options.mode is Mode.ASYNC:
+            predraft = self.executor.submit(self.drafting.predraft, rows, self.block)
+        target_out, can_graph, logits = self._verify(batch, tokens, ct, t0)
+        if predraft is not None:
+            _, p0, p1 = predraft.result()
+            ct.predraft_start, ct.predraft_end = p0 - t0, p1 - t0
+        runs = self._accept(rows, logits, ct)
+        out_tokens, accept_lens, new_seq_lens = commit_rows(
+            runs, batch.seq_lens, self.block, self.device
+        )
+        ct.end = time.perf_counter() - t0
+        self.timeline.add(ct)
+        self._record(rows, ct)
+        return GenerationBatchResult(
+            logits_output=target_out.logits_output,
+            next_token_ids=out_tokens,
+            accept_lens=accept_lens,
+            next_draft_input=D3DDraftInput(),
+            can_run_cuda_graph=can_graph,
+            speculative_num_draft_tokens=self.block,
+            new_seq_lens=new_seq_lens,
+        )
+
+    def _verify(self, batch, tokens: torch.Tensor, ct: CycleTimes, t0: float):
+        """SGLang's target worker scores the block. -> (result, graph?, logits [bs, B, V])."""
+        v0 = time.perf_counter()
+        fb, can_graph = build_verify_forward_batch(batch, self.target_worker, tokens, self.block)
+        out = self.target_worker.forward_batch_generation(
+            batch=None, forward_batch=fb, is_verify=True
+        )
+        logits = out.logits_output.next_token_logits[:, : self.vocab_size].float()
+        logits = logits.view(tokens.shape[0], self.block, -1).cpu()  # waits for the pass
+        ct.verify_start, ct.verify_end = v0 - t0, time.perf_counter() - t0
+        return out, can_graph, logits
+
+    def _accept(self, rows, logits: torch.Tensor, ct: CycleTimes) -> list[list[int]]:
+        """Per request: verify, let the drafter follow the outcome. -> emitted runs."""
+        drafts = [list(s.draft) for s in rows]  # `advance` replaces s.draft
+        outcomes = []
+        for s, d, lg in zip(rows, drafts, logits, strict=True):
+            q = None if s.placeholder else s.draft_q
+            outcomes.append(verify_row(d, q, lg, s.params, s.generator))
+
+        def follow():
+            return [
+                self.drafting.advance(s, n, t, self.block)
+                for s, (n, t) in zip(rows, outcomes, strict=True)
+            ]
+
+        hits, _, _ = self.executor.submit(follow).result()
+        runs = []
+        for s, d, (n, t), hit in zip(rows, drafts, outcomes, hits, strict=True):
+            ct.hits += hit is True
+            ct.misses += hit is False
+            s.last_cycle = (len(d), n, hit)
+            run = d[:n] + [t]
+            s.tokens.extend(run)
+            runs.append(run)
+        return runs
+
+    def _record(self, rows, ct: CycleTimes) -> None:
+        draft_time = ct.draft_end + (ct.predraft_end - ct.predraft_start)
+        verify_time = ct.verify_end - ct.verify_start
+        for s in rows:
+            drafts, n, hit = s.last_cycle
+            c = CycleStats(drafts, n, hit, draft_time, verify_time, ct.end, ct.overlap)
+            s.stats.add_cycle(c)
+            for fn in self.cycle_listeners:
+                fn(s.request_id, c)
+
+    def shutdown(self) -> None:
+        self.executor.shutdown()
+
+
+def _abort(req, reason: str) -> None:
+    from sglang.srt.managers.schedule_batch import FINISH_ABORT
+
+    log.warning(reason)
+    req.to_finish = FINISH_ABORT(reason)
+
+
+def _draft_device(options: PluginOptions, target: torch.device, gpu_id: int) -> torch.device:
+    if options.draft_device:
+        return torch.device(options.draft_device)
+    if target.type == "cuda" and target.index is None:
+        return torch.device("cuda", gpu_id)
+    return target
+
+
+def _dtype(name: str) -> torch.dtype | None:
+    return getattr(torch, name) if name else None

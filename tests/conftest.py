@@ -1,0 +1,58 @@
+"""Shared fixtures: tiny random model pairs in float64 (no argmax ties between a 1-token and
+a 16-token forward pass), built in seconds, never downloaded."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+torch.set_num_threads(1)
+
+
+@pytest.fixture(scope="session")
+def tiny_pair_dir(tmp_path_factory) -> tuple[str, str]:
+    from sglang_d3d.testing import make_tiny_pair
+
+    return make_tiny_pair(tmp_path_factory.mktemp("tiny"))
+
+
+@pytest.fixture(scope="session")
+def tiny_models(tiny_pair_dir):
+    """(hf_model, target Decoder, drafter) in float64, llama family."""
+    return _load(*tiny_pair_dir)
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen_models(tmp_path_factory):
+    from sglang_d3d.testing import make_tiny_pair
+
+    return _load(*make_tiny_pair(tmp_path_factory.mktemp("tinyq"), arch="qwen3", seed=1))
+
+
+def _load(target_dir: str, drafter_dir: str):
+    from sglang_d3d.models.decoder import Decoder
+    from sglang_d3d.models.drafter import D3DDrafter
+    from sglang_d3d.models.loading import load_hf_model
+
+    hf = load_hf_model(Path(target_dir)).double()
+    target = Decoder.from_hf(hf)
+    return hf, target, D3DDrafter.from_pretrained(drafter_dir, target)
+
+
+def reference_greedy(hf_model, prompt: list[int], n: int, eos: int | None = None) -> list[int]:
+    """Target-only greedy decoding with plain HF forward passes (no cache, no speculation)."""
+    ids = list(prompt)
+    out = []
+    with torch.no_grad():
+        for _ in range(n):
+            tok = int(hf_model(torch.tensor([ids])).logits[0, -1].argmax())
+            out.append(tok)
+            ids.append(tok)
+            if tok == eos:
+                break
+    return out

@@ -1,0 +1,73 @@
+"""Helpers for engine tests: building engines over the tiny models, and an oracle drafter."""
+
+from __future__ import annotations
+
+import torch
+
+from sglang_d3d.config import BranchPolicy, EngineConfig, Mode, SpecConfig
+from sglang_d3d.engine.engine import SpecEngine
+
+
+def make_engine(models, mode: Mode, block: int = 4, policy=BranchPolicy.TOPK, budget: int = 4,
+                guesses: int = 1, batch: int = 4, context: int = 256, **kw) -> SpecEngine:
+    _, target, drafter = models
+    cfg = EngineConfig(
+        mode=mode, spec=SpecConfig(block, policy, budget, guesses), max_batch_size=batch,
+        max_context=context, **kw,
+    )
+    return SpecEngine(cfg, target, drafter if mode is not Mode.AR else None)
+
+
+class OracleDrafter:
+    """Wraps an engine's DraftRunner: the real pass runs (so the drafter's KV bookkeeping is
+    exercised), then its block logits are replaced by the target's true greedy continuation
+    of the block's context, corrupted on a fixed schedule so that every verification outcome
+    occurs: full acceptance, rejection with a correctable guess (the true token ranked second,
+    so the branch hits), and rejection with an unguessable token (a miss)."""
+
+    def __init__(self, engine: SpecEngine, hf_model) -> None:
+        self.engine, self.hf = engine, hf_model
+        self.runner = engine.drafting.runner
+        self.real_run = self.runner.run
+        self.runner.run = self.run
+        self.calls = 0
+
+    def run(self, rows):
+        contexts = [self._contexts(slot, pack) for slot, pack in rows]
+        out = self.real_run(rows)
+        return [self._oracle(lg, ctxs) for lg, ctxs in zip(out, contexts)]
+
+    def _contexts(self, slot, pack) -> list[list[int]]:
+        seq = next(s for s in self.engine.scheduler.running if s.slot == slot)
+        committed = seq.tokens[: self.runner.lengths[slot]]
+        ctxs = []
+        for block in pack.blocks:
+            anchor = block[0]
+            visible = [i for i in pack.sees[anchor] if i <= anchor]
+            ctxs.append(committed + [pack.input_ids[i] for i in visible])
+        return ctxs
+
+    def _oracle(self, logits: torch.Tensor, contexts: list[list[int]]) -> torch.Tensor:
+        out = torch.full_like(logits, -10.0)
+        for b, ctx in enumerate(contexts):
+            self.calls += 1
+            truth = self._greedy(ctx, logits.shape[1])
+            for j, tok in enumerate(truth):
+                out[b, j, tok] = 5.0
+                kind = (self.calls + j) % 7
+                if j >= 1 and kind == 0:  # wrong draft, truth ranked second: a hit
+                    out[b, j, (tok + 1) % logits.shape[-1]] = 9.0
+                elif j >= 1 and kind == 3:  # wrong draft, truth ranked low: a miss
+                    out[b, j, (tok + 1) % logits.shape[-1]] = 9.0
+                    out[b, j, (tok + 2) % logits.shape[-1]] = 8.0
+                    out[b, j, tok] = -5.0
+        return out
+
+    @torch.no_grad()
+    def _greedy(self, ctx: list[int], n: int) -> list[int]:
+        ids, out = list(ctx), []
+        for _ in range(n):
+            tok = int(self.hf(torch.tensor([ids])).logits[0, -1].argmax())
+            out.append(tok)
+            ids.append(tok)
+        return out

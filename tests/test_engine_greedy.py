@@ -1,0 +1,94 @@
+"""Greedy outputs of every mode equal target-only greedy decoding, token for token."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import reference_greedy
+from engine_helpers import OracleDrafter, make_engine
+
+from sglang_d3d.config import BranchPolicy, Mode, SamplingParams
+from sglang_d3d.engine.offline import generate
+
+PROMPTS = [[5, 6, 7, 8], [9, 10, 11], [12, 40, 13, 50, 14, 60, 15], [70]]
+
+
+def _prompts(seed: int, n: int = 3) -> list[list[int]]:
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(3, 96, (int(torch.randint(1, 12, (1,), generator=g)),), generator=g).tolist()
+            for _ in range(n)]
+
+
+@pytest.mark.parametrize("mode", list(Mode))
+@pytest.mark.parametrize("block", [2, 4, 7])
+def test_modes_equal_target_greedy(tiny_models, mode, block):
+    hf = tiny_models[0]
+    outs = generate(make_engine(tiny_models, mode, block), PROMPTS, SamplingParams(max_new_tokens=24))
+    for prompt, out in zip(PROMPTS, outs):
+        assert out.error is None
+        assert out.token_ids == reference_greedy(hf, prompt, 24)
+        assert out.finish_reason == "length"
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("policy,budget,guesses", [
+    (BranchPolicy.TOPK, 1, 1), (BranchPolicy.TOPK, 3, 2), (BranchPolicy.ALL, 0 + 1, 1),
+    (BranchPolicy.ALL, 1, 2),
+])
+def test_async_branch_budgets_equal_target_greedy(tiny_models, seed, policy, budget, guesses):
+    hf = tiny_models[0]
+    prompts = _prompts(seed)
+    eng = make_engine(tiny_models, Mode.ASYNC, block=3 + seed % 3, policy=policy, budget=budget,
+                      guesses=guesses, batch=2)  # 3 prompts, 2 slots: one joins mid-way
+    outs = generate(eng, prompts, SamplingParams(max_new_tokens=20))
+    for prompt, out in zip(prompts, outs):
+        assert out.token_ids == reference_greedy(hf, prompt, 20)
+
+
+def test_qwen3_family(tiny_qwen_models):
+    hf = tiny_qwen_models[0]
+    for mode in Mode:
+        outs = generate(make_engine(tiny_qwen_models, mode, 5), PROMPTS[:2], SamplingParams(max_new_tokens=16))
+        for prompt, out in zip(PROMPTS, outs):
+            assert out.token_ids == reference_greedy(hf, prompt, 16)
+
+
+@pytest.mark.parametrize("mode", [Mode.SYNC, Mode.ASYNC])
+def test_oracle_drafter_exercises_every_outcome(tiny_models, mode):
+    """With drafts that are often right, acceptance is long, branches hit and miss, and the
+    output is still exactly the target's."""
+    hf = tiny_models[0]
+    eng = make_engine(tiny_models, mode, block=5, policy=BranchPolicy.ALL, guesses=1)
+    OracleDrafter(eng, hf)
+    outs = generate(eng, PROMPTS, SamplingParams(max_new_tokens=30))
+    hits = misses = 0
+    lengths = []
+    for prompt, out in zip(PROMPTS, outs):
+        assert out.token_ids == reference_greedy(hf, prompt, 30)
+        hits += out.stats.branch_hits
+        misses += out.stats.branch_misses
+        lengths += out.stats.accepted_lengths
+    assert max(lengths) == 5 and min(lengths) < 5  # full acceptance and rejections both seen
+    if mode is Mode.ASYNC:
+        assert hits > 0 and misses > 0
+
+
+def test_stop_token_ends_request(tiny_models):
+    hf = tiny_models[0]
+    ref = reference_greedy(hf, PROMPTS[0], 24)
+    stop = ref[5]
+    outs = generate(make_engine(tiny_models, Mode.ASYNC), [PROMPTS[0]],
+                    SamplingParams(max_new_tokens=24, stop_token_ids=(stop,)))
+    assert outs[0].token_ids == ref[: ref.index(stop) + 1]
+    assert outs[0].finish_reason == "stop"
+
+
+def test_per_request_stats(tiny_models):
+    out = generate(make_engine(tiny_models, Mode.ASYNC), [PROMPTS[0]], SamplingParams(max_new_tokens=20))[0]
+    s = out.stats
+    assert s.generated_tokens == 20 and s.prompt_tokens == 4
+    # The first token comes from prefill; the last cycle may verify more than max_tokens allows.
+    assert sum(s.accepted_lengths) >= 19
+    assert s.branch_hits + s.branch_misses <= s.num_cycles
+    assert 0.0 <= s.overlap_fraction <= 1.0 and s.cycle_time > 0
+    assert s.drafts_per_position[0] == s.num_cycles

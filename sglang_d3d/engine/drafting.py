@@ -126,7 +126,8 @@ class Drafting:
         s.stats.fallbacks += 1
         self.runner.reset(s.slot)
         s.pending = list(s.tokens)  # rebuild the drafter cache from scratch next time
-        s.draft, s.draft_q, s.branches, s.branch_logits = None, None, [], None
+        # A draft already under verification stays: only the drafter's own state is dropped.
+        s.branches, s.branch_logits = [], None
 
 
 def _checked(logits: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,107 @@
+"""Faults and limits: a failing drafter costs no token; the context limit is enforced."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import reference_greedy
+from engine_helpers import make_engine
+
+from sglang_d3d.config import Mode, SamplingParams
+from sglang_d3d.engine.api import RequestTooLongError
+from sglang_d3d.engine.offline import generate
+
+PROMPT = [5, 6, 7, 8]
+
+
+def _break_after(engine, calls: int, how: str):
+    runner = engine.drafting.runner
+    real = runner.run
+    count = {"n": 0}
+
+    def run(rows):
+        count["n"] += 1
+        if count["n"] <= calls:
+            return real(rows)
+        if how == "raise":
+            raise RuntimeError("drafter exploded")
+        return [torch.full_like(x, float("nan")) for x in real(rows)]
+
+    runner.run = run
+    return count
+
+
+@pytest.mark.parametrize("mode", [Mode.SYNC, Mode.ASYNC])
+@pytest.mark.parametrize("how", ["raise", "nan"])
+def test_drafter_failure_mid_request_loses_nothing(tiny_models, mode, how):
+    eng = make_engine(tiny_models, mode)
+    _break_after(eng, calls=4, how=how)
+    out = generate(eng, [PROMPT, [9, 10]], SamplingParams(max_new_tokens=30))
+    for prompt, o in zip([PROMPT, [9, 10]], out):
+        assert o.error is None
+        assert o.token_ids == reference_greedy(tiny_models[0], prompt, 30)
+        assert o.stats.fallbacks >= 1
+
+
+def test_drafter_failure_under_sampling_still_completes(tiny_models):
+    eng = make_engine(tiny_models, Mode.ASYNC)
+    _break_after(eng, calls=3, how="raise")
+    out = generate(eng, [PROMPT], SamplingParams(temperature=1.0, seed=3, max_new_tokens=25))[0]
+    assert out.error is None and len(out.token_ids) == 25
+
+
+def test_drafter_recovers_after_a_transient_fault(tiny_models):
+    eng = make_engine(tiny_models, Mode.ASYNC)
+    runner = eng.drafting.runner
+    real, state = runner.run, {"n": 0}
+
+    def flaky(rows):
+        state["n"] += 1
+        if state["n"] == 3:
+            raise RuntimeError("transient")
+        return real(rows)
+
+    runner.run = flaky
+    out = generate(eng, [PROMPT], SamplingParams(max_new_tokens=30))[0]
+    assert out.token_ids == reference_greedy(tiny_models[0], PROMPT, 30)
+    assert out.stats.fallbacks == 1
+    assert state["n"] > 6  # the drafter was used again after the fault
+
+
+@pytest.mark.parametrize("mode", list(Mode))
+def test_prompt_near_the_context_limit(tiny_models, mode):
+    eng = make_engine(tiny_models, mode, block=7, context=64)
+    prompt = (list(range(3, 90)) * 2)[:54]
+    out = generate(eng, [prompt], SamplingParams(max_new_tokens=10))[0]
+    assert out.token_ids == reference_greedy(tiny_models[0], prompt, 10)
+    with pytest.raises(RequestTooLongError, match="exceeds the context length 64"):
+        eng.submit_check = generate(eng, [prompt + [3]], SamplingParams(max_new_tokens=10))
+
+
+@pytest.mark.parametrize("bad", [[], [-1, 5], [5, 96]])
+def test_bad_prompts_are_refused(tiny_models, bad):
+    eng = make_engine(tiny_models, Mode.ASYNC)
+    with pytest.raises(ValueError):
+        generate(eng, [bad], SamplingParams(max_new_tokens=4))
+    assert not eng.has_work()
+
+
+def test_one_failing_request_does_not_stop_the_others(tiny_models, monkeypatch):
+    eng = make_engine(tiny_models, Mode.ASYNC)
+    import sglang_d3d.engine.engine as engine_mod
+
+    real = engine_mod.greedy_accept
+
+    def picky(draft, logits):
+        if logits.shape[-1] and picky.fail_next:
+            picky.fail_next = False
+            raise RuntimeError("boom")
+        return real(draft, logits)
+
+    picky.fail_next = True
+    monkeypatch.setattr(engine_mod, "greedy_accept", picky)
+    outs = generate(eng, [PROMPT, [9, 10]], SamplingParams(max_new_tokens=12))
+    assert [o.finish_reason for o in outs].count("error") == 1
+    ok = next(o for o, p in zip(outs, [PROMPT, [9, 10]]) if o.finish_reason != "error")
+    assert len(ok.token_ids) == 12
+    assert not eng.has_work() and len(eng.scheduler.free_slots) == 4

@@ -39,7 +39,7 @@ class SpecEngine:
             scratch = block + self._max_branches() * block
             self.drafting = Drafting(DraftRunner(drafter, slots, cfg.max_context + scratch), cfg.spec)
         self.scheduler = Scheduler(slots, cfg.max_queue)
-        self.worker = TargetWorker(cfg.target_threads)
+        self.worker = TargetWorker(cfg.target_threads, cfg.device)
         self.timeline = Timeline()
         self.cycle_listeners: list = []
         self._steps = 0

@@ -23,7 +23,7 @@ def load_models(cfg: EngineConfig) -> tuple[Decoder, D3DDrafter | None, object]:
     drafter = None
     if cfg.mode is not Mode.AR or cfg.drafter_path is not None:
         path = resolve_drafter_path(cfg.drafter_path)
-        drafter = D3DDrafter.from_pretrained(path, target).to(cfg.resolved_draft_device)
+        drafter = D3DDrafter.from_pretrained(path, target).place(cfg.resolved_draft_device)
     return target, drafter, load_tokenizer(target_path)
 
 

@@ -65,7 +65,7 @@ def attention(layer, x: torch.Tensor, cos, sin, b: Batch, li: int, spec: Decoder
     if b.cache is None:
         keys, values = k, v.transpose(1, 2)
     else:
-        slot_idx = torch.tensor(b.slots).unsqueeze(1).expand(n, t)
+        slot_idx = torch.tensor(b.slots, device=x.device).unsqueeze(1).expand(n, t)
         b.cache.write(li, slot_idx, b.write_at, k.transpose(1, 2), v)
         keys, values = b.cache.read(li, slot_selector(b.slots), b.mask.shape[-1])
     out = F.scaled_dot_product_attention(

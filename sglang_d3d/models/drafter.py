@@ -111,6 +111,17 @@ class D3DDrafter(nn.Module):
         w = self._shared["head"].weight
         self._head_weight = None if head_ids is None else w[head_ids.to(w.device)].detach()
 
+    def place(self, device: str | torch.device) -> D3DDrafter:
+        """Move to `device`. On a device other than the target's (a second GPU), the drafter
+        takes its own copies of the embedding, LM head and rotary tables."""
+        device = torch.device(device)
+        self.to(device)
+        if self._shared["embed"].weight.device != device:
+            self._shared = {k: copy.deepcopy(m).to(device) for k, m in self._shared.items()}
+            if self.head_ids is not None:
+                self.set_head(self.head_ids.to(device))
+        return self
+
     def prune(self, keep: list[int]) -> D3DDrafter:
         """A copy with only the layers at indices `keep` (into self.layers)."""
         clone = copy.deepcopy(self)

@@ -51,7 +51,8 @@ class KVCache:
 
     def copy_positions(self, slot: int, src: list[int], dst: list[int]) -> None:
         """Move entries within one slot, all layers (e.g. commit a pre-drafted token)."""
-        s, d = torch.tensor(src), torch.tensor(dst)
+        s = torch.tensor(src, device=self.k.device)
+        d = torch.tensor(dst, device=self.k.device)
         self.k[:, slot, d] = self.k[:, slot, s]
         self.v[:, slot, d] = self.v[:, slot, s]
 

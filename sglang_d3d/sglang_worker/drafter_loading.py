@@ -11,6 +11,8 @@ device, tensor parallel size 1: shared, no copy) or read from the target's safet
 from __future__ import annotations
 
 import json
+import tempfile
+from dataclasses import fields
 from pathlib import Path
 
 import torch
@@ -18,7 +20,7 @@ from safetensors import safe_open
 from torch import nn
 
 from sglang_d3d.models.decoder import Decoder
-from sglang_d3d.models.drafter import D3DDrafter
+from sglang_d3d.models.drafter import D3DDrafter, DrafterConfig
 
 EMBED_KEY = "model.embed_tokens.weight"
 HEAD_KEY = "lm_head.weight"
@@ -46,8 +48,33 @@ def build_drafter(
         embed, head = read_embed_and_head(target_path, hf_cfg)
     hf.model.embed_tokens = _frozen_embedding(embed.to(device, dtype))
     hf.lm_head = _frozen_head(head.to(device, dtype))
-    drafter = D3DDrafter.from_pretrained(drafter_path, Decoder.from_hf(hf))
+    drafter = _from_pretrained(Path(drafter_path), Decoder.from_hf(hf))
     return drafter.to(device).eval()
+
+
+def mark_for_sglang(drafter_dir: str | Path, target_dir: str | Path) -> None:
+    """Add the target's `model_type` to a drafter's config.json. SGLang 0.5.23 parses the
+    --speculative-draft-model-path config as a Hugging Face config in several places (algorithm
+    aliases, boundary-reduction defaults) before any plugin code runs; with a model_type it
+    parses (as a config of the target's family with extra keys), without one it fails."""
+    cfg_file = Path(drafter_dir) / "config.json"
+    cfg = json.loads(cfg_file.read_text())
+    cfg["model_type"] = json.loads((Path(target_dir) / "config.json").read_text())["model_type"]
+    cfg_file.write_text(json.dumps(cfg, indent=2) + "\n")
+
+
+def _from_pretrained(path: Path, target: Decoder) -> D3DDrafter:
+    """D3DDrafter.from_pretrained, tolerating the HF keys `mark_for_sglang` adds (the drafter's
+    own loader takes exactly DrafterConfig's fields)."""
+    cfg = json.loads((path / "config.json").read_text())
+    known = {f.name for f in fields(DrafterConfig)}
+    if set(cfg) <= known:
+        return D3DDrafter.from_pretrained(path, target)
+    with tempfile.TemporaryDirectory(prefix="d3d-drafter-") as tmp:
+        view = Path(tmp)
+        (view / "config.json").write_text(json.dumps({k: cfg[k] for k in cfg if k in known}))
+        (view / "model.safetensors").symlink_to((path / "model.safetensors").resolve())
+        return D3DDrafter.from_pretrained(view, target)
 
 
 def read_embed_and_head(target_path: str | Path, hf_cfg) -> tuple[torch.Tensor, torch.Tensor]:

@@ -22,6 +22,10 @@ SUPPORTED_ATTENTION_BACKENDS = frozenset(
     {"flashinfer", "fa3", "triton", "trtllm_mha", "aiter", "torch_native"}
 )
 DRAFTER_CONFIG_KEYS = ("source_layers", "block_size", "base_model_type", "vocab_size")
+MARK_HINT = (
+    "python -c 'from sglang_d3d.sglang_worker.drafter_loading import mark_for_sglang; "
+    "mark_for_sglang(DRAFTER, TARGET)'"
+)
 
 
 class D3DArgumentError(ValueError):
@@ -93,6 +97,10 @@ def _drafter_config(args) -> dict:
             f"{cfg_file} is not a D3D drafter config (missing {', '.join(missing)}); "
             "EAGLE/DFlash/standalone drafters need their own --speculative-algorithm"
         )
+    if "model_type" not in cfg:
+        # SGLang reads this config as a Hugging Face config before plugins run (and fails
+        # earlier with its own message when the key is missing); checked here for direct callers.
+        raise D3DArgumentError(f"{cfg_file} has no model_type; add it with: {MARK_HINT}")
     return cfg
 
 

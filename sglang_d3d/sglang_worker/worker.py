@@ -21,6 +21,7 @@ import time
 
 import torch
 from sglang.srt.managers.utils import GenerationBatchResult
+from sglang.srt.runtime_context import get_model, get_parallel, get_schedule, get_spec
 from sglang.srt.speculative.base_spec_worker import BaseSpecWorker
 
 from sglang_d3d.config import Mode
@@ -47,7 +48,8 @@ class D3DWorker(BaseSpecWorker):
         self._draft_worker = None  # no SGLang-managed draft model: ours has its own cache
         self.options = PluginOptions.from_env()
         runner = target_worker.model_runner
-        self.block = int(server_args.speculative_num_draft_tokens)
+        # Resolved values live in SGLang's runtime context; server_args holds the raw input.
+        self.block = int(get_spec().speculative_num_draft_tokens)
         self.vocab_size = int(runner.model_config.vocab_size)
         self.device = torch.device(runner.device)
         self.draft_device = _draft_device(self.options, self.device, gpu_id)
@@ -82,7 +84,7 @@ class D3DWorker(BaseSpecWorker):
         )
         spec = self.options.spec_config(self.block)
         scratch = self.block + spec.num_outcomes * spec.guesses_per_position * (self.block + 1)
-        slots = int(self.server_args.max_running_requests or 1)
+        slots = int(get_schedule().max_running_requests or 1)
         return DraftRunner(drafter, slots, runner.model_config.context_len + scratch)
 
     # ---- SGLang's entry point ------------------------------------------------------------

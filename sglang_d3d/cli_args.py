@@ -24,6 +24,8 @@ def add_engine_args(p: argparse.ArgumentParser, modes: bool = False) -> None:
     g.add_argument("--max-context", type=int, default=EngineConfig.max_context)
     g.add_argument("--max-batch-size", type=int, default=EngineConfig.max_batch_size)
     g.add_argument("--verify-token-budget", type=int, default=EngineConfig.verify_token_budget)
+    g.add_argument("--adaptive", action="store_true",
+                   help="choose the block size per batch size by measured throughput")
     g.add_argument("--threads", type=int, default=None, help="CPU threads in all (default: all cores)")
 
 
@@ -56,6 +58,7 @@ def engine_config(args: argparse.Namespace, mode: str | None = None) -> EngineCo
         max_batch_size=args.max_batch_size,
         max_context=args.max_context,
         verify_token_budget=args.verify_token_budget,
+        adaptive=getattr(args, "adaptive", False),
         target_threads=target_threads,
         draft_threads=draft_threads,
     )

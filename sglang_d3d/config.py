@@ -95,6 +95,9 @@ class EngineConfig:
     # block shrinks as the batch grows; below min_block_size the engine decodes target-only.
     verify_token_budget: int = 64
     min_block_size: int = 3
+    # adaptive=True replaces the budget rule by measurement: per batch size, the block size
+    # (or target-only decoding) with the best measured tokens/s (engine/adaptive.py).
+    adaptive: bool = False
     draft_threads: int = 1  # intra-op threads of the drafter's worker (CPU)
     target_threads: int = 1  # intra-op threads of the target's worker (CPU)
 

@@ -92,3 +92,12 @@ def test_per_request_stats(tiny_models):
     assert s.branch_hits + s.branch_misses <= s.num_cycles
     assert 0.0 <= s.overlap_fraction <= 1.0 and s.cycle_time > 0
     assert s.drafts_per_position[0] == s.num_cycles
+
+
+def test_adaptive_block_size_keeps_outputs_exact(tiny_models):
+    hf = tiny_models[0]
+    eng = make_engine(tiny_models, Mode.ASYNC, block=8, adaptive=True)
+    outs = generate(eng, PROMPTS, SamplingParams(max_new_tokens=40))
+    for prompt, out in zip(PROMPTS, outs):
+        assert out.token_ids == reference_greedy(hf, prompt, 40)
+    assert {c.block for c in eng.timeline.cycles} >= {1, 4, 8}  # every candidate was tried

@@ -57,3 +57,23 @@ def test_match_branch():
     assert match_branch(bs, 1, 7) == 2
     assert match_branch(bs, 1, 5) is None  # right length, wrong token: a miss
     assert match_branch([], 0, 0) is None
+
+
+def test_adaptive_controller_prefers_measured_throughput():
+    from sglang_d3d.engine.adaptive import BlockController, expected_tokens
+
+    assert expected_tokens([0.5, 0.5], 3) == 1 + 0.5 + 0.25
+    assert expected_tokens([], 1) == 1.0
+    c = BlockController(candidates=(1, 4))
+    assert c.choose(2) == 1 and c.choose(2) == 1  # the first untried first
+    c.observe(2, 1, 0.10, [(0, 0), (0, 0)])
+    assert c.choose(2) == 4
+    # drafts always accepted: a 4-block cycle gives 4 tokens per row for 2x the time
+    for _ in range(20):
+        c.observe(2, 4, 0.20, [(3, 3), (3, 3)])
+    assert c.choose(2) == 4
+    c2 = BlockController(candidates=(1, 4))
+    c2.observe(8, 1, 0.10, [])
+    for _ in range(20):
+        c2.observe(8, 4, 0.50, [(3, 0)] * 8)  # drafts always rejected and slow: plain decoding
+    assert c2.choose(8) == 1

@@ -12,6 +12,7 @@ import time
 import torch
 
 from sglang_d3d.config import EngineConfig, Mode
+from sglang_d3d.engine.adaptive import BlockController
 from sglang_d3d.engine.api import EventCallback, GenerationRequest, RequestTooLongError, TokenEvent
 from sglang_d3d.engine.drafting import Drafting
 from sglang_d3d.engine.overlap import CycleTimes, TargetWorker, Timeline
@@ -42,7 +43,15 @@ class SpecEngine:
         self.worker = TargetWorker(cfg.target_threads, cfg.device)
         self.timeline = Timeline()
         self.cycle_listeners: list = []
+        self.controller = BlockController(self._candidate_blocks()) if cfg.adaptive else None
         self._steps = 0
+
+    def _candidate_blocks(self) -> tuple[int, ...]:
+        s = self.cfg
+        sizes = {1} if self.drafting is None else {1, s.spec.block_size}
+        if self.drafting is not None:
+            sizes |= {b for b in (4, 8) if s.min_block_size <= b < s.spec.block_size}
+        return tuple(sorted(sizes))
 
     def _max_branches(self) -> int:
         s = self.cfg.spec
@@ -93,6 +102,8 @@ class SpecEngine:
         shrinks as the batch grows so one verify pass stays within the token budget."""
         if self.drafting is None:
             return 1
+        if self.controller is not None:
+            return self.controller.choose(batch)
         block = min(self.cfg.spec.block_size, self.cfg.verify_token_budget // batch)
         return block if block >= self.cfg.min_block_size else 1
 
@@ -129,6 +140,9 @@ class SpecEngine:
         events = [self._accept(s, logits[i], block, ct) for i, s in enumerate(rows)]
         ct.end = time.perf_counter() - t0
         self.timeline.add(ct)
+        if self.controller is not None:
+            per_row = [s.last_cycle[:2] for s in rows if s.last_cycle is not None]
+            self.controller.observe(len(rows), block, ct.end, per_row)
         self._record(rows, ct)
         return events
 

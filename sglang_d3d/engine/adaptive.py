@@ -1,0 +1,68 @@
+"""How much to speculate as the batch grows: pick the block size with the best measured
+throughput for the current batch size.
+
+For a batch of N rows and block B, one cycle yields N * E[tokens | B] tokens and costs
+T(N, B) seconds. E[tokens | B] = 1 + sum_{i<B} prod_{j<=i} a_j follows from the per-position
+acceptance rates a_j seen so far; T(N, B) is an exponential moving average of measured cycle
+times. B = 1 is plain decoding, so speculation is only kept where it measurably beats it.
+Untried (N, B) pairs are tried once; every `explore_every` cycles the runner-up is re-measured
+so the estimates follow the load.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+def expected_tokens(accept_rates: list[float], block: int) -> float:
+    """Tokens per row-cycle for `block` (B-1 drafts): 1 + sum of P(first i drafts accepted)."""
+    total, run = 1.0, 1.0
+    for i in range(block - 1):
+        run *= accept_rates[i] if i < len(accept_rates) else (accept_rates[-1] if accept_rates else 0.0)
+        total += run
+    return total
+
+
+@dataclass
+class BlockController:
+    candidates: tuple[int, ...]  # block sizes to choose from; 1 = target only
+    explore_every: int = 64
+    decay: float = 0.8  # weight of the old estimate in the moving averages
+    times: dict[tuple[int, int], float] = field(default_factory=dict)  # (N, B) -> seconds
+    accepted: list[int] = field(default_factory=list)  # [i]: cycles that accepted draft i+1
+    reached: list[int] = field(default_factory=list)  # [i]: cycles that proposed draft i+1
+    # after accepting drafts 1..i (so that draft i+1 was really put to the test)
+    cycles: int = 0
+
+    def accept_rates(self) -> list[float]:
+        """P(draft i accepted | drafts before it accepted), with a +1/+2 prior."""
+        return [(a + 1) / (r + 2) for a, r in zip(self.accepted, self.reached)]
+
+    def choose(self, batch: int) -> int:
+        self.cycles += 1
+        untried = [b for b in self.candidates if (batch, b) not in self.times]
+        if untried:
+            return untried[0]
+        ranked = sorted(self.candidates, key=lambda b: -self.score(batch, b))
+        if len(ranked) > 1 and self.cycles % self.explore_every == 0:
+            return ranked[1]
+        return ranked[0]
+
+    def score(self, batch: int, block: int) -> float:
+        return batch * expected_tokens(self.accept_rates(), block) / self.times[(batch, block)]
+
+    def observe(self, batch: int, block: int, seconds: float, per_row: list[tuple[int, int]]):
+        """per_row: (drafts proposed, drafts accepted) for each row of the cycle."""
+        key = (batch, block)
+        old = self.times.get(key)
+        self.times[key] = seconds if old is None else self.decay * old + (1 - self.decay) * seconds
+        for g, n in per_row:
+            _grow(self.reached, g)
+            _grow(self.accepted, g)
+            for i in range(min(g, n + 1)):  # drafts 1..n accepted, draft n+1 rejected
+                self.reached[i] += 1
+                self.accepted[i] += i < n
+
+
+def _grow(xs: list[int], n: int) -> None:
+    xs.extend([0] * max(0, n - len(xs)))

@@ -302,6 +302,7 @@ def test_schema_refuses_invalid_values(chart, values):
     [
         ({"server": {"draftDevice": "cuda:1"}, "gpu": {"count": 1}}, "needs gpu.count > 1"),
         ({"server": {"draftDevice": "cuda"}}, "needs gpu.count > 0"),
+        ({"server": {"backend": "sglang"}}, "backend=sglang runs on CUDA"),
         (
             {"autoscaling": {"enabled": True, "minReplicas": 5, "maxReplicas": 2}},
             "minReplicas must not exceed",

@@ -101,3 +101,14 @@ def test_adaptive_block_size_keeps_outputs_exact(tiny_models):
     for prompt, out in zip(PROMPTS, outs):
         assert out.token_ids == reference_greedy(hf, prompt, 40)
     assert {c.block for c in eng.timeline.cycles} >= {1, 4, 8}  # every candidate was tried
+
+
+def test_reused_slots_start_clean(tiny_models):
+    """More requests than slots, one after another: every slot is reused several times and
+    the drafter must never see a previous request's tokens (no faults, exact outputs)."""
+    hf = tiny_models[0]
+    eng = make_engine(tiny_models, Mode.ASYNC, batch=1, context=64)
+    for prompt in PROMPTS * 3:
+        out = generate(eng, [prompt], SamplingParams(max_new_tokens=40))[0]
+        assert out.token_ids == reference_greedy(hf, prompt, 40)
+        assert out.stats.fallbacks == 0

@@ -8,7 +8,7 @@ import httpx
 import pytest
 
 from server.app import create_app
-from server.testing import ServerThread, tiny_pair, tiny_server_config
+from server.testing import ServerThread, tiny_server_config
 
 pytestmark = pytest.mark.slow
 
@@ -62,8 +62,8 @@ BAD_INPUTS = [
 
 
 @pytest.fixture(scope="module")
-def srv(tmp_path_factory):
-    cfg = tiny_server_config(tiny_pair(tmp_path_factory.mktemp("tiny")))
+def srv(tiny_pair_dir):
+    cfg = tiny_server_config(tiny_pair_dir)
     with ServerThread(create_app(cfg)) as s:
         yield s
 

@@ -15,7 +15,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from server.app import create_app
-from server.testing import ServerThread, tiny_pair, tiny_server_config
+from server.testing import ServerThread, tiny_server_config
 from sglang_d3d.engine.api import TokenEvent
 from sglang_d3d.engine.factory import build_engine_loop
 
@@ -25,8 +25,8 @@ POISON = [90, 91, 92, 93]  # prompts starting with these ids fail inside the eng
 
 
 @pytest.fixture(scope="module")
-def pair(tmp_path_factory):
-    return tiny_pair(tmp_path_factory.mktemp("tiny"))
+def pair(tiny_pair_dir):
+    return tiny_pair_dir
 
 
 def slowed(delay: float, wrap=lambda loop: loop):

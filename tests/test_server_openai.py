@@ -10,14 +10,14 @@ import openai
 import pytest
 
 from server.app import create_app
-from server.testing import ServerThread, tiny_pair, tiny_server_config
+from server.testing import ServerThread, tiny_server_config
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def srv(tmp_path_factory):
-    cfg = tiny_server_config(tiny_pair(tmp_path_factory.mktemp("tiny")), max_batch_size=8)
+def srv(tiny_pair_dir):
+    cfg = tiny_server_config(tiny_pair_dir, max_batch_size=8)
     with ServerThread(create_app(cfg)) as s:
         yield s
 

@@ -14,15 +14,15 @@ from schemathesis import GenerationMode
 from schemathesis.checks import not_a_server_error
 
 from server.app import create_app
-from server.testing import ServerThread, tiny_pair, tiny_server_config
+from server.testing import ServerThread, tiny_server_config
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def srv(tmp_path_factory):
+def srv(tiny_pair_dir):
     # A small context keeps generated requests (up to max_tokens = the context) short.
-    cfg = tiny_server_config(tiny_pair(tmp_path_factory.mktemp("tiny")), max_context=64)
+    cfg = tiny_server_config(tiny_pair_dir, max_context=64)
     with ServerThread(create_app(cfg)) as s:
         yield s
 

@@ -36,6 +36,7 @@ class Drafting:
     # ---- before verify ----------------------------------------------------------------------
     def prefill(self, seq: Sequence) -> None:
         """Cache the prompt (runs while the target prefills)."""
+        self.runner.reset(seq.slot)  # the slot may hold a finished request's tokens
         self._guard([seq], lambda: self.runner.run([(seq.slot, extend_pack(seq.tokens, 0))]))
         if seq.drafter_faults == 0:
             seq.pending = []

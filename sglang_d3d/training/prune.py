@@ -37,7 +37,7 @@ class PruneConfig:
     target_path: str | None = None
     min_layers: int = 1
     eval_samples: int = 24  # held-out samples for acceptance length
-    heldout_every: int = 50  # must match training's split
+    heldout_every: int = 20  # must match training's split
     recover_steps: int = 20  # KL re-distillation steps after each removal
     lr: float = 2e-4
     batch_size: int = 4

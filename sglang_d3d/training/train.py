@@ -49,9 +49,9 @@ class TrainConfig:
     warmup_steps: int = 30
     max_steps: int = 1000
     time_budget_min: float | None = None  # stop (and save) after this much wall time
-    heldout_every: int = 50  # every n-th prompt index is held out
+    heldout_every: int = 20  # every n-th prompt index is held out
     eval_every: int = 100
-    eval_samples: int = 48
+    eval_samples: int = 40
     ckpt_minutes: float = 5.0
     max_seq_len: int = 512
     bf16: bool = True  # bf16 autocast for the forward (AMX); master weights stay fp32

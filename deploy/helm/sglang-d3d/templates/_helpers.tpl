@@ -1,0 +1,125 @@
+{{/* Chart name, truncated to the 63 characters a DNS label allows. */}}
+{{- define "sglang-d3d.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Fully qualified app name: <release>-<chart> unless the release already contains it. */}}
+{{- define "sglang-d3d.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "sglang-d3d.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "sglang-d3d.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "sglang-d3d.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{- define "sglang-d3d.labels" -}}
+helm.sh/chart: {{ include "sglang-d3d.chart" . }}
+{{ include "sglang-d3d.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/component: server
+{{- end }}
+
+{{- define "sglang-d3d.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "sglang-d3d.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- default "default" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{- define "sglang-d3d.image" -}}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- end }}
+
+{{/* The target runs on the first GPU when there is one. */}}
+{{- define "sglang-d3d.device" -}}
+{{- if gt (int .Values.gpu.count) 0 }}cuda:0{{ else }}cpu{{ end }}
+{{- end }}
+
+{{- define "sglang-d3d.modelsClaim" -}}
+{{- default (printf "%s-models" (include "sglang-d3d.fullname" .)) .Values.models.pvc.existingClaim }}
+{{- end }}
+
+{{/*
+Checks the schema cannot express: the drafter's device must be one of the GPUs requested,
+the sglang backend needs a GPU (server/args.py: CUDA only), and the autoscaler's bounds must be
+ordered.
+*/}}
+{{- define "sglang-d3d.validate" -}}
+{{- $gpus := int .Values.gpu.count }}
+{{- $draft := .Values.server.draftDevice | default "" }}
+{{- if hasPrefix "cuda" $draft }}
+{{- $index := 0 }}
+{{- if contains ":" $draft }}{{ $index = int (last (splitList ":" $draft)) }}{{ end }}
+{{- if ge $index $gpus }}
+{{- fail (printf "server.draftDevice=%s needs gpu.count > %d (it is %d)" $draft $index $gpus) }}
+{{- end }}
+{{- end }}
+{{- if and (eq .Values.server.backend "sglang") (eq $gpus 0) }}
+{{- fail "server.backend=sglang runs on CUDA: set gpu.count >= 1 (or use backend embedded on CPU)" }}
+{{- end }}
+{{- if and .Values.autoscaling.enabled (gt (int .Values.autoscaling.minReplicas) (int .Values.autoscaling.maxReplicas)) }}
+{{- fail "autoscaling.minReplicas must not exceed autoscaling.maxReplicas" }}
+{{- end }}
+{{- end }}
+
+{{/* `d3d serve` command line. Flags mirror the CLI one to one. */}}
+{{- define "sglang-d3d.args" -}}
+- serve
+- --backend
+- {{ .Values.server.backend | quote }}
+- --mode
+- {{ .Values.server.mode | quote }}
+- --host
+- "0.0.0.0"
+- --port
+- {{ .Values.server.port | quote }}
+- --served-model-name
+- {{ .Values.server.servedModelName | quote }}
+- --max-concurrency
+- {{ .Values.server.maxConcurrency | quote }}
+- --device
+- {{ include "sglang-d3d.device" . | quote }}
+{{- with .Values.server.draftDevice }}
+- --draft-device
+- {{ . | quote }}
+{{- end }}
+{{- with .Values.server.dtype }}
+- --dtype
+- {{ . | quote }}
+{{- end }}
+- --block-size
+- {{ .Values.server.spec.blockSize | quote }}
+- --branch-policy
+- {{ .Values.server.spec.branchPolicy | quote }}
+- --branch-budget
+- {{ .Values.server.spec.branchBudget | quote }}
+- --guesses-per-position
+- {{ .Values.server.spec.guessesPerPosition | quote }}
+{{- if ne .Values.models.source "builtin" }}
+- --target
+- {{ printf "%s/%s" (trimSuffix "/" .Values.models.mountPath) .Values.models.target | quote }}
+{{- with .Values.models.drafter }}
+- --drafter
+- {{ printf "%s/%s" (trimSuffix "/" $.Values.models.mountPath) . | quote }}
+{{- end }}
+{{- end }}
+{{- range .Values.server.extraArgs }}
+- {{ . | quote }}
+{{- end }}
+{{- end }}

@@ -1,0 +1,156 @@
+"""/metrics: the names of docs/design.md, parsed by prometheus-client, moving with traffic."""
+
+from __future__ import annotations
+
+import httpx
+import openai
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from server.app import create_app
+from server.metrics import MetricsRecorder
+from server.testing import ServerThread, tiny_server_config
+from sglang_d3d.spec.stats import CycleStats
+
+HISTOGRAMS = [
+    "time_to_first_token_seconds",
+    "inter_token_latency_seconds",
+    "e2e_request_latency_seconds",
+    "request_queue_time_seconds",
+    "spec_accepted_length",
+    "spec_draft_time_seconds",
+    "spec_verify_time_seconds",
+    "spec_cycle_time_seconds",
+    "spec_overlap_fraction",
+]
+COUNTERS = [
+    "spec_num_drafts",
+    "spec_num_draft_tokens",
+    "spec_num_accepted_tokens",
+    "spec_num_accepted_tokens_per_pos",
+    "spec_branch_hits",
+    "spec_branch_misses",
+    "spec_overlap_seconds",
+    "spec_cycle_seconds",
+    "prompt_tokens",
+    "generation_tokens",
+    "request_success",
+]
+GAUGES = ["num_requests_running", "num_requests_waiting"]
+
+
+def samples(text: str) -> dict[tuple, float]:
+    """{(sample name, sorted labels): value} for every sample in an exposition."""
+    out = {}
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return out
+
+
+def value(snap: dict, name: str, **labels: str) -> float:
+    """Sum of the samples called `name` whose labels include `labels`."""
+    want = set(labels.items())
+    return sum(v for (n, lab), v in snap.items() if n == name and want <= set(lab))
+
+
+def families(text: str) -> dict[str, str]:
+    return {f.name: f.type for f in text_string_to_metric_families(text)}
+
+
+# ---- the recorder alone -----------------------------------------------------------------------
+
+
+def test_recorder_counts_cycles_exactly():
+    rec = MetricsRecorder("m", "async")
+    cycles = [
+        CycleStats(3, 2, True, 0.01, 0.02, 0.03, 0.01),
+        CycleStats(3, 0, False, 0.01, 0.02, 0.04, 0.02),
+        CycleStats(3, 3, None, 0.01, 0.02, 0.03, 0.0),
+    ]
+    for c in cycles:
+        rec.on_cycle("r", c)
+    snap = samples(rec.render().decode())
+    lab = {"model_name": "m", "mode": "async"}
+    assert value(snap, "d3d:spec_num_drafts_total", **lab) == 3
+    assert value(snap, "d3d:spec_num_draft_tokens_total", **lab) == 9
+    assert value(snap, "d3d:spec_num_accepted_tokens_total", **lab) == 5
+    per_pos = [
+        value(snap, "d3d:spec_num_accepted_tokens_per_pos_total", position=str(i)) for i in range(3)
+    ]
+    assert per_pos == [2, 2, 1]  # cycle 1 accepted positions 0,1; cycle 3 positions 0,1,2
+    assert value(snap, "d3d:spec_branch_hits_total") == 1
+    assert value(snap, "d3d:spec_branch_misses_total") == 1
+    assert value(snap, "d3d:spec_accepted_length_count") == 3
+    assert value(snap, "d3d:spec_accepted_length_sum") == sum(c.accepted_length for c in cycles)
+    assert value(snap, "d3d:spec_cycle_seconds_total") == pytest.approx(0.10)
+    assert value(snap, "d3d:spec_overlap_seconds_total") == pytest.approx(0.03)
+
+
+def test_recorder_uses_its_own_registry():
+    a, b = MetricsRecorder("m", "ar"), MetricsRecorder("m", "ar")  # no duplicate-name clash
+    a.on_cycle("r", CycleStats(0, 0, None, 0.0, 0.01, 0.01, 0.0))
+    assert value(samples(a.render().decode()), "d3d:spec_accepted_length_count") == 1
+    assert value(samples(b.render().decode()), "d3d:spec_accepted_length_count") == 0
+    # target-only cycles carry no drafts: they must not count as drafts
+    assert value(samples(a.render().decode()), "d3d:spec_num_drafts_total") == 0
+
+
+# ---- the live server --------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def srv(tiny_pair_dir):
+    cfg = tiny_server_config(tiny_pair_dir)
+    with ServerThread(create_app(cfg)) as s:
+        yield s
+
+
+def scrape(srv) -> str:
+    r = httpx.get(f"{srv.url}/metrics")
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
+    return r.text
+
+
+@pytest.mark.slow
+def test_every_design_metric_is_exported_with_labels(srv):
+    text = scrape(srv)
+    kinds = families(text)
+    for name in HISTOGRAMS:
+        assert kinds.get(f"d3d:{name}") == "histogram", name
+    for name in COUNTERS:
+        assert kinds.get(f"d3d:{name}") == "counter", name
+    for name in GAUGES:
+        assert kinds.get(f"d3d:{name}") == "gauge", name
+    snap = samples(text)
+    assert value(snap, "d3d:num_requests_running", model_name="tiny", mode="async") == 0
+
+
+@pytest.mark.slow
+def test_counters_move_with_requests(srv):
+    client = openai.OpenAI(base_url=f"{srv.url}/v1", api_key="unused", max_retries=0)
+    before = samples(scrape(srv))
+    prompts = ["w5 w6 w7", "w30 w31", "w50 w51 w52 w53"]
+    rs = [
+        client.completions.create(model="tiny", prompt=p, max_tokens=10, temperature=0)
+        for p in prompts
+    ]
+    after = samples(scrape(srv))
+
+    def delta(name: str, **labels: str) -> float:
+        return value(after, name, **labels) - value(before, name, **labels)
+
+    assert delta("d3d:prompt_tokens_total") == sum(r.usage.prompt_tokens for r in rs)
+    assert delta("d3d:generation_tokens_total") == sum(r.usage.completion_tokens for r in rs)
+    finished = [r.choices[0].finish_reason for r in rs]
+    for reason in set(finished):
+        assert delta("d3d:request_success_total", finish_reason=reason) == finished.count(reason)
+    cycles = sum(r.model_extra["d3d"]["num_cycles"] for r in rs)
+    assert delta("d3d:spec_accepted_length_count") == cycles
+    assert delta("d3d:spec_num_drafts_total") == cycles  # async, batch of one: every cycle drafts
+    assert delta("d3d:spec_num_draft_tokens_total") == 3 * cycles  # block 4 = 3 drafts
+    assert delta("d3d:spec_branch_hits_total") + delta("d3d:spec_branch_misses_total") > 0
+    assert delta("d3d:time_to_first_token_seconds_count") == len(rs)
+    assert delta("d3d:e2e_request_latency_seconds_count") == len(rs)
+    assert delta("d3d:request_queue_time_seconds_count") == len(rs)
+    assert delta("d3d:spec_cycle_seconds_total") > 0

@@ -1,0 +1,133 @@
+"""Server pieces alone: flags, stop strings, incremental detokenisation, backend checks."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from server.args import Backend, ServerConfig, parse_args
+from server.backends import BackendUnavailable, check_backend
+from server.detokenize import TextStream
+from server.main import run_server
+from server.stop_strings import StopMatcher, find_stop, partial_stop_len
+from sglang_d3d.config import BranchPolicy, EngineConfig, Mode, SpecConfig
+from sglang_d3d.testing import tiny_tokenizer
+
+# ---- args -------------------------------------------------------------------------------------
+
+
+def test_no_flags_gives_the_engine_defaults():
+    cfg = parse_args([])
+    assert cfg.engine == EngineConfig()
+    assert cfg.backend is Backend.EMBEDDED and cfg.model_name == "SmolLM2-135M-Instruct"
+
+
+def test_flags_map_onto_engine_config():
+    cfg = parse_args(
+        "--target /m/qwen3-0.6b --drafter /d --mode sync --max-concurrency 4 --max-queue 9 "
+        "--block-size 8 --branch-policy all --branch-budget 2 --guesses-per-position 3 "
+        "--device cuda:0 --draft-device cuda:1 --max-context 4096 --port 9000 "
+        "--backend sglang".split()
+    )
+    e = cfg.engine
+    assert (e.target_path, e.drafter_path, e.mode) == ("/m/qwen3-0.6b", "/d", Mode.SYNC)
+    assert (e.max_batch_size, e.max_queue, e.max_context) == (4, 9, 4096)
+    assert e.spec == SpecConfig(8, BranchPolicy.ALL, 2, 3)
+    assert (e.device, e.resolved_draft_device) == ("cuda:0", "cuda:1")
+    assert cfg.port == 9000 and cfg.backend is Backend.SGLANG
+    assert cfg.model_name == "qwen3-0.6b"  # the target folder's name unless --served-model-name
+
+
+@pytest.mark.parametrize(
+    "argv", [["--block-size", "1"], ["--mode", "fast"], ["--max-concurrency", "0"], ["--port", "x"]]
+)
+def test_bad_flags_exit_with_usage_error(argv, capsys):
+    with pytest.raises(SystemExit) as e:
+        parse_args(argv)
+    assert e.value.code == 2 and "error" in capsys.readouterr().err
+
+
+def test_server_config_is_frozen():
+    with pytest.raises(AttributeError):
+        ServerConfig().port = 1  # type: ignore[misc]
+
+
+# ---- stop strings -----------------------------------------------------------------------------
+
+
+def test_find_stop_and_partial_suffix():
+    assert find_stop("abcSTOPx", ["STOP", "c"], 0) == 2
+    assert find_stop("abc", ["z"], 0) is None
+    assert partial_stop_len("hello ST", ["STOP"]) == 2
+    assert partial_stop_len("hello", ["STOP"]) == 0
+
+
+def _reference(text: str, stops: list[str]) -> tuple[str, bool]:
+    hits = [i for s in stops if (i := text.find(s)) >= 0]
+    return (text[: min(hits)], True) if hits else (text, False)
+
+
+def test_stop_matcher_equals_a_search_over_the_whole_text():
+    rng = random.Random(0)
+    for _ in range(500):
+        text = "".join(rng.choice("abc ") for _ in range(rng.randrange(0, 30)))
+        stops = ["".join(rng.choice("abc") for _ in range(rng.randrange(1, 4))) for _ in range(2)]
+        m, released, cuts = StopMatcher(stops), [], sorted(rng.sample(range(31), 5))
+        for a, b in zip([0] + cuts, cuts + [len(text)], strict=True):
+            released.append(m.feed(text[a:b]))
+            # what went out is never more than the final answer
+            assert _reference(text, stops)[0].startswith("".join(released))
+        released.append(m.flush())
+        assert ("".join(released), m.stopped) == _reference(text, stops)
+
+
+# ---- detokenisation ---------------------------------------------------------------------------
+
+
+def test_text_stream_equals_a_full_decode():
+    tok = tiny_tokenizer()
+    rng = random.Random(1)
+    prompt = [rng.randrange(3, 96) for _ in range(5)]
+    out = [rng.randrange(0, 96) for _ in range(40)]  # includes <unk>, <s>, </s> (special)
+    stream = TextStream(tok, prompt, [])
+    text = "".join(stream.add(t) for t in out) + stream.finish()
+    full = tok.decode(prompt + out, skip_special_tokens=True)
+    assert full.endswith(text) and text.strip() == tok.decode(out, skip_special_tokens=True)
+
+
+def test_text_stream_stops_on_a_string_spanning_tokens():
+    tok = tiny_tokenizer()
+    ids = tok("w5 w6 w7 w8", add_special_tokens=False)["input_ids"]
+    stream = TextStream(tok, [4], ["w6 w7"])
+    pieces = []
+    for t in ids:
+        pieces.append(stream.add(t))
+        if stream.stopped:
+            break
+    assert stream.stopped and "".join(pieces) == " w5 "
+
+
+# ---- backends ---------------------------------------------------------------------------------
+
+
+def test_embedded_backend_needs_nothing():
+    check_backend(Backend.EMBEDDED)
+
+
+def test_sglang_backend_without_cuda_fails_clearly(capsys):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is visible here")
+    with pytest.raises(BackendUnavailable, match="--backend"):
+        check_backend(Backend.SGLANG)
+    assert run_server(["--backend", "sglang"]) == 2
+    assert "--backend" in capsys.readouterr().err
+
+
+def test_serve_exits_nonzero_when_the_model_cannot_load(tmp_path, capsys):
+    missing = str(tmp_path / "no-such-model")
+    argv = ["--target", missing, "--host", "127.0.0.1", "--port", "0", "--log-level", "error"]
+    assert run_server(argv) == 1
+    assert "no-such-model" in capsys.readouterr().err

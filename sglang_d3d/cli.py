@@ -26,11 +26,25 @@ def main(argv: list[str] | None = None) -> int:
 
         return run_server(argv[1:]) or 0
     if argv[:1] == ["bench-serving"]:
-        from server.bench_serving import main as bench_serving
-
-        return bench_serving(argv[1:]) or 0
+        return _bench_serving(argv[1:])
     args = build_parser().parse_args(argv)
     return args.func(args) or 0
+
+
+def _bench_serving(argv: list[str]) -> int:
+    """benchmarks/ is a folder of scripts, not an installed package: load it from the checkout."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_serving.py"
+    if not path.exists():
+        print("d3d bench-serving needs a source checkout (benchmarks/bench_serving.py)", file=sys.stderr)
+        return 2
+    spec = importlib.util.spec_from_file_location("d3d_bench_serving", path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod  # dataclasses look their module up there
+    spec.loader.exec_module(mod)
+    return mod.main(argv) or 0
 
 
 def build_parser() -> argparse.ArgumentParser:

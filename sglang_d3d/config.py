@@ -24,6 +24,9 @@ class BranchPolicy(str, enum.Enum):
     TOPK = "topk"  # only the `branch_budget` most likely outcomes by the drafter's own confidence
 
 
+GREEDY_BELOW = 1e-5  # temperatures under this are greedy
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     temperature: float = 0.0  # 0 means greedy
@@ -45,7 +48,8 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0.0
+        # Below this, logits / temperature overflows float32; the limit of sampling is argmax.
+        return self.temperature < GREEDY_BELOW
 
 
 @dataclass(frozen=True)

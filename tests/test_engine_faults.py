@@ -105,3 +105,19 @@ def test_one_failing_request_does_not_stop_the_others(tiny_models, monkeypatch):
     ok = next(o for o, p in zip(outs, [PROMPT, [9, 10]]) if o.finish_reason != "error")
     assert len(ok.token_ids) == 12
     assert not eng.has_work() and len(eng.scheduler.free_slots) == 4
+
+
+def test_failing_prefill_fails_only_its_request(tiny_models, monkeypatch):
+    eng = make_engine(tiny_models, Mode.ASYNC)
+    real = eng.target.prefill
+
+    def prefill(slot, ids):
+        if ids == [66, 67]:
+            raise RuntimeError("bad request")
+        return real(slot, ids)
+
+    monkeypatch.setattr(eng.target, "prefill", prefill)
+    outs = generate(eng, [PROMPT, [66, 67], [9, 10]], SamplingParams(max_new_tokens=10))
+    assert [o.finish_reason for o in outs] == ["length", "error", "length"]
+    assert "bad request" in outs[1].error
+    assert outs[2].token_ids == reference_greedy(tiny_models[0], [9, 10], 10)

@@ -105,6 +105,7 @@ def test_stop_string_trims_text_and_finishes_with_stop(client):
     r = _chat(client, "w40 w41 w42", max_tokens=16, temperature=0, stop=[stop, "never-seen"])
     assert r.choices[0].message.content == cut and r.choices[0].finish_reason == "stop"
     assert r.usage.completion_tokens < 16
+    assert r.model_extra["d3d"]["num_cycles"] >= 1  # stats survive the abort a stop string makes
     chunks = list(
         _chat(client, "w40 w41 w42", max_tokens=16, temperature=0, stop=stop, stream=True)
     )
@@ -117,6 +118,15 @@ def test_seeded_sampling_is_reproducible(client):
     a = _chat(client, "w11 w12", seed=1234, **kw).choices[0].message.content
     b = _chat(client, "w11 w12", seed=1234, **kw).choices[0].message.content
     assert a == b
+
+
+@pytest.mark.parametrize(
+    "params", [{"top_p": 5e-324}, {"temperature": 1e-300}, {"temperature": 2.0, "top_k": 1}]
+)
+def test_extreme_but_legal_sampling_values_are_served(client, params):
+    # schemathesis found these: the API allows them, so they must not fail the request.
+    r = _chat(client, "w5 w6", max_tokens=6, seed=0, extra_body=params)
+    assert r.choices[0].finish_reason in ("stop", "length") and r.usage.completion_tokens >= 1
 
 
 def test_32_concurrent_greedy_requests_equal_their_solo_runs(client, srv):

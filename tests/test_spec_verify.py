@@ -106,3 +106,11 @@ def test_greedy_accept_exhaustive_small():
             n, tok = greedy_accept(torch.tensor(draft), _onehot_logits(list(target), 2))
             want = next((i for i in range(3) if draft[i] != target[i]), 3)
             assert (n, tok) == (want, target[want])
+
+
+def test_extreme_but_legal_sampling_values_stay_finite():
+    logits = torch.tensor([1.0, 3.0, 2.0])
+    tiny_p = target_probs(logits, SamplingParams(temperature=1.0, top_p=5e-324))
+    assert torch.equal(tiny_p, torch.tensor([0.0, 1.0, 0.0]))  # the top token always survives
+    cold = SamplingParams(temperature=1e-300)
+    assert cold.greedy and torch.equal(target_probs(logits, cold), torch.tensor([0.0, 1.0, 0.0]))

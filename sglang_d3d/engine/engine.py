@@ -28,11 +28,18 @@ from sglang_d3d.spec.verify import greedy_accept, rejection_accept
 
 
 class SpecEngine:
-    def __init__(self, cfg: EngineConfig, target: Decoder, drafter: D3DDrafter | None) -> None:
+    def __init__(
+        self,
+        cfg: EngineConfig,
+        target: Decoder,
+        drafter: D3DDrafter | None,
+        eos_token_ids: tuple[int, ...] = (),  # end every request, on top of its stop ids
+    ) -> None:
         if cfg.mode is not Mode.AR and drafter is None:
             raise ValueError(f"mode {cfg.mode.value} needs a drafter")
         self.cfg = cfg
         self.vocab_size = target.spec.vocab_size
+        self.eos_token_ids = frozenset(eos_token_ids)
         slots, block = cfg.max_batch_size, cfg.spec.block_size
         self.target = TargetRunner(target, slots, cfg.max_context + block + 1)
         self.drafting = None
@@ -88,7 +95,7 @@ class SpecEngine:
         for seq in self.scheduler.take_aborted():
             events.append(self._finish(seq, "abort"))
         for seq in self.scheduler.admit():
-            events.append(self._prefill(seq))
+            events.append(self._isolated(seq, self._prefill, seq))
         rows = [s for s in self.scheduler.running if s.finish_reason is None]
         if rows:
             events.extend(self._cycle(rows, self.block_size(len(rows))))
@@ -146,24 +153,30 @@ class SpecEngine:
         self._record(rows, ct)
         return events
 
-    def _accept(self, s: Sequence, logits: torch.Tensor, block: int, ct: CycleTimes) -> TokenEvent:
-        """logits [block, V] from the verify pass -> emitted tokens for this request."""
+    def _isolated(self, s: Sequence, fn, *args) -> TokenEvent:
+        """Run one request's part of a step; its failure fails that request alone."""
         try:
-            draft = s.draft if block > 1 else []
-            n, token = self._verify(s, draft, logits)
-            self.target.advance(s.slot, n + 1)
-            hit = None
-            if self.drafting is not None:
-                if block > 1:
-                    hit = self.drafting.advance(s, n, token, block)
-                else:
-                    self.drafting.skip(s, [token])
-            ct.hits += hit is True
-            ct.misses += hit is False
-            s.last_cycle = (len(draft), n, hit)
-            return self._emit(s, draft[:n] + [token])
+            return fn(*args)
         except Exception as e:  # noqa: BLE001 - one request's failure must not stop the others
             return self._finish(s, "error", error=f"{type(e).__name__}: {e}")
+
+    def _accept(self, s: Sequence, logits: torch.Tensor, block: int, ct: CycleTimes) -> TokenEvent:
+        """logits [block, V] from the verify pass -> emitted tokens for this request."""
+        return self._isolated(s, self._accept_row, s, logits, block, ct)
+
+    def _accept_row(self, s: Sequence, logits: torch.Tensor, block: int, ct: CycleTimes):
+        draft = s.draft if block > 1 else []
+        n, token = self._verify(s, draft, logits)
+        self.target.advance(s.slot, n + 1)
+        hit = None
+        if self.drafting is not None and block > 1:
+            hit = self.drafting.advance(s, n, token, block)
+        elif self.drafting is not None:
+            self.drafting.skip(s, [token])
+        ct.hits += hit is True
+        ct.misses += hit is False
+        s.last_cycle = (len(draft), n, hit)
+        return self._emit(s, draft[:n] + [token])
 
     def _verify(self, s: Sequence, draft: list[int], logits: torch.Tensor) -> tuple[int, int]:
         d = torch.tensor(draft, dtype=torch.long)
@@ -191,7 +204,7 @@ class SpecEngine:
     # ---- output -----------------------------------------------------------------------------
     def _emit(self, s: Sequence, new: list[int]) -> TokenEvent:
         """Append accepted tokens, cut at a stop token or the length limit."""
-        stops = set(s.params.stop_token_ids)
+        stops = self.eos_token_ids.union(s.params.stop_token_ids)
         out, reason = [], None
         for t in new[: s.remaining]:
             out.append(t)

@@ -27,10 +27,21 @@ def load_models(cfg: EngineConfig) -> tuple[Decoder, D3DDrafter | None, object]:
     return target, drafter, load_tokenizer(target_path)
 
 
+def eos_token_ids(target: Decoder, tokenizer) -> tuple[int, ...]:
+    """Every end-of-sequence id the model declares (Llama 3 has two)."""
+    ids: set[int] = set()
+    for src in (getattr(target.hf_config, "eos_token_id", None), tokenizer.eos_token_id):
+        if isinstance(src, int):
+            ids.add(src)
+        elif isinstance(src, (list, tuple)):
+            ids.update(int(i) for i in src)
+    return tuple(sorted(ids))
+
+
 def build_engine(cfg: EngineConfig) -> tuple[SpecEngine, object]:
     torch.set_grad_enabled(False)
     target, drafter, tokenizer = load_models(cfg)
-    return SpecEngine(cfg, target, drafter), tokenizer
+    return SpecEngine(cfg, target, drafter, eos_token_ids(target, tokenizer)), tokenizer
 
 
 def build_engine_loop(cfg: EngineConfig) -> EngineLoop:

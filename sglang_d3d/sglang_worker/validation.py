@@ -58,6 +58,11 @@ def resolve_server_args(args) -> None:
         # schedule commits them one iteration late.
         log.warning("D3D runs with --disable-overlap-schedule (its drafter overlaps instead)")
         args.disable_overlap_schedule = True
+    if not args.disable_cuda_graph:
+        # SGLang 0.5.23 builds the verify input for CUDA-graph capture only for its builtin
+        # algorithms (decode_cuda_graph_runner.get_spec_info); D3D's verify runs eagerly.
+        log.warning("D3D runs its verify pass without CUDA graphs (--disable-cuda-graph)")
+        args.disable_cuda_graph = True
 
 
 # ---- checks -----------------------------------------------------------------------------------

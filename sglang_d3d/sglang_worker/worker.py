@@ -71,12 +71,11 @@ class D3DWorker(BaseSpecWorker):
         dtype = _dtype(self.options.draft_dtype) or runner.dtype
         embed = head = None
         if self.draft_device == self.device:
-            embed, head = shared_target_weights(
-                runner.model, self.vocab_size, self.server_args.tp_size
-            )
+            tp_size = get_parallel().tp_size
+            embed, head = shared_target_weights(runner.model, self.vocab_size, tp_size)
         drafter = build_drafter(
-            self.server_args.speculative_draft_model_path,
-            self.server_args.model_path,
+            get_spec().speculative_draft_model_path,
+            get_model().model_path,
             self.draft_device,
             dtype,
             embed,

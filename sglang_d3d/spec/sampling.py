@@ -31,6 +31,7 @@ def _top_p_filter(logits: torch.Tensor, top_p: float) -> torch.Tensor:
     probs = torch.softmax(sorted_logits, dim=-1)
     before = probs.cumsum(-1) - probs  # mass strictly above each token
     drop_sorted = before >= top_p
+    drop_sorted[..., 0] = False  # even a top_p that rounds to 0 keeps the most likely token
     drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
     return logits.masked_fill(drop, float("-inf"))
 
@@ -38,7 +39,7 @@ def _top_p_filter(logits: torch.Tensor, top_p: float) -> torch.Tensor:
 def draft_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     """The drafter's proposal distribution q [..., V]. Any q is exact under rejection sampling;
     matching the target's temperature keeps acceptance high."""
-    temperature = params.temperature if params.temperature > 0 else 1.0
+    temperature = params.temperature if not params.greedy else 1.0
     return torch.softmax(logits.float() / temperature, dim=-1)
 
 

@@ -105,11 +105,23 @@ def _missing(root: str) -> bool:
         return True
 
 
+def _pin_transformers_without_torchvision() -> None:
+    """transformers caches (lru_cache) whether torchvision is available; asking it before the
+    placeholder exists pins "no" for this process, so transformers itself (image processors,
+    in any other test of the session) never picks up the placeholder that sglang imports."""
+    from transformers.utils import import_utils
+
+    import_utils.is_torchvision_available()
+    import_utils.is_torchvision_v2_available()
+
+
 def install() -> tuple[str, ...]:
     """Serve placeholders for the packages that are missing. -> their names. Idempotent."""
     if any(isinstance(f, _Finder) for f in sys.meta_path):
         return next(f.roots for f in sys.meta_path if isinstance(f, _Finder))
     roots = tuple(r for r in ("torchvision", "sgl_kernel") if _missing(r))
+    if "torchvision" in roots:
+        _pin_transformers_without_torchvision()
     if roots:
         sys.meta_path.insert(0, _Finder(roots))
     return roots

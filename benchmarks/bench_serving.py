@@ -1,0 +1,354 @@
+"""Serving benchmark: a live `d3d serve` under concurrent streaming chat requests.
+
+For each mode (a server started per mode, or one already running at --url), each dataset
+(GSM8K questions, MT-Bench first turns) and each concurrency (1, 4, 16), it sends
+--num-prompts streaming requests with that many in flight and reports:
+
+- request throughput (req/s) and output throughput (generated tokens/s, from `usage`);
+- TTFT: request sent -> first content chunk;
+- TPOT: (latency - TTFT) / (output tokens - 1), per request;
+- ITL: gaps between consecutive content chunks (a chunk holds one verify cycle's tokens, so
+  with speculation ITL is per cycle, not per token; TPOT is the per-token figure);
+- mean accepted length and branch hit rate, from the server's Prometheus counters over the run.
+
+Latencies are given as mean, p50 and p99 in milliseconds. Results are printed as a table and
+saved as JSON (one row per mode x dataset x concurrency).
+
+    python benchmarks/bench_serving.py --modes ar async --num-prompts 64
+    python benchmarks/bench_serving.py --url http://localhost:8000 --modes async
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import numpy as np
+from prometheus_client.parser import text_string_to_metric_families
+
+DATASETS = {
+    "gsm8k": Path("/work/shared/datasets/gsm8k/test.jsonl"),
+    "mt_bench": Path("/work/shared/datasets/mt_bench/question.jsonl"),
+}
+DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "bench_serving.json"
+
+
+# ---- prompts ----------------------------------------------------------------------------------
+
+
+def load_prompts(name: str, path: Path, n: int, seed: int = 0) -> list[str]:
+    """n prompts from a dataset (GSM8K: `question`; MT-Bench: `turns[0]`), cycled if short."""
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    texts = [r["turns"][0] if name == "mt_bench" else r["question"] for r in rows]
+    random.Random(seed).shuffle(texts)
+    return [texts[i % len(texts)] for i in range(n)]
+
+
+# ---- one request ------------------------------------------------------------------------------
+
+
+@dataclass
+class RequestResult:
+    ok: bool
+    latency: float = 0.0
+    ttft: float = 0.0
+    itl: list[float] = field(default_factory=list)
+    output_tokens: int = 0
+    error: str = ""
+
+    @property
+    def tpot(self) -> float | None:
+        if self.output_tokens < 2:
+            return None
+        return (self.latency - self.ttft) / (self.output_tokens - 1)
+
+
+async def stream_one(client: httpx.AsyncClient, url: str, body: dict) -> RequestResult:
+    res, start = RequestResult(ok=False), time.perf_counter()
+    last = None
+    try:
+        async with client.stream("POST", f"{url}/v1/chat/completions", json=body) as r:
+            if r.status_code != 200:
+                return RequestResult(ok=False, error=f"{r.status_code}: {(await r.aread())[:200]}")
+            async for line in r.aiter_lines():
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                chunk, now = json.loads(line[6:]), time.perf_counter()
+                if "error" in chunk:
+                    return RequestResult(ok=False, error=str(chunk["error"]))
+                if chunk.get("usage"):
+                    res.output_tokens = chunk["usage"]["completion_tokens"]
+                if any(c["delta"].get("content") for c in chunk.get("choices", [])):
+                    if last is None:
+                        res.ttft = now - start
+                    else:
+                        res.itl.append(now - last)
+                    last = now
+    except httpx.HTTPError as e:
+        return RequestResult(ok=False, error=f"{type(e).__name__}: {e}")
+    res.ok, res.latency = True, time.perf_counter() - start
+    return res
+
+
+async def run_load(url: str, model: str, prompts: list[str], concurrency: int, args) -> tuple:
+    """All prompts through `concurrency` workers; returns (results, wall seconds)."""
+    queue: asyncio.Queue[str] = asyncio.Queue()
+    for p in prompts:
+        queue.put_nowait(p)
+    results: list[RequestResult] = []
+    limits = httpx.Limits(max_connections=concurrency + 4)
+    async with httpx.AsyncClient(timeout=args.request_timeout, limits=limits) as client:
+
+        async def worker() -> None:
+            while not queue.empty():
+                body = request_body(model, queue.get_nowait(), args)
+                results.append(await stream_one(client, url, body))
+
+        start = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        return results, time.perf_counter() - start
+
+
+def request_body(model: str, prompt: str, args) -> dict:
+    return {
+        "model": model,
+        "messages": [{"role": "user", "content": prompt}],
+        "max_tokens": args.max_tokens,
+        "temperature": args.temperature,
+        "seed": 0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+
+
+# ---- server-side speculation stats ------------------------------------------------------------
+
+
+def scrape(url: str) -> dict[str, float]:
+    """Totals of the counters this benchmark derives its speculation figures from."""
+    wanted = {
+        "d3d:spec_accepted_length_sum",
+        "d3d:spec_accepted_length_count",
+        "d3d:spec_branch_hits_total",
+        "d3d:spec_branch_misses_total",
+    }
+    out = dict.fromkeys(wanted, 0.0)
+    text = httpx.get(f"{url}/metrics", timeout=30).text
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            if s.name in wanted:
+                out[s.name] += s.value
+    return out
+
+
+def spec_figures(before: dict, after: dict) -> dict:
+    d = {k: after[k] - before[k] for k in after}
+    cycles = d["d3d:spec_accepted_length_count"]
+    branches = d["d3d:spec_branch_hits_total"] + d["d3d:spec_branch_misses_total"]
+    return {
+        "mean_accepted_length": d["d3d:spec_accepted_length_sum"] / cycles if cycles else None,
+        "branch_hit_rate": d["d3d:spec_branch_hits_total"] / branches if branches else None,
+    }
+
+
+# ---- summary ----------------------------------------------------------------------------------
+
+
+def dist_ms(values: list[float]) -> dict:
+    if not values:
+        return {"mean": None, "p50": None, "p99": None}
+    a = np.asarray(values) * 1000.0
+    return {
+        "mean": float(a.mean()),
+        "p50": float(np.percentile(a, 50)),
+        "p99": float(np.percentile(a, 99)),
+    }
+
+
+def summarize(results: list[RequestResult], wall: float) -> dict:
+    ok = [r for r in results if r.ok]
+    tokens = sum(r.output_tokens for r in ok)
+    return {
+        "num_requests": len(results),
+        "num_failed": len(results) - len(ok),
+        "errors": sorted({r.error for r in results if not r.ok})[:5],
+        "duration_s": wall,
+        "request_throughput": len(ok) / wall,
+        "output_throughput": tokens / wall,
+        "total_output_tokens": tokens,
+        "ttft_ms": dist_ms([r.ttft for r in ok]),
+        "tpot_ms": dist_ms([t for r in ok if (t := r.tpot) is not None]),
+        "itl_ms": dist_ms([x for r in ok for x in r.itl]),
+    }
+
+
+def print_table(rows: list[dict], header: bool = True) -> None:
+    if header:
+        print(
+            f"{'mode':6} {'dataset':9} {'conc':>4} {'req/s':>7} {'tok/s':>8} "
+            f"{'TTFT mean/p50/p99 ms':>22} {'TPOT mean/p50/p99 ms':>22} "
+            f"{'ITL mean/p50/p99 ms':>22} {'acc_len':>7} {'hit':>5} {'fail':>4}"
+        )
+    for r in rows:
+        print(
+            f"{r['mode']:6} {r['dataset']:9} {r['concurrency']:>4} "
+            f"{r['request_throughput']:7.2f} {r['output_throughput']:8.1f} "
+            f"{_trio(r['ttft_ms']):>22} {_trio(r['tpot_ms']):>22} {_trio(r['itl_ms']):>22} "
+            f"{_num(r['mean_accepted_length'], 2):>7} {_num(r['branch_hit_rate'], 2):>5} "
+            f"{r['num_failed']:>4}",
+            flush=True,
+        )
+
+
+def _trio(d: dict) -> str:
+    return "/".join(_num(d[k], 1) for k in ("mean", "p50", "p99"))
+
+
+def _num(x: float | None, digits: int) -> str:
+    return "-" if x is None else f"{x:.{digits}f}"
+
+
+# ---- servers ----------------------------------------------------------------------------------
+
+
+class ServerProcess:
+    """`python -m server --mode MODE` on a free port, stopped with SIGINT (graceful drain)."""
+
+    def __init__(self, mode: str, extra: list[str], log_dir: Path, timeout: float) -> None:
+        self.port = _free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        cmd = [sys.executable, "-m", "server", "--mode", mode, "--host", "127.0.0.1"]
+        cmd += ["--port", str(self.port), *extra]
+        log_dir.mkdir(parents=True, exist_ok=True)
+        self._log = open(log_dir / f"server_{mode}.log", "w")  # noqa: SIM115 - closed in stop()
+        root = Path(__file__).resolve().parent.parent
+        env = {**os.environ, "PYTHONPATH": f"{root}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=env)
+        self._wait_ready(timeout)
+
+    def _wait_ready(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(
+                    f"server exited with {self.proc.returncode}; see {self._log.name}"
+                )
+            try:
+                if httpx.get(f"{self.url}/health", timeout=5).status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            time.sleep(0.5)
+        self.stop()
+        raise TimeoutError(f"server not healthy after {timeout:.0f} s; see {self._log.name}")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._log.close()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def served_model(url: str) -> str:
+    return httpx.get(f"{url}/v1/models", timeout=30).json()["data"][0]["id"]
+
+
+def served_mode(url: str) -> str:
+    """The `mode` label the server puts on its metrics (ar | sync | async)."""
+    for fam in text_string_to_metric_families(httpx.get(f"{url}/metrics", timeout=30).text):
+        for s in fam.samples:
+            if "mode" in s.labels:
+                return s.labels["mode"]
+    return "unknown"
+
+
+# ---- driver -----------------------------------------------------------------------------------
+
+
+def bench_mode(url: str, mode: str, args) -> list[dict]:
+    model = served_model(url)
+    warm = request_body(model, "Hello!", args) | {"max_tokens": 8}
+    asyncio.run(run_load_once(url, warm))
+    rows = []
+    for dataset in args.datasets:
+        prompts = load_prompts(dataset, DATASETS[dataset], args.num_prompts, args.seed)
+        for conc in args.concurrency:
+            before = scrape(url)
+            results, wall = asyncio.run(run_load(url, model, prompts, conc, args))
+            row = {"mode": mode, "dataset": dataset, "concurrency": conc, "model": model}
+            row |= summarize(results, wall) | spec_figures(before, scrape(url))
+            print_table([row], header=not rows)
+            rows.append(row)
+    return rows
+
+
+async def run_load_once(url: str, body: dict) -> None:
+    async with httpx.AsyncClient(timeout=600) as client:
+        await stream_one(client, url, body)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="d3d bench-serving", description=__doc__.split("\n")[0])
+    p.add_argument("--url", help="benchmark this running server (its mode) instead of --modes")
+    p.add_argument("--modes", nargs="+", default=["ar", "async"], choices=["ar", "sync", "async"])
+    p.add_argument("--datasets", nargs="+", default=list(DATASETS), choices=list(DATASETS))
+    p.add_argument("--concurrency", nargs="+", type=int, default=[1, 4, 16])
+    p.add_argument("--num-prompts", type=int, default=32, help="per dataset and concurrency")
+    p.add_argument("--max-tokens", type=int, default=128)
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--request-timeout", type=float, default=600.0)
+    p.add_argument("--server-timeout", type=float, default=900.0, help="seconds to become healthy")
+    p.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    p.add_argument(
+        "--server-args",
+        default="",
+        help='extra `d3d serve` flags for started servers, e.g. "--target /m --device cuda"',
+    )
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    rows: list[dict] = []
+    if args.url:  # one running server, one mode: it says which
+        url = args.url.rstrip("/")
+        rows = bench_mode(url, served_mode(url), args)
+    for mode in [] if args.url else args.modes:
+        server = ServerProcess(mode, args.server_args.split(), args.out.parent, args.server_timeout)
+        try:
+            rows += bench_mode(server.url, mode, args)
+        finally:
+            server.stop()
+    print()
+    print_table(rows)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    payload = {"config": {k: str(v) for k, v in vars(args).items()}, "results": rows}
+    args.out.write_text(json.dumps(payload, indent=2))
+    print(f"\nsaved {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,58 @@
+"""The FastAPI application: routes, error handlers, metrics, and the engine loaded in the background.
+
+`create_app` returns at once; the models load on a thread started by the lifespan, and /health
+answers 503 until they are ready. On shutdown (after uvicorn has let in-flight responses finish,
+up to its graceful timeout) the engine drains what is left and stops.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+
+from fastapi import FastAPI
+
+from server.args import ServerConfig
+from server.backends import engine_factory
+from server.engine_client import EngineFactory, EngineHolder
+from server.errors import install_error_handlers
+from server.metrics import MetricsRecorder
+from server.routes import router
+from server.serving import ServerState
+
+log = logging.getLogger(__name__)
+
+
+def create_app(
+    cfg: ServerConfig,
+    factory: EngineFactory | None = None,
+    on_load_failure: Callable[[], None] | None = None,
+) -> FastAPI:
+    """factory: builds the engine from cfg.engine (default: the one cfg.backend names).
+    on_load_failure: called (from the loading thread) if it raises; without it the server
+    stays up and /health reports the error."""
+    factory = factory or engine_factory(cfg.backend)
+    holder = EngineHolder(factory, cfg.engine, cfg.retry_after, on_load_failure)
+    recorder = MetricsRecorder(cfg.model_name, cfg.engine.mode.value)
+    holder.add_cycle_listener(recorder.on_cycle)
+    state = ServerState(cfg=cfg, holder=holder, recorder=recorder)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI):
+        holder.start_loading()
+        yield
+        log.info("shutting down: draining the engine (up to %.0f s)", cfg.drain_timeout)
+        await asyncio.to_thread(holder.shutdown, cfg.drain_timeout)
+
+    app = FastAPI(
+        title="sglang-d3d",
+        summary="OpenAI-compatible server for D3D speculative decoding",
+        version="0.1.0",
+        lifespan=lifespan,
+    )
+    app.state.d3d = state
+    install_error_handlers(app)
+    app.include_router(router)
+    return app

@@ -1,0 +1,181 @@
+"""Prometheus metrics for serving and speculation (names: docs/design.md, section Metrics).
+
+The engine fills one `CycleStats` per request per verify cycle and one `RequestStats` per
+request; this recorder only turns those (and the server's request timings) into metrics, on a
+registry of its own. Ratios are left to PromQL (rates of counters, so they stay correct over any
+window and across restarts):
+
+Acceptance rate (share of draft tokens the target accepted)::
+
+    sum(rate(d3d:spec_num_accepted_tokens_total[5m])) by (model_name, mode)
+      / sum(rate(d3d:spec_num_draft_tokens_total[5m])) by (model_name, mode)
+
+Mean acceptance length (tokens gained per verify pass, the target's own token included)::
+
+    1 + sum(rate(d3d:spec_num_accepted_tokens_total[5m])) by (model_name, mode)
+      / sum(rate(d3d:spec_num_drafts_total[5m])) by (model_name, mode)
+
+  (or, from the histogram: rate(d3d:spec_accepted_length_sum[5m])
+  / rate(d3d:spec_accepted_length_count[5m]), which also counts target-only cycles)
+
+Per-position acceptance (how deep into the block drafts survive)::
+
+    rate(d3d:spec_num_accepted_tokens_per_pos_total[5m])
+      / ignoring(position) group_left rate(d3d:spec_num_drafts_total[5m])
+
+Branch hit rate (async mode: share of cycles whose pre-drafted branch matched)::
+
+    sum(rate(d3d:spec_branch_hits_total[5m])) by (model_name, mode)
+      / (sum(rate(d3d:spec_branch_hits_total[5m])) by (model_name, mode)
+         + sum(rate(d3d:spec_branch_misses_total[5m])) by (model_name, mode))
+
+Overlap fraction over a window::
+
+    rate(d3d:spec_overlap_seconds_total[5m]) / rate(d3d:spec_cycle_seconds_total[5m])
+"""
+
+from __future__ import annotations
+
+import time
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+from sglang_d3d.spec.stats import CycleStats, RequestStats
+
+CONTENT_TYPE = CONTENT_TYPE_LATEST
+LABELS = ("model_name", "mode")
+LATENCY_BUCKETS = (
+    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75,
+    1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0,
+)  # fmt: skip
+STEP_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+LENGTH_BUCKETS = tuple(range(1, 17)) + (20, 24, 32, 48, 64)
+FRACTION_BUCKETS = tuple(i / 10 for i in range(11))
+
+
+class MetricsRecorder:
+    def __init__(self, model_name: str, mode: str, registry: CollectorRegistry | None = None):
+        self.registry = registry or CollectorRegistry()
+        self._labels = {"model_name": model_name, "mode": mode}
+        self._make_histograms()
+        self._make_counters()
+        self._running = self._gauge("num_requests_running", "Requests in the running batch.")
+        self._waiting = self._gauge("num_requests_waiting", "Requests waiting to be scheduled.")
+
+    # ---- construction: every metric is bound to this server's labels once ----
+
+    def _histogram(self, name: str, doc: str, buckets: tuple) -> Histogram:
+        m = Histogram(f"d3d:{name}", doc, LABELS, registry=self.registry, buckets=buckets)
+        return m.labels(**self._labels)
+
+    def _counter(self, name: str, doc: str, extra: tuple[str, ...] = ()) -> Counter:
+        m = Counter(f"d3d:{name}", doc, LABELS + extra, registry=self.registry)
+        return m if extra else m.labels(**self._labels)
+
+    def _gauge(self, name: str, doc: str) -> Gauge:
+        return Gauge(f"d3d:{name}", doc, LABELS, registry=self.registry).labels(**self._labels)
+
+    def _make_histograms(self) -> None:
+        h = self._histogram
+        self.ttft = h("time_to_first_token_seconds", "Arrival to first token.", LATENCY_BUCKETS)
+        self.itl = h(
+            "inter_token_latency_seconds",
+            "Gap between consecutive token deliveries of a request (one per engine emit).",
+            LATENCY_BUCKETS,
+        )
+        self.e2e = h("e2e_request_latency_seconds", "Arrival to last token.", LATENCY_BUCKETS)
+        self.queue = h("request_queue_time_seconds", "Submit to prefill start.", LATENCY_BUCKETS)
+        self.accepted_length = h(
+            "spec_accepted_length", "Tokens gained per verify pass.", LENGTH_BUCKETS
+        )
+        self.draft_time = h("spec_draft_time_seconds", "Drafter time per cycle.", STEP_BUCKETS)
+        self.verify_time = h("spec_verify_time_seconds", "Target verify pass.", STEP_BUCKETS)
+        self.cycle_time = h("spec_cycle_time_seconds", "Wall time of a cycle.", STEP_BUCKETS)
+        self.overlap_fraction = h(
+            "spec_overlap_fraction",
+            "Share of a cycle with drafter and target running at once.",
+            FRACTION_BUCKETS,
+        )
+
+    def _make_counters(self) -> None:
+        c = self._counter
+        self.num_drafts = c("spec_num_drafts", "Verify cycles that carried drafts.")
+        self.num_draft_tokens = c("spec_num_draft_tokens", "Draft tokens sent to the target.")
+        self.num_accepted = c("spec_num_accepted_tokens", "Draft tokens the target accepted.")
+        self.accepted_per_pos = c(
+            "spec_num_accepted_tokens_per_pos", "Accepted drafts by position.", ("position",)
+        )
+        self.branch_hits = c("spec_branch_hits", "Cycles whose pre-drafted branch matched.")
+        self.branch_misses = c("spec_branch_misses", "Cycles whose pre-drafted branches missed.")
+        self.overlap_seconds = c("spec_overlap_seconds", "Drafter/target overlap time.")
+        self.cycle_seconds = c("spec_cycle_seconds", "Total cycle wall time.")
+        self.prompt_tokens = c("prompt_tokens", "Prompt tokens of admitted requests.")
+        self.generation_tokens = c("generation_tokens", "Tokens generated.")
+        self.request_success = c(
+            "request_success", "Finished requests by finish reason.", ("finish_reason",)
+        )
+
+    # ---- feeding ----
+
+    def on_cycle(self, request_id: str, c: CycleStats) -> None:
+        """Cycle listener: called on the engine's loop thread (prometheus_client is thread-safe)."""
+        self.accepted_length.observe(c.accepted_length)
+        self.verify_time.observe(c.verify_time)
+        self.cycle_time.observe(c.cycle_time)
+        self.cycle_seconds.inc(c.cycle_time)
+        self.overlap_seconds.inc(c.overlap_time)
+        if c.cycle_time > 0:
+            self.overlap_fraction.observe(min(1.0, c.overlap_time / c.cycle_time))
+        if c.num_drafts > 0:
+            self.draft_time.observe(c.draft_time)
+            self.num_drafts.inc()
+            self.num_draft_tokens.inc(c.num_drafts)
+            self.num_accepted.inc(c.num_accepted)
+            for pos in range(c.num_accepted):
+                self.accepted_per_pos.labels(**self._labels, position=str(pos)).inc()
+        if c.branch_hit is True:
+            self.branch_hits.inc()
+        elif c.branch_hit is False:
+            self.branch_misses.inc()
+
+    def track(self, arrival: float, prompt_tokens: int) -> RequestTracker:
+        """Start timing an admitted request (arrival: time.monotonic() at receipt)."""
+        self.prompt_tokens.inc(prompt_tokens)
+        return RequestTracker(self, arrival)
+
+    def set_queue_sizes(self, running: int, waiting: int) -> None:
+        self._running.set(running)
+        self._waiting.set(waiting)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+class RequestTracker:
+    """Latency bookkeeping of one request; owned by the coroutine serving it."""
+
+    def __init__(self, recorder: MetricsRecorder, arrival: float) -> None:
+        self._rec, self._arrival = recorder, arrival
+        self._last: float | None = None
+        self._done = False
+
+    def on_tokens(self, num_tokens: int) -> None:
+        if num_tokens <= 0 or self._done:
+            return
+        now = time.monotonic()
+        if self._last is None:
+            self._rec.ttft.observe(now - self._arrival)
+        else:
+            self._rec.itl.observe(now - self._last)
+        self._last = now
+        self._rec.generation_tokens.inc(num_tokens)
+
+    def finish(self, finish_reason: str, stats: RequestStats | None) -> None:
+        if self._done:
+            return
+        self._done = True
+        self._rec.e2e.observe(time.monotonic() - self._arrival)
+        self._rec.request_success.labels(**self._rec._labels, finish_reason=finish_reason).inc()
+        if stats is not None:
+            self._rec.queue.observe(stats.queue_time)

@@ -1,0 +1,215 @@
+"""Request and response bodies in OpenAI's shapes (the subset this server supports).
+
+Scalars are strict: `"max_tokens": "5"` or `"stream": 1` is a 400, not a silent coercion.
+Unknown request fields are ignored, as OpenAI's own server and vLLM do. Responses carry one
+extra field, `d3d`, with the request's speculative stats; OpenAI clients ignore it.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Annotated, Any, ClassVar, Literal
+
+from pydantic import BaseModel, Field, model_serializer
+
+StrictInt = Annotated[int, Field(strict=True)]
+StrictBool = Annotated[bool, Field(strict=True)]
+StrictStr = Annotated[str, Field(strict=True)]
+Seed = Annotated[int, Field(strict=True, ge=0, le=2**63 - 1)]
+StopList = Annotated[list[StrictStr], Field(max_length=16)]
+TokenIds = Annotated[list[Annotated[int, Field(strict=True, ge=0)]], Field(min_length=1)]
+
+FinishReason = Literal["stop", "length", "abort"]
+
+
+class StreamOptions(BaseModel):
+    include_usage: StrictBool = False
+
+
+class SamplingFields(BaseModel):
+    """Fields shared by /v1/completions and /v1/chat/completions."""
+
+    model: StrictStr | None = None  # None: the served model
+    max_tokens: Annotated[StrictInt, Field(ge=1)] | None = None
+    temperature: Annotated[float, Field(strict=True, ge=0, le=2)] | None = None
+    top_p: Annotated[float, Field(strict=True, gt=0, le=1)] | None = None
+    top_k: Annotated[StrictInt, Field(ge=-1)] | None = None  # -1 or 0: disabled
+    seed: Seed | None = None
+    stop: StrictStr | StopList | None = None
+    n: Annotated[StrictInt, Field(ge=1, le=128)] = 1
+    stream: StrictBool = False
+    stream_options: StreamOptions | None = None
+
+    def stop_strings(self) -> list[str]:
+        stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+        return [s for s in stops if s]
+
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.include_usage)
+
+
+class TextPart(BaseModel):
+    type: Literal["text"]
+    text: StrictStr
+
+
+class ChatMessage(BaseModel):
+    role: Literal["system", "developer", "user", "assistant"]
+    content: StrictStr | Annotated[list[TextPart], Field(min_length=1)]
+    name: StrictStr | None = None
+
+    def text(self) -> str:
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(part.text for part in self.content)
+
+
+class ChatCompletionRequest(SamplingFields):
+    messages: Annotated[list[ChatMessage], Field(min_length=1)]
+    max_completion_tokens: Annotated[StrictInt, Field(ge=1)] | None = None  # newer alias
+
+    @property
+    def output_limit(self) -> int | None:
+        return self.max_completion_tokens or self.max_tokens
+
+
+class CompletionRequest(SamplingFields):
+    # A string, token ids, or a batch of one of either (batches of more are refused: n=1 only).
+    prompt: StrictStr | TokenIds | list[StrictStr] | list[TokenIds]
+
+    @property
+    def output_limit(self) -> int:
+        return self.max_tokens or 16  # OpenAI's default for /v1/completions
+
+
+# ---- responses ----
+
+
+class _OmitNone(BaseModel):
+    """Serialises without the optional fields in `_omit` when they are None."""
+
+    _omit: ClassVar[tuple[str, ...]] = ()
+
+    @model_serializer(mode="wrap")
+    def _drop(self, handler: Any) -> dict:
+        data = handler(self)
+        for key in self._omit:
+            if data.get(key) is None:
+                data.pop(key, None)
+        return data
+
+
+class Usage(BaseModel):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+class D3DStats(BaseModel):
+    """Speculative decoding stats of one request (the `d3d` field of each response)."""
+
+    mode: str
+    num_cycles: int  # verify passes
+    mean_accepted_length: float  # tokens gained per verify pass
+    branch_hit_rate: float | None  # async mode: share of cycles whose pre-drafted branch matched
+    overlap_fraction: float  # share of cycle time with drafter and target running together
+    queue_time: float  # seconds waiting before prefill
+    prefill_time: float
+
+
+class AssistantMessage(BaseModel):
+    role: Literal["assistant"] = "assistant"
+    content: str
+
+
+class ChatChoice(BaseModel):
+    index: int = 0
+    message: AssistantMessage
+    finish_reason: FinishReason | None
+    logprobs: None = None
+
+
+def _now() -> int:
+    return int(time.time())
+
+
+class ChatCompletionResponse(BaseModel):
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int = Field(default_factory=_now)
+    model: str
+    choices: list[ChatChoice]
+    usage: Usage
+    d3d: D3DStats | None = None
+
+
+class DeltaMessage(_OmitNone):
+    _omit: ClassVar[tuple[str, ...]] = ("role", "content")
+    role: Literal["assistant"] | None = None
+    content: str | None = None
+
+
+class ChatChunkChoice(BaseModel):
+    index: int = 0
+    delta: DeltaMessage
+    finish_reason: FinishReason | None = None
+    logprobs: None = None
+
+
+class ChatCompletionChunk(_OmitNone):
+    _omit: ClassVar[tuple[str, ...]] = ("usage", "d3d")
+    id: str
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    created: int = Field(default_factory=_now)
+    model: str
+    choices: list[ChatChunkChoice]
+    usage: Usage | None = None
+    d3d: D3DStats | None = None
+
+
+class CompletionChoice(BaseModel):
+    index: int = 0
+    text: str
+    finish_reason: FinishReason | None = None
+    logprobs: None = None
+
+
+class CompletionResponse(BaseModel):
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int = Field(default_factory=_now)
+    model: str
+    choices: list[CompletionChoice]
+    usage: Usage
+    d3d: D3DStats | None = None
+
+
+class CompletionChunk(_OmitNone):
+    """A streamed /v1/completions event: the response's shape, usage only in the last."""
+
+    _omit: ClassVar[tuple[str, ...]] = ("usage", "d3d")
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int = Field(default_factory=_now)
+    model: str
+    choices: list[CompletionChoice]
+    usage: Usage | None = None
+    d3d: D3DStats | None = None
+
+
+class ModelCard(BaseModel):
+    id: str
+    object: Literal["model"] = "model"
+    created: int = Field(default_factory=_now)
+    owned_by: str = "sglang-d3d"
+    max_model_len: int
+
+
+class ModelList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]
+
+
+class HealthStatus(BaseModel):
+    status: Literal["ok"] = "ok"

@@ -34,13 +34,6 @@ class Drafting:
         self.spec = spec
 
     # ---- before verify ----------------------------------------------------------------------
-    def prefill(self, seq: Sequence) -> None:
-        """Cache the prompt (runs while the target prefills)."""
-        self.runner.reset(seq.slot)  # the slot may hold a finished request's tokens
-        self._guard([seq], lambda: self.runner.run([(seq.slot, extend_pack(seq.tokens, 0))]))
-        if seq.drafter_faults == 0:
-            seq.pending = []
-
     def ensure_drafts(self, rows: list[Sequence], block: int) -> None:
         """Give every row `block - 1` drafts: a synchronous draft where none is ready."""
         for s in rows:

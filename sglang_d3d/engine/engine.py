@@ -116,16 +116,19 @@ class SpecEngine:
 
     # ---- prefill ----------------------------------------------------------------------------
     def _prefill(self, seq: Sequence) -> TokenEvent:
+        """Prompt -> first token, on every core: time to first token is the target's prefill
+        alone. The drafter reads the prompt in its first (synchronous) draft, right after."""
         t0 = time.perf_counter()
         seq.stats.queue_time = max(0.0, time.monotonic() - seq.submit_time)
-        fut = self.worker.submit(self.target.prefill, seq.slot, seq.tokens)
-        if self.drafting is not None:
-            self.drafting.prefill(seq)  # overlaps with the target's prefill
+        threads = self.cfg.target_threads  # in async mode the drafter's cores are idle now
+        threads += self.cfg.draft_threads if self.cfg.mode is Mode.ASYNC else 0
+        fut = self.worker.submit(self.target.prefill, seq.slot, seq.tokens, threads=threads)
         logits, _, _ = fut.result()
         token = sample(target_probs(logits, seq.params), seq.generator)
         seq.stats.prefill_time = time.perf_counter() - t0
         if self.drafting is not None:
-            seq.pending.append(token)
+            self.drafting.runner.reset(seq.slot)  # the slot may hold a finished request's tokens
+            seq.pending = seq.tokens + [token]
         return self._emit(seq, [token])
 
     # ---- one speculative cycle --------------------------------------------------------------

@@ -26,20 +26,31 @@ class TargetWorker:
         # the default stream would serialise and there would be nothing to overlap.
         self._stream = torch.cuda.Stream(device) if device.startswith("cuda") else None
 
-    def submit(self, fn: Callable, *args) -> Future:
-        """-> Future of (result, start, end) with perf_counter start/end times."""
+    def submit(self, fn: Callable, *args, threads: int | None = None) -> Future:
+        """-> Future of (result, start, end) with perf_counter start/end times. `threads`:
+        intra-op threads for this call only (prefill runs alone and may take every core)."""
 
         def timed():
-            start = time.perf_counter()
-            if self._stream is None:
-                out = fn(*args)
-            else:
-                with torch.cuda.stream(self._stream):
-                    out = fn(*args)
-                self._stream.synchronize()  # results are read on the loop thread
-            return out, start, time.perf_counter()
+            if threads is not None:
+                before = torch.get_num_threads()
+                torch.set_num_threads(threads)
+            try:
+                return self._run(fn, args)
+            finally:
+                if threads is not None:
+                    torch.set_num_threads(before)
 
         return self._pool.submit(timed)
+
+    def _run(self, fn: Callable, args) -> tuple:
+        start = time.perf_counter()
+        if self._stream is None:
+            out = fn(*args)
+        else:
+            with torch.cuda.stream(self._stream):
+                out = fn(*args)
+            self._stream.synchronize()  # results are read on the loop thread
+        return out, start, time.perf_counter()
 
     def shutdown(self) -> None:
         self._pool.shutdown(wait=True)

@@ -1,0 +1,115 @@
+"""End-to-end run of real SGLang on CPU, with and without D3D, on a tiny random pair.
+
+    python -m sglang_d3d.sglang_worker.cpu_harness.e2e TARGET DRAFTER [BLOCK]
+
+Run in a process of its own with `cpu_harness.subprocess_env()` (sglang.Engine sets process-wide
+state: multiprocessing start method, signal handlers, env). Prints one JSON line:
+  baseline  greedy output ids of SGLang without speculative decoding, per prompt
+  d3d       the same prompts through `backend.SGLangEngineLoop` (sglang.Engine + D3DWorker):
+            output ids, finish reasons, and SGLang's own speculative counts per request
+  seeded    two runs of the same seeded sampling request (reproducibility)
+  refused   what SGLang returned for a request D3D cannot verify exactly
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import threading
+
+PROMPTS = [[1, 5, 36, 77, 8], [1, 9, 50, 11, 62, 13, 24], [1, 40, 41], [1, 5, 36, 77, 8, 30, 30]]
+MAX_NEW = 16
+
+
+def baseline(target: str) -> list[list[int]]:
+    import sglang
+
+    engine = sglang.Engine(
+        model_path=target, device="cpu", attention_backend="torch_native", disable_cuda_graph=True,
+        max_running_requests=4, dtype="float32", skip_tokenizer_init=True, log_level="error",
+        max_total_tokens=4096,
+    )  # fmt: skip
+    try:
+        out = engine.generate(
+            input_ids=PROMPTS, sampling_params={"temperature": 0, "max_new_tokens": MAX_NEW}
+        )
+        return [o["output_ids"] for o in out]
+    finally:
+        engine.shutdown()
+
+
+def run_d3d(target: str, drafter: str, block: int) -> dict:
+    from sglang_d3d.config import EngineConfig, Mode, SamplingParams, SpecConfig
+    from sglang_d3d.engine.api import GenerationRequest
+    from sglang_d3d.sglang_worker.backend import build_engine_loop
+
+    cfg = EngineConfig(
+        mode=Mode.ASYNC, spec=SpecConfig(block_size=block), target_path=target,
+        drafter_path=drafter, device="cpu", max_batch_size=4, max_context=256,
+    )  # fmt: skip
+    loop = build_engine_loop(cfg, max_total_tokens=4096, log_level="error")
+    loop.start()
+    try:
+        greedy = SamplingParams(temperature=0.0, max_new_tokens=MAX_NEW)
+        result = {
+            "d3d": _collect(
+                loop, [GenerationRequest(f"g{i}", p, greedy) for i, p in enumerate(PROMPTS)]
+            )
+        }
+        seeded = SamplingParams(temperature=0.9, top_p=0.95, seed=7, max_new_tokens=MAX_NEW)
+        result["seeded"] = [
+            _collect(loop, [GenerationRequest(f"s{k}", PROMPTS[1], seeded)])["s" + str(k)]["ids"]
+            for k in range(2)
+        ]
+        result["refused"] = _raw(loop, PROMPTS[0], {"temperature": 0, "frequency_penalty": 0.5})
+        return result
+    finally:
+        loop.shutdown(5)
+
+
+def _collect(loop, reqs) -> dict:
+    done, out = threading.Event(), {}
+    left = [len(reqs)]
+
+    def on_event(ev):
+        rec = out.setdefault(ev.request_id, {"ids": [], "events": 0})
+        rec["ids"] += ev.token_ids
+        rec["events"] += 1
+        if ev.finished:
+            s = ev.stats
+            rec.update(reason=ev.finish_reason, error=ev.error)
+            rec.update(accepted_lengths=s.accepted_lengths if s else None)
+            left[0] -= 1
+            if left[0] == 0:
+                done.set()
+
+    for r in reqs:
+        loop.submit(r, on_event)
+    if not done.wait(300):
+        raise TimeoutError("requests did not finish")
+    return out
+
+
+def _raw(loop, prompt, sampling) -> dict:
+    """A request with SGLang-only sampling features, straight to the engine."""
+    coro = loop._engine.async_generate(
+        input_ids=prompt, sampling_params={**sampling, "max_new_tokens": 4}
+    )
+    out = asyncio.run_coroutine_threadsafe(coro, loop._loop).result(120)
+    return {"ids": out["output_ids"], "finish": out["meta_info"]["finish_reason"]}
+
+
+def main() -> None:
+    from sglang_d3d.sglang_worker.cpu_harness import install
+
+    install()
+    target, drafter = sys.argv[1], sys.argv[2]
+    block = int(sys.argv[3]) if len(sys.argv) > 3 else 4
+    result = {"prompts": PROMPTS, "baseline": baseline(target)}
+    result.update(run_d3d(target, drafter, block))
+    print("E2E-RESULT " + json.dumps(result), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -70,7 +70,8 @@ def make_tiny_target(out_dir: str | Path, arch: str = "llama", seed: int = 0) ->
 
 
 def make_tiny_pair(
-    tmp_dir: str | Path, arch: str = "llama", seed: int = 0, block_size: int = 4
+    tmp_dir: str | Path, arch: str = "llama", seed: int = 0, block_size: int = 4,
+    block_layout: str = "anchor",
 ) -> tuple[str, str]:
     """(target_dir, drafter_dir): a tiny random target and a drafter initialised from two of
     its layers, so the drafter agrees with the target often enough to exercise every path."""
@@ -82,7 +83,9 @@ def make_tiny_pair(
     from sglang_d3d.models.decoder import Decoder
 
     target = Decoder.from_hf(load_hf_model(Path(target_dir)))
-    drafter = D3DDrafter.init_from_target(target, layer_ids=[0, 3], block_size=block_size)
+    drafter = D3DDrafter.init_from_target(
+        target, layer_ids=[0, 3], block_size=block_size, block_layout=block_layout
+    )
     drafter_dir = root / "drafter"
     drafter.save_pretrained(drafter_dir)
     return target_dir, str(drafter_dir)

@@ -18,6 +18,13 @@ def make_engine(models, mode: Mode, block: int = 4, policy=BranchPolicy.TOPK, bu
     return SpecEngine(cfg, target, drafter if mode is not Mode.AR else None)
 
 
+def _anchor(pack, block: list[int]) -> int:
+    """The clean token a block hangs off: the last non-mask index its first slot can see."""
+    from sglang_d3d.models.drafter import MASK_ID
+
+    return max(i for i in pack.sees[block[0]] if pack.input_ids[i] != MASK_ID)
+
+
 class OracleDrafter:
     """Wraps an engine's DraftRunner: the real pass runs (so the drafter's KV bookkeeping is
     exercised), then its block logits are replaced by the target's true greedy continuation
@@ -42,7 +49,7 @@ class OracleDrafter:
         committed = seq.tokens[: self.runner.lengths[slot]]
         ctxs = []
         for block in pack.blocks:
-            anchor = block[0]
+            anchor = _anchor(pack, block)
             visible = [i for i in pack.sees[anchor] if i <= anchor]
             ctxs.append(committed + [pack.input_ids[i] for i in visible])
         return ctxs

@@ -121,7 +121,11 @@ def test_resolution_sets_the_chain_shape_and_sync_schedule(folders):
 
 def test_plugin_options_from_environment():
     opts = PluginOptions.from_env(
-        {"SGLANG_D3D_MODE": "sync", "SGLANG_D3D_BRANCH_BUDGET": "2", "SGLANG_D3D_DRAFT_DEVICE": "cuda:1"}
+        {
+            "SGLANG_D3D_MODE": "sync",
+            "SGLANG_D3D_BRANCH_BUDGET": "2",
+            "SGLANG_D3D_DRAFT_DEVICE": "cuda:1",
+        }
     )
     assert (opts.mode.value, opts.branch_budget, opts.draft_device) == ("sync", 2, "cuda:1")
     assert opts.spec_config(5).num_drafts == 4

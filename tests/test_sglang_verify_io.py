@@ -42,14 +42,18 @@ def pools():
         size=64, page_size=1, dtype=torch.float32, head_num=1, head_dim=2, layer_num=1,
         device="cpu", enable_memory_saver=False,
     )  # fmt: skip
-    alloc = TokenToKVPoolAllocator(size=64, dtype=torch.float32, device="cpu", kvcache=kv, need_sort=False)
+    alloc = TokenToKVPoolAllocator(
+        size=64, dtype=torch.float32, device="cpu", kvcache=kv, need_sort=False
+    )
     rows = req_pool.alloc_rows(2)
     lens = [5, 3]
     for row, n in zip(rows, lens, strict=True):
         req_pool.write((row, slice(0, n + 2 * B)), alloc.alloc(n + 2 * B).to(torch.int32))
     # K of a committed prompt position p holds p (so reads show which position a slot holds)
     for row, n in zip(rows, lens, strict=True):
-        kv.get_key_buffer(0)[req_pool.req_to_token[row, :n].long()] = torch.arange(n).float()[:, None, None]
+        kv.get_key_buffer(0)[req_pool.req_to_token[row, :n].long()] = torch.arange(n).float()[
+            :, None, None
+        ]
     return SimpleNamespace(
         req_pool=req_pool, kv=kv, alloc=alloc,
         rows=torch.tensor(rows), lens=torch.tensor(lens, dtype=torch.int64),
@@ -124,7 +128,9 @@ def test_verify_row_is_the_embedded_engines_rule():
     logits = torch.randn(B, 96)
     draft = logits.argmax(-1)[:2].tolist() + [5]  # the target agrees with 2 drafts
     params = to_sampling_params(SGLangParams(temperature=0.0), 96)
-    assert verify_row(draft, None, logits, params, None) == greedy_accept(torch.tensor(draft), logits)
+    assert verify_row(draft, None, logits, params, None) == greedy_accept(
+        torch.tensor(draft), logits
+    )
     # sampling with a stand-in draft (q = point mass) still yields a valid outcome
     sparams = to_sampling_params(SGLangParams(temperature=1.0, sampling_seed=1), 96)
     n, tok = verify_row(draft, None, logits, sparams, torch.Generator().manual_seed(1))

@@ -146,3 +146,26 @@ def test_one_step_reduces_loss_on_fixed_batch(head_ids):
     with torch.no_grad():
         after = loss()
     assert float(after) < float(before.detach())
+
+
+def test_training_block_matches_the_engine_draft_pass():
+    """The packed training row must give a mask block the same logits as the engine's
+    DraftRunner gives it at inference (same positions, same visibility)."""
+    from sglang_d3d.models.draft_runner import DraftRunner
+    from sglang_d3d.models.packing import extend_pack
+
+    torch.manual_seed(0)
+    target = Decoder.from_hf(tiny_hf_model())
+    drafter = D3DDrafter.init_from_target(target, [0, 3], 4, block_layout="masks").eval()
+    with torch.no_grad():
+        drafter.mask_embedding.normal_()
+    ids = torch.randint(3, 96, (20,))
+    anchors = torch.tensor([6, 11])
+    b = collate([build_example(ids, anchors, 4)])
+    with torch.no_grad():
+        h = drafter.hidden(b["input_ids"], b["positions"], b["mask"])[0, 20:].view(2, 4, -1)
+    for k, a in enumerate(anchors.tolist()):
+        runner = DraftRunner(drafter, 1, 64)
+        pack = extend_pack(ids[: a + 1].tolist(), 4, anchor_predicts=False)
+        ref = runner.run([(0, pack)])[0][0]  # [B, V]
+        assert torch.allclose(drafter.logits(h[k]), ref, atol=1e-4)

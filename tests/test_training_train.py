@@ -41,6 +41,10 @@ def test_lr_schedule_warms_up_then_decays_to_floor():
     assert [lr_at(s, cfg) for s in range(4)] == [0.25, 0.5, 0.75, 1.0]
     assert lr_at(9, cfg) == pytest.approx(0.55)
     assert lr_at(14, cfg) == pytest.approx(0.1) and lr_at(100, cfg) == pytest.approx(0.1)
+    timed = TrainConfig(lr=1.0, warmup_steps=4, max_steps=1000, min_lr_ratio=0.1,
+                        time_budget_min=1.0)
+    assert lr_at(9, timed, elapsed_s=30.0) == pytest.approx(0.55)  # half the time budget
+    assert lr_at(9, timed, elapsed_s=90.0) == pytest.approx(0.1)
 
 
 def test_accepted_lengths_count_leading_matches_plus_one():

@@ -50,7 +50,8 @@ class Drafting:
                 s.draft_q = s.draft_q[:block]
 
     def _sync_draft(self, rows: list[Sequence], block: int) -> None:
-        packs = [(s.slot, extend_pack(s.pending, block)) for s in rows]
+        ap = self.runner.anchor_predicts
+        packs = [(s.slot, extend_pack(s.pending, block, ap)) for s in rows]
         for s, logits in zip(rows, self.runner.run(packs)):
             s.pending = []
             _set_draft(s, _checked(logits[0]))
@@ -65,8 +66,9 @@ class Drafting:
                 s.draft, s.draft_q, self.spec.branch_policy, self._budget(block),
                 self.spec.guesses_per_position,
             )
+        ap = self.runner.anchor_predicts
         packs = [
-            (s.slot, branch_pack(s.draft, [(b.num_accepted, b.token) for b in s.branches], block))
+            (s.slot, branch_pack(s.draft, [(b.num_accepted, b.token) for b in s.branches], block, ap))
             for s in rows
         ]
         self._guard(rows, lambda: self._store_branches(rows, self.runner.run(packs)))

@@ -44,7 +44,7 @@ class SpecEngine:
         self.target = TargetRunner(target, slots, cfg.max_context + block + 1)
         self.drafting = None
         if drafter is not None and cfg.mode is not Mode.AR:
-            scratch = block + self._max_branches() * block
+            scratch = block + self._max_branches() * (block + 1)
             self.drafting = Drafting(DraftRunner(drafter, slots, cfg.max_context + scratch), cfg.spec)
         self.scheduler = Scheduler(slots, cfg.max_queue)
         self.worker = TargetWorker(cfg.target_threads, cfg.device)

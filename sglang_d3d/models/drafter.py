@@ -8,16 +8,20 @@ checkpoint), so the checkpoint holds only the layers, the final norm and the mas
 An optional restricted head (FR-Spec style) scores only the K most frequent tokens, since the
 full-vocabulary LM head dominates the drafter's cost on small models.
 
-BLOCK CONVENTION (docs/design.md): a block is the anchor (last accepted token x_a, clean,
-causal) + B-1 mask slots at positions a+1..a+B-1. Every block position predicts the NEXT token:
-anchor -> x_{a+1}, mask j -> x_{a+j+1}. Masks see the prefix, the anchor and each other.
+BLOCK LAYOUTS (docs/design.md; the checkpoint records which one it was trained with):
+- "masks": B mask slots at positions a+1..a+B after the last accepted token x_a; slot j is
+  labelled x_{a+j} (it restores the token at its own position).
+- "anchor": the anchor x_a itself predicts x_{a+1} and B-1 mask slots at positions a+1..a+B-1
+  predict x_{a+j+1} (every position predicts the next token, as an AR head does).
+Either way a block gives B predictions: B-1 drafts and a guess of the bonus token. Masks see
+the prefix, the anchor and each other; the anchor is causal.
 """
 
 from __future__ import annotations
 
 import copy
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 import torch
@@ -29,6 +33,7 @@ from sglang_d3d.models.kv_cache import KVCache
 
 MASK_ID = -1  # input id of a mask slot
 CHECKPOINT_VERSION = 1
+LAYOUTS = ("masks", "anchor")
 
 
 @dataclass(frozen=True)
@@ -39,6 +44,15 @@ class DrafterConfig:
     vocab_size: int
     head_size: int = 0  # >0: restricted head over this many token ids (stored in the checkpoint)
     version: int = CHECKPOINT_VERSION
+    block_layout: str = "masks"  # see LAYOUTS above
+
+    def __post_init__(self) -> None:
+        if self.block_layout not in LAYOUTS:
+            raise ValueError(f"block_layout must be one of {LAYOUTS}, not {self.block_layout!r}")
+
+    @property
+    def anchor_predicts(self) -> bool:
+        return self.block_layout == "anchor"
 
     @property
     def num_layers(self) -> int:
@@ -61,7 +75,7 @@ class D3DDrafter(nn.Module):
     # ---- construction and checkpoints -------------------------------------------------------
     @classmethod
     def init_from_target(
-        cls, target: Decoder, layer_ids: list[int], block_size: int
+        cls, target: Decoder, layer_ids: list[int], block_size: int, block_layout: str = "masks"
     ) -> D3DDrafter:
         layers = nn.ModuleList(copy.deepcopy(target.layers[i]) for i in layer_ids)
         cfg = DrafterConfig(
@@ -69,6 +83,7 @@ class D3DDrafter(nn.Module):
             block_size=block_size,
             base_model_type=target.hf_config.model_type,
             vocab_size=target.spec.vocab_size,
+            block_layout=block_layout,
         )
         drafter = cls(cfg, target, layers, copy.deepcopy(target.norm))
         return drafter.to(target.dtype)
@@ -78,7 +93,8 @@ class D3DDrafter(nn.Module):
         path = Path(path)
         raw = json.loads((path / "config.json").read_text())
         raw["source_layers"] = tuple(raw["source_layers"])
-        cfg = DrafterConfig(**raw)
+        known = {f.name for f in fields(DrafterConfig)}
+        cfg = DrafterConfig(**{k: v for k, v in raw.items() if k in known})
         if cfg.vocab_size != target.spec.vocab_size:
             raise ValueError(
                 f"drafter at {path} was built for vocab {cfg.vocab_size}, "
@@ -103,6 +119,9 @@ class D3DDrafter(nn.Module):
         save_file(state, str(path / "model.safetensors"))
         cfg = asdict(self.cfg)
         cfg["head_size"] = 0 if self.head_ids is None else int(self.head_ids.numel())
+        # SGLang parses --speculative-draft-model-path as a Hugging Face config before any
+        # plugin code runs; with the target family's model_type it parses.
+        cfg["model_type"] = self.cfg.base_model_type
         (path / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
 
     def set_head(self, head_ids: torch.Tensor | None) -> None:

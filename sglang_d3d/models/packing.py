@@ -1,23 +1,25 @@
 """Drafter inputs as packs: one row of a drafter pass, laid out relative to the row's committed
 cache length L (RoPE position = L + rel_pos, cache index = L + rel_write).
 
-A block is an anchor (the last accepted token, clean) followed by B-1 mask slots. As in an
-autoregressive head, the output at each block position predicts the NEXT token: the anchor's
-output is draft 1, mask slot j's output is draft j+1, and the last slot's output is the guess
-of the bonus token. So a block gives B predictions: B-1 drafts and one bonus guess. The anchor
-is causal (its cache entry must equal a plain prefix entry); the masks see the prefix, the
-anchor and each other (bidirectional inside the block).
+A block gives B predictions (B-1 drafts and a guess of the bonus token) after an anchor, the
+last accepted token. Two layouts (the drafter checkpoint says which it was trained with):
+    masks:  anchor, then B mask slots; slot j predicts the token at its own position.
+    anchor: anchor, then B-1 mask slots; every block position predicts the next token (the
+            anchor's output is draft 1), as an AR head does.
+The anchor is causal (its cache entry must equal a plain prefix entry); the masks see the
+prefix, the anchor and each other (bidirectional inside the block).
 
-extend pack (a synchronous draft):       [x1 .. xm | M x (B-1)]
+extend pack (a synchronous draft):       [x1 .. xm | masks]
     x: accepted tokens not yet in the drafter cache (causal, committed by the pass); xm is the
     anchor.
-branch pack (asynchronous pre-drafting): [d1 .. dG | c_1 M x (B-1) | c_2 M x (B-1) | ...]
+branch pack (asynchronous pre-drafting): [d1 .. dG | c_1 masks | c_2 masks | ...]
     d: the drafts the target is verifying right now (causal);
     branch b hypothesises "n_b drafts accepted, then token c_b": c_b (its anchor) sees
     d1..d_{n_b} and itself; its masks see d1..d_{n_b}, c_b and each other. Example, G = 3,
-    branch (n=1, c=7): c sits at rel_pos 1 (right after d1), its masks at rel_pos 2 .. B.
+    branch (n=1, c=7): c sits at rel_pos 1 (right after d1), its masks from rel_pos 2.
     The d's are written at their final cache indices, so on a hit only c_b has to be moved
-    (cache index L + G + b*B -> L + n_b), and on a miss d1..dn are already in place.
+    (cache index L + branch_token_index(...) -> L + n_b), and on a miss d1..dn are already
+    in place.
 """
 
 from __future__ import annotations
@@ -46,14 +48,15 @@ class Pack:
         self.sees.append(sees + [idx])
         return idx
 
-    def add_block(self, anchor: int, context: list[int], block: int) -> None:
-        """Append B-1 masks after `anchor` (a pack index); record the B prediction slots."""
+    def add_block(self, anchor: int, context: list[int], block: int, anchor_predicts: bool):
+        """Append the masks after `anchor` (a pack index); record the B prediction slots."""
         first = len(self.input_ids)
-        masks = list(range(first, first + block - 1))
-        for j in range(block - 1):
+        num_masks = block - 1 if anchor_predicts else block
+        masks = list(range(first, first + num_masks))
+        for j in range(num_masks):
             self.add(MASK_ID, self.rel_pos[anchor] + 1 + j, [])
             self.sees[-1] = context + [anchor] + masks  # bidirectional inside the block
-        self.blocks.append([anchor] + masks)
+        self.blocks.append([anchor] + masks if anchor_predicts else masks)
 
     def intra_mask(self, size: int) -> torch.Tensor:
         """[size, size] bool over pack indices; padding rows see only themselves."""
@@ -65,19 +68,21 @@ class Pack:
         return m
 
 
-def extend_pack(new_tokens: list[int], block: int) -> Pack:
+def extend_pack(new_tokens: list[int], block: int, anchor_predicts: bool = True) -> Pack:
     """block == 0: just cache the tokens (prefill)."""
     p = Pack()
     for i, tok in enumerate(new_tokens):
         p.add(tok, i, list(range(i)))
     if block > 0:
         last = len(new_tokens) - 1
-        p.add_block(last, list(range(last)), block)
+        p.add_block(last, list(range(last)), block, anchor_predicts)
     p.num_commit = len(new_tokens)
     return p
 
 
-def branch_pack(drafts: list[int], branches: list[tuple[int, int]], block: int) -> Pack:
+def branch_pack(
+    drafts: list[int], branches: list[tuple[int, int]], block: int, anchor_predicts: bool = True
+) -> Pack:
     """branches: (num_accepted, token) hypotheses."""
     p = Pack()
     for i, tok in enumerate(drafts):
@@ -85,10 +90,10 @@ def branch_pack(drafts: list[int], branches: list[tuple[int, int]], block: int) 
     for n, tok in branches:
         ctx = list(range(n))
         c = p.add(tok, n, ctx)
-        p.add_block(c, ctx, block)
+        p.add_block(c, ctx, block, anchor_predicts)
     return p
 
 
-def branch_token_index(num_drafts: int, branch: int, block: int) -> int:
+def branch_token_index(num_drafts: int, branch: int, block: int, anchor_predicts: bool = True) -> int:
     """Pack index (= rel cache index) of branch `branch`'s hypothesised token."""
-    return num_drafts + branch * block
+    return num_drafts + branch * (block if anchor_predicts else block + 1)

@@ -1,0 +1,16 @@
+"""D3D inside SGLang 0.5.23, as a plugin (docs/sglang.md).
+
+- `plugin.py`: the `sglang.srt.plugins` entry point; registers algorithm D3D.
+- `spec_algo.py`: the algorithm object SGLang's scheduler dispatches on.
+- `validation.py`: server-argument checks and the chain-shaped speculative defaults.
+- `options.py`: the plugin's own settings (SGLANG_D3D_* environment variables).
+- `worker.py`: D3DWorker, one D3D cycle per `forward_batch_generation`.
+- `verify_io.py`: the verify block as SGLang sees it (positions, KV slots, committed runs).
+- `accept.py`: SGLang sampling parameters -> ours; per-request verification (spec/verify.py).
+- `requests.py`: our per-request drafting state, kept in step with SGLang's requests.
+- `draft_executor.py`: the drafter's thread and CUDA stream.
+- `draft_input.py`: what SGLang carries on a running batch between rounds.
+- `drafter_loading.py`: the drafter beside SGLang's loaded target (shared embedding/head).
+- `backend.py`, `backend_convert.py`: `d3d serve --backend sglang` on sglang.Engine.
+- `cpu_harness/`: test-only shims and kernel fallbacks that run real SGLang on CPU.
+"""

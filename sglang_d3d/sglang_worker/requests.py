@@ -28,7 +28,7 @@ class RequestTable:
         return len(self.rows)
 
     def get(self, req) -> Sequence:
-        """The request's state, created on first sight (then the drafter must prefill it)."""
+        """The request's state, created on first sight."""
         self._last_seen[req.rid] = self._step
         seq = self.rows.get(req.rid)
         if seq is None:
@@ -64,9 +64,13 @@ class RequestTable:
             self._evict_stale()
         params = to_sampling_params(req.sampling_params, self.vocab_size)
         greq = GenerationRequest(req.rid, list(req.origin_input_ids), params)
-        seq = Sequence(req=greq, on_event=_ignore, tokens=list(req.origin_input_ids))
+        # tokens = what the drafter has seen: nothing yet. The first sync makes the whole
+        # prompt (and SGLang's first sampled token) pending; the first synchronous draft reads
+        # it, as in the embedded engine.
+        seq = Sequence(req=greq, on_event=_ignore, tokens=[])
         seq.num_prompt = len(req.origin_input_ids)
         seq.slot = self.free_slots.pop()
+        self.drafting.runner.reset(seq.slot)  # the slot may hold a finished request's cache
         seq.generator = request_generator(req.rid, params.seed)
         seq.stats.prompt_tokens = seq.num_prompt
         self.rows[req.rid] = seq

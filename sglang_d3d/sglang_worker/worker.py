@@ -9,7 +9,8 @@ One `forward_batch_generation` call is one D3D cycle for every running request:
     accept   spec/verify.py per request (greedy, or rejection sampling)
     follow   the drafter commits the hit branch or falls back (engine/drafting.py)
 
-Prefill batches go to the target worker unchanged while the drafter caches the new prompts.
+Prefill batches go to the target worker unchanged; the drafter reads a new prompt in its first
+draft, as the embedded engine does.
 The drafter (sglang_d3d.models.drafter) keeps its own KV cache and never reads the target's
 hidden states; drafting and branch policy are the embedded engine's own code.
 """
@@ -101,20 +102,26 @@ class D3DWorker(BaseSpecWorker):
         return result
 
     def note_request_finished(self, *, rid: str, natural_stop: bool) -> None:
+        seq = self.table.rows.get(rid)
+        if seq is not None and seq.stats.num_cycles:
+            st = seq.stats
+            # The numbers SGLang's metrics cannot carry (branch hits, overlap) end up here.
+            log.info(
+                "D3D %s: %d cycles, mean accepted length %.2f, branch hit rate %s, overlap %.0f%%",
+                rid, st.num_cycles, st.mean_accepted_length, st.branch_hit_rate,
+                100 * st.overlap_fraction,
+            )  # fmt: skip
         self.table.release(rid)
 
     # ---- prefill -------------------------------------------------------------------------
     def _prefill(self, batch) -> GenerationBatchResult:
-        new = []
+        """The target prefills; the drafter reads each prompt in its first synchronous draft
+        (as in the embedded engine), so time to first token is the target's prefill alone."""
         for req in batch.reqs:
             reason = unsupported_reason(req)
             if reason is not None:
                 _abort(req, reason)
-            elif req.rid not in self.table.rows:
-                new.append(self.table.get(req))
-        fut = self.executor.submit(lambda: [self.drafting.prefill(s) for s in new])
         result = self.target_worker.forward_batch_generation(batch)
-        fut.result()
         result.next_draft_input = D3DDraftInput()
         result.new_seq_lens = batch.seq_lens
         return result

@@ -23,7 +23,8 @@ def build_drafter(target: Decoder, init_from: str | None, layers: list[int], blo
     if init_from:
         drafter = D3DDrafter.from_pretrained(init_from, target)
     else:
-        drafter = D3DDrafter.init_from_target(target, layers, block)
+        # The objective (objective.py) trains the "masks" layout: B mask slots after the anchor.
+        drafter = D3DDrafter.init_from_target(target, layers, block, block_layout="masks")
     for p in drafter.parameters():
         p.requires_grad_(True)  # the copied target layers arrive frozen
     return drafter.train()

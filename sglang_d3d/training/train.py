@@ -34,13 +34,13 @@ class TrainConfig:
     out_dir: str = "runs/train"
     target_path: str | None = None  # None: the default SmolLM2-135M-Instruct
     init_from: str | None = None  # start from this drafter checkpoint instead of target layers
-    layers: tuple[int, ...] = (0, 1, 2, 29)  # target layers copied into the drafter
+    layers: tuple[int, ...] = (0, 10, 20, 29)  # target layers copied into the drafter
     block_size: int = 16
     num_anchors: int = 16
     ar_positions: int = 32
     ar_weight: float = 0.1
     gamma: float = 7.0  # slot weight exp(-(j-1)/gamma)
-    head_size: int = 8192  # 0: full-vocabulary head
+    head_size: int = 16384  # 0: full-vocabulary head
     batch_size: int = 8
     grad_accum: int = 1
     lr: float = 5e-4
@@ -69,13 +69,20 @@ class TrainConfig:
                          self.batch_size)
 
 
-def lr_at(step: int, cfg: TrainConfig) -> float:
-    """Linear warm-up to cfg.lr, then cosine decay to cfg.lr * min_lr_ratio at max_steps."""
+def lr_at(step: int, cfg: TrainConfig, elapsed_s: float = 0.0) -> float:
+    """Linear warm-up to cfg.lr, then cosine decay to cfg.lr * min_lr_ratio.
+
+    Progress is steps / max_steps, or elapsed / time budget if that is further along: on a
+    shared CPU the step rate is unknown in advance, and a run cut by its time budget should
+    still end with a decayed learning rate.
+    """
     if step < cfg.warmup_steps:
         return cfg.lr * (step + 1) / cfg.warmup_steps
-    frac = min(1.0, (step - cfg.warmup_steps) / max(1, cfg.max_steps - cfg.warmup_steps))
+    frac = (step - cfg.warmup_steps) / max(1, cfg.max_steps - cfg.warmup_steps)
+    if cfg.time_budget_min:
+        frac = max(frac, elapsed_s / (60 * cfg.time_budget_min))
     floor = cfg.lr * cfg.min_lr_ratio
-    return floor + (cfg.lr - floor) * 0.5 * (1 + math.cos(math.pi * frac))
+    return floor + (cfg.lr - floor) * 0.5 * (1 + math.cos(math.pi * min(1.0, frac)))
 
 
 class Trainer:
@@ -92,32 +99,44 @@ class Trainer:
         self._set_head(state)
         self.opt = torch.optim.AdamW(self.drafter.parameters(), lr=cfg.lr,
                                      weight_decay=cfg.weight_decay, betas=(0.9, 0.95))
-        self.step, self.history = 0, []
+        self.step, self.history, self.elapsed_before = 0, [], 0.0
+        self.t0 = time.monotonic()
         if state is not None:
             self._resume(state)
         self.weights = position_weights(cfg.block_size, cfg.gamma)
 
     def _set_head(self, state: dict | None) -> None:
-        cfg, d = self.cfg, self.drafter
+        d = self.drafter
         if state is not None and state.get("head_ids") is not None:
             d.set_head(state["head_ids"])
-        elif d.head_ids is None and cfg.head_size > 0:
-            eos = self.target.hf_config.eos_token_id
-            keep = tuple(eos if isinstance(eos, list) else [eos])
-            d.set_head(head_ids_by_frequency(self.train_set, cfg.head_size, d.spec.vocab_size, keep))
+        elif d.head_ids is None and self.cfg.head_size > 0:
+            self._refresh_head()
         self.label_map = None if d.head_ids is None else build_label_map(d.head_ids, d.spec.vocab_size)
+
+    def _refresh_head(self) -> None:
+        """Re-pick the K most frequent tokens from all data read so far.
+
+        Safe mid-training: the head rows are the target's frozen LM head, so a token's logit
+        does not depend on which other tokens are in the head; only coverage changes.
+        """
+        d = self.drafter
+        eos = self.target.hf_config.eos_token_id
+        keep = tuple(eos if isinstance(eos, list) else [eos])
+        d.set_head(head_ids_by_frequency(self.train_set, self.cfg.head_size, d.spec.vocab_size, keep))
+        self.label_map = build_label_map(d.head_ids, d.spec.vocab_size)
 
     def _resume(self, state: dict) -> None:
         self.drafter.load_state_dict(state["model"])
         self.opt.load_state_dict(state["optimizer"])
         self.step, self.history = state["step"], state.get("history", [])
+        self.elapsed_before = state.get("elapsed_s", 0.0)
         self.gen.set_state(state["rng"])
 
     def train_step(self, batches) -> dict:
         """One optimiser step over grad_accum micro-batches; returns logged numbers."""
         cfg, d = self.cfg, self.drafter
         for group in self.opt.param_groups:
-            group["lr"] = lr_at(self.step, cfg)
+            group["lr"] = lr_at(self.step, cfg, self.elapsed())
         parts = []
         for batch in batches:
             with autocast(cfg.bf16):
@@ -135,7 +154,7 @@ class Trainer:
                 "block": mean([float(p.block) for p in parts]),
                 "ar": mean([float(p.ar) for p in parts]),
                 "acc1": float(acc[0]), "acc4": float(acc[3]) if acc.numel() > 3 else float("nan"),
-                "lr": lr_at(self.step - 1, cfg)}
+                "lr": self.opt.param_groups[0]["lr"]}
 
     def evaluate(self) -> dict:
         held = self.held[: self.cfg.eval_samples]
@@ -143,9 +162,14 @@ class Trainer:
         return {"step": self.step, "accept_len": r.mean, "by_source": r.by_source,
                 "num_blocks": r.num_blocks}
 
+    def elapsed(self) -> float:
+        """Training seconds over all runs of this output folder (resumes included)."""
+        return self.elapsed_before + time.monotonic() - self.t0
+
     def save(self) -> None:
         save_checkpoint(self.out, self.drafter, self.opt, self.step, self.gen,
-                        {"history": self.history, "config": asdict(self.cfg)})
+                        {"history": self.history, "config": asdict(self.cfg),
+                         "elapsed_s": self.elapsed()})
 
     def _micro_batches(self):
         """Endless micro-batches; re-reads the data folder each epoch (datagen may be running)."""
@@ -153,6 +177,8 @@ class Trainer:
             yield from iterate_batches(self.train_set, self.cfg.batch_spec, self.gen)
             self.train_set, self.held = split(load_samples(Path(self.cfg.data_dir)),
                                               self.cfg.heldout_every)
+            if self.cfg.head_size > 0 and self.cfg.init_from is None:
+                self._refresh_head()
 
     def _log(self, row: dict, pbar) -> None:
         self.history.append(row)
@@ -167,21 +193,21 @@ class Trainer:
 
         cfg = self.cfg
         self.out.mkdir(parents=True, exist_ok=True)
-        t0 = last_ckpt = time.monotonic()
+        self.t0 = last_ckpt = time.monotonic()
         stream = self._micro_batches()
         pbar = tqdm(total=cfg.max_steps, initial=self.step, desc="train", mininterval=10)
         if self.step == 0:
             self._log(self.evaluate(), pbar)
         while self.step < cfg.max_steps:
             row = self.train_step([next(stream) for _ in range(cfg.grad_accum)])
-            row["elapsed_s"] = round(time.monotonic() - t0, 1)
+            row["elapsed_s"] = round(self.elapsed(), 1)
             pbar.update(1)
             pbar.set_postfix(loss=f"{row['loss']:.3f}", acc1=f"{row['acc1']:.2f}")
             if self.step % 10 == 0:
                 self._log(row, pbar)
             if self.step % cfg.eval_every == 0:
                 self._log(self.evaluate(), pbar)
-            out_of_time = cfg.time_budget_min and time.monotonic() - t0 > 60 * cfg.time_budget_min
+            out_of_time = cfg.time_budget_min and self.elapsed() > 60 * cfg.time_budget_min
             if time.monotonic() - last_ckpt > 60 * cfg.ckpt_minutes or out_of_time:
                 self.save()
                 last_ckpt = time.monotonic()

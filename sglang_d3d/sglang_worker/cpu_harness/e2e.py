@@ -1,9 +1,10 @@
 """End-to-end run of real SGLang on CPU, with and without D3D, on a tiny random pair.
 
-    python -m sglang_d3d.sglang_worker.cpu_harness.e2e TARGET DRAFTER [BLOCK]
+    python -m sglang_d3d.sglang_worker.cpu_harness.e2e TARGET DRAFTER [BLOCK [DEVICE]]
 
-Run in a process of its own with `cpu_harness.subprocess_env()` (sglang.Engine sets process-wide
-state: multiprocessing start method, signal handlers, env). Prints one JSON line:
+DEVICE cpu (default): run in a process of its own with `cpu_harness.subprocess_env()`
+(sglang.Engine also sets process-wide state: multiprocessing start method, signal handlers).
+DEVICE cuda: SGLang's default attention backend, no harness. Prints one JSON line:
   baseline  greedy output ids of SGLang without speculative decoding, per prompt
   d3d       the same prompts through `backend.SGLangEngineLoop` (sglang.Engine + D3DWorker):
             output ids, finish reasons, and SGLang's own speculative counts per request
@@ -22,13 +23,13 @@ PROMPTS = [[1, 5, 36, 77, 8], [1, 9, 50, 11, 62, 13, 24], [1, 40, 41], [1, 5, 36
 MAX_NEW = 16
 
 
-def baseline(target: str) -> list[list[int]]:
+def baseline(target: str, device: str) -> list[list[int]]:
     import sglang
 
     engine = sglang.Engine(
-        model_path=target, device="cpu", attention_backend="torch_native", disable_cuda_graph=True,
-        max_running_requests=4, dtype="float32", skip_tokenizer_init=True, log_level="error",
-        max_total_tokens=4096,
+        model_path=target, device=device, max_running_requests=4, dtype="float32",
+        skip_tokenizer_init=True, log_level="error", max_total_tokens=4096,
+        **_attention(device),
     )  # fmt: skip
     try:
         out = engine.generate(
@@ -39,16 +40,24 @@ def baseline(target: str) -> list[list[int]]:
         engine.shutdown()
 
 
-def run_d3d(target: str, drafter: str, block: int) -> dict:
+def _attention(device: str) -> dict:
+    """The same attention backend for both runs: torch_native on CPU, triton (a backend with a
+    TARGET_VERIFY path that takes float32) on CUDA."""
+    if device == "cpu":
+        return dict(attention_backend="torch_native", disable_cuda_graph=True)
+    return dict(attention_backend="triton")
+
+
+def run_d3d(target: str, drafter: str, block: int, device: str) -> dict:
     from sglang_d3d.config import EngineConfig, Mode, SamplingParams, SpecConfig
     from sglang_d3d.engine.api import GenerationRequest
     from sglang_d3d.sglang_worker.backend import build_engine_loop
 
     cfg = EngineConfig(
         mode=Mode.ASYNC, spec=SpecConfig(block_size=block), target_path=target,
-        drafter_path=drafter, device="cpu", max_batch_size=4, max_context=256,
+        drafter_path=drafter, device=device, max_batch_size=4, max_context=256,
     )  # fmt: skip
-    loop = build_engine_loop(cfg, max_total_tokens=4096, log_level="error")
+    loop = build_engine_loop(cfg, max_total_tokens=4096, log_level="error", **_attention(device))
     loop.start()
     try:
         greedy = SamplingParams(temperature=0.0, max_new_tokens=MAX_NEW)
@@ -86,7 +95,7 @@ def _collect(loop, reqs) -> dict:
 
     for r in reqs:
         loop.submit(r, on_event)
-    if not done.wait(300):
+    if not done.wait(120):
         raise TimeoutError("requests did not finish")
     return out
 
@@ -101,13 +110,15 @@ def _raw(loop, prompt, sampling) -> dict:
 
 
 def main() -> None:
-    from sglang_d3d.sglang_worker.cpu_harness import install
-
-    install()
     target, drafter = sys.argv[1], sys.argv[2]
     block = int(sys.argv[3]) if len(sys.argv) > 3 else 4
-    result = {"prompts": PROMPTS, "baseline": baseline(target)}
-    result.update(run_d3d(target, drafter, block))
+    device = sys.argv[4] if len(sys.argv) > 4 else "cpu"
+    if device == "cpu":
+        from sglang_d3d.sglang_worker.cpu_harness import install
+
+        install()
+    result = {"prompts": PROMPTS, "device": device, "baseline": baseline(target, device)}
+    result.update(run_d3d(target, drafter, block, device))
     print("E2E-RESULT " + json.dumps(result), flush=True)
 
 

@@ -11,7 +11,8 @@ import enum
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sglang_d3d.config import BranchPolicy, EngineConfig, Mode, SpecConfig
+from sglang_d3d.cli_args import add_engine_args, engine_config
+from sglang_d3d.config import EngineConfig
 from sglang_d3d.models.loading import DEFAULT_TARGET_NAME
 
 
@@ -55,14 +56,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="d3d serve", description="OpenAI-compatible server for D3D speculative decoding."
     )
     _add_server_args(p)
-    _add_model_args(p)
-    _add_spec_args(p)
-    _add_limit_args(p)
+    add_engine_args(p)  # the same engine flags as `d3d generate` and `d3d bench`
     return p
-
-
-def _add_enum(g, flag: str, kind: type[enum.Enum], default: enum.Enum) -> None:
-    g.add_argument(flag, type=kind, choices=list(kind), default=default, metavar="|".join(kind))
 
 
 def _add_server_args(p: argparse.ArgumentParser) -> None:
@@ -71,70 +66,15 @@ def _add_server_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--host", default=d.host)
     g.add_argument("--port", type=int, default=d.port)
     g.add_argument("--served-model-name", default=None, help="default: the target's folder name")
-    _add_enum(g, "--backend", Backend, d.backend)
+    g.add_argument("--backend", type=Backend, choices=list(Backend), default=d.backend,
+                   metavar="|".join(Backend))
     g.add_argument("--drain-timeout", type=float, default=d.drain_timeout)
     g.add_argument("--log-level", default=d.log_level)
 
 
-def _add_model_args(p: argparse.ArgumentParser) -> None:
-    d = EngineConfig()
-    g = p.add_argument_group("models and devices")
-    g.add_argument(
-        "--target", default=None, help="HF model folder (default: SmolLM2-135M-Instruct)"
-    )
-    g.add_argument("--drafter", default=None, help="D3D drafter folder (default: the shipped one)")
-    _add_enum(g, "--mode", Mode, d.mode)
-    g.add_argument("--device", default=d.device)
-    g.add_argument("--draft-device", default=None, help="default: same as --device")
-    g.add_argument("--dtype", default=d.dtype)
-
-
-def _add_spec_args(p: argparse.ArgumentParser) -> None:
-    d = SpecConfig()
-    g = p.add_argument_group("speculation")
-    g.add_argument("--block-size", type=int, default=d.block_size)
-    _add_enum(g, "--branch-policy", BranchPolicy, d.branch_policy)
-    g.add_argument("--branch-budget", type=int, default=d.branch_budget)
-    g.add_argument("--guesses-per-position", type=int, default=d.guesses_per_position)
-    g.add_argument("--verify-token-budget", type=int, default=EngineConfig().verify_token_budget)
-    g.add_argument("--min-block-size", type=int, default=EngineConfig().min_block_size)
-
-
-def _add_limit_args(p: argparse.ArgumentParser) -> None:
-    d = EngineConfig()
-    g = p.add_argument_group("batching and limits")
-    g.add_argument(
-        "--max-concurrency", type=int, default=d.max_batch_size, help="running requests per cycle"
-    )
-    g.add_argument(
-        "--max-queue", type=int, default=d.max_queue, help="waiting requests; 503 past it"
-    )
-    g.add_argument("--max-context", type=int, default=d.max_context, help="prompt + output tokens")
-
-
 def config_from_args(ns: argparse.Namespace) -> ServerConfig:
-    spec = SpecConfig(
-        block_size=ns.block_size,
-        branch_policy=ns.branch_policy,
-        branch_budget=ns.branch_budget,
-        guesses_per_position=ns.guesses_per_position,
-    )
-    engine = EngineConfig(
-        mode=ns.mode,
-        spec=spec,
-        target_path=ns.target,
-        drafter_path=ns.drafter,
-        device=ns.device,
-        draft_device=ns.draft_device,
-        dtype=ns.dtype,
-        max_batch_size=ns.max_concurrency,
-        max_context=ns.max_context,
-        max_queue=ns.max_queue,
-        verify_token_budget=ns.verify_token_budget,
-        min_block_size=ns.min_block_size,
-    )
     return ServerConfig(
-        engine=engine,
+        engine=engine_config(ns),
         backend=ns.backend,
         host=ns.host,
         port=ns.port,

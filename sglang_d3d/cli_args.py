@@ -21,9 +21,14 @@ def add_engine_args(p: argparse.ArgumentParser, modes: bool = False) -> None:
     g.add_argument("--device", default="cpu")
     g.add_argument("--draft-device", default=None, help="e.g. cuda:1 to give the drafter its own GPU")
     g.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
-    g.add_argument("--max-context", type=int, default=EngineConfig.max_context)
-    g.add_argument("--max-batch-size", type=int, default=EngineConfig.max_batch_size)
+    g.add_argument("--max-context", type=int, default=EngineConfig.max_context,
+                   help="prompt + output tokens per request")
+    g.add_argument("--max-batch-size", "--max-concurrency", dest="max_batch_size", type=int,
+                   default=EngineConfig.max_batch_size, help="running requests per cycle")
+    g.add_argument("--max-queue", type=int, default=EngineConfig.max_queue,
+                   help="waiting requests; refused past it (HTTP 503)")
     g.add_argument("--verify-token-budget", type=int, default=EngineConfig.verify_token_budget)
+    g.add_argument("--min-block-size", type=int, default=EngineConfig.min_block_size)
     g.add_argument("--adaptive", action="store_true",
                    help="choose the block size per batch size by measured throughput")
     g.add_argument("--threads", type=int, default=None, help="CPU threads in all (default: all cores)")
@@ -57,7 +62,9 @@ def engine_config(args: argparse.Namespace, mode: str | None = None) -> EngineCo
         dtype=args.dtype,
         max_batch_size=args.max_batch_size,
         max_context=args.max_context,
+        max_queue=args.max_queue,
         verify_token_budget=args.verify_token_budget,
+        min_block_size=args.min_block_size,
         adaptive=getattr(args, "adaptive", False),
         target_threads=target_threads,
         draft_threads=draft_threads,

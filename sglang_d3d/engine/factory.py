@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import torch
-
 from sglang_d3d.config import EngineConfig, Mode
 from sglang_d3d.engine.engine import SpecEngine
 from sglang_d3d.engine.loop import EngineLoop
@@ -39,7 +37,6 @@ def eos_token_ids(target: Decoder, tokenizer) -> tuple[int, ...]:
 
 
 def build_engine(cfg: EngineConfig) -> tuple[SpecEngine, object]:
-    torch.set_grad_enabled(False)
     target, drafter, tokenizer = load_models(cfg)
     return SpecEngine(cfg, target, drafter, eos_token_ids(target, tokenizer)), tokenizer
 

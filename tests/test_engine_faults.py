@@ -90,16 +90,16 @@ def test_one_failing_request_does_not_stop_the_others(tiny_models, monkeypatch):
     eng = make_engine(tiny_models, Mode.ASYNC)
     import sglang_d3d.engine.engine as engine_mod
 
-    real = engine_mod.greedy_accept
+    real = engine_mod.verify_draft
 
-    def picky(draft, logits):
-        if logits.shape[-1] and picky.fail_next:
+    def picky(*args):
+        if picky.fail_next:
             picky.fail_next = False
             raise RuntimeError("boom")
-        return real(draft, logits)
+        return real(*args)
 
     picky.fail_next = True
-    monkeypatch.setattr(engine_mod, "greedy_accept", picky)
+    monkeypatch.setattr(engine_mod, "verify_draft", picky)
     outs = generate(eng, [PROMPT, [9, 10]], SamplingParams(max_new_tokens=12))
     assert [o.finish_reason for o in outs].count("error") == 1
     ok = next(o for o, p in zip(outs, [PROMPT, [9, 10]]) if o.finish_reason != "error")

@@ -24,7 +24,7 @@ from sglang_d3d.models.drafter import D3DDrafter
 from sglang_d3d.models.target import TargetRunner
 from sglang_d3d.spec.sampling import make_generator, sample, target_probs
 from sglang_d3d.spec.stats import CycleStats
-from sglang_d3d.spec.verify import greedy_accept, rejection_accept
+from sglang_d3d.spec.verify import verify_draft
 
 
 class SpecEngine:
@@ -182,15 +182,8 @@ class SpecEngine:
         return self._emit(s, draft[:n] + [token])
 
     def _verify(self, s: Sequence, draft: list[int], logits: torch.Tensor) -> tuple[int, int]:
-        d = torch.tensor(draft, dtype=torch.long)
-        if s.params.greedy:
-            return greedy_accept(d, logits)
-        p = target_probs(logits, s.params)
-        if s.placeholder or s.draft_q is None:
-            q = torch.nn.functional.one_hot(d, logits.shape[-1]).float()
-        else:
-            q = s.draft_q[: len(draft)]
-        return rejection_accept(d, q, p, s.generator)
+        q = None if s.placeholder else s.draft_q
+        return verify_draft(draft, q, logits, s.params, s.generator)
 
     def _record(self, rows: list[Sequence], ct: CycleTimes) -> None:
         draft_time = ct.draft_end + (ct.predraft_end - ct.predraft_start)

@@ -9,8 +9,8 @@ import zlib
 import torch
 
 from sglang_d3d.config import SamplingParams
-from sglang_d3d.spec.sampling import make_generator, target_probs
-from sglang_d3d.spec.verify import greedy_accept, rejection_accept
+from sglang_d3d.spec.sampling import make_generator
+from sglang_d3d.spec.verify import verify_draft as verify_row  # noqa: F401 - re-exported
 
 
 def to_sampling_params(sp, vocab_size: int) -> SamplingParams:
@@ -54,21 +54,3 @@ def request_generator(rid: str, seed: int | None) -> torch.Generator:
     """Seeded from the request's seed, else from its id: every tensor-parallel rank runs the
     same drafter and verification, so their random draws must agree without communication."""
     return make_generator(seed if seed is not None else zlib.crc32(rid.encode()))
-
-
-def verify_row(
-    draft: list[int],  # [G]
-    q: torch.Tensor | None,  # [>=G, V] drafter distributions; None = drafts proposed surely
-    logits: torch.Tensor,  # [G+1, V] the target's verify logits for this request
-    params: SamplingParams,
-    generator: torch.Generator | None,
-) -> tuple[int, int]:
-    """-> (drafts accepted, the target's own next token)."""
-    d = torch.tensor(draft, dtype=torch.long, device=logits.device)
-    if params.greedy:
-        return greedy_accept(d, logits)
-    p = target_probs(logits, params).cpu()
-    if q is None:
-        # A placeholder draft is proposed with probability one: q is a point mass.
-        q = torch.nn.functional.one_hot(d.cpu(), logits.shape[-1]).float()
-    return rejection_accept(d.cpu(), q[: len(draft)].float().cpu(), p, generator)

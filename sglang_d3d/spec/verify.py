@@ -11,6 +11,9 @@ from __future__ import annotations
 
 import torch
 
+from sglang_d3d.config import SamplingParams
+from sglang_d3d.spec.sampling import target_probs
+
 
 def greedy_accept(
     draft: torch.Tensor,  # [G] draft token ids
@@ -52,3 +55,22 @@ def residual(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
 
 def _sample(probs: torch.Tensor, generator: torch.Generator | None) -> int:
     return int(torch.multinomial(probs, 1, generator=generator).item())
+
+
+def verify_draft(
+    draft: list[int],  # [G]
+    q: torch.Tensor | None,  # [>=G, V] drafter distributions; None = drafts proposed surely
+    logits: torch.Tensor,  # [G+1, V] the target's verify logits for this request
+    params: SamplingParams,
+    generator: torch.Generator | None,
+) -> tuple[int, int]:
+    """One request's verification under its sampling parameters (used by the embedded engine
+    and the SGLang worker alike). -> (drafts accepted, the target's own next token)."""
+    d = torch.tensor(draft, dtype=torch.long, device=logits.device)
+    if params.greedy:
+        return greedy_accept(d, logits)
+    p = target_probs(logits, params).cpu()
+    if q is None:
+        # A placeholder draft is proposed with probability one: q is a point mass.
+        q = torch.nn.functional.one_hot(d.cpu(), logits.shape[-1]).float()
+    return rejection_accept(d.cpu(), q[: len(draft)].float().cpu(), p, generator)

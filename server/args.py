@@ -56,7 +56,9 @@ def build_parser() -> argparse.ArgumentParser:
         prog="d3d serve", description="OpenAI-compatible server for D3D speculative decoding."
     )
     _add_server_args(p)
-    add_engine_args(p)  # the same engine flags as `d3d generate` and `d3d bench`
+    # The same engine flags as `d3d generate` and `d3d bench`; a server adapts its speculation
+    # to the load by default, so that throughput never falls below target-only decoding.
+    add_engine_args(p, adaptive=True)
     return p
 
 

@@ -8,7 +8,9 @@ import os
 from sglang_d3d.config import BranchPolicy, EngineConfig, Mode, SpecConfig
 
 
-def add_engine_args(p: argparse.ArgumentParser, modes: bool = False) -> None:
+def add_engine_args(
+    p: argparse.ArgumentParser, modes: bool = False, adaptive: bool = False
+) -> None:
     g = p.add_argument_group("engine")
     g.add_argument("--target", default=None, help="HF model folder (default: SmolLM2-135M-Instruct)")
     g.add_argument("--drafter", default=None, help="D3D drafter folder (default: the shipped one)")
@@ -29,8 +31,9 @@ def add_engine_args(p: argparse.ArgumentParser, modes: bool = False) -> None:
                    help="waiting requests; refused past it (HTTP 503)")
     g.add_argument("--verify-token-budget", type=int, default=EngineConfig.verify_token_budget)
     g.add_argument("--min-block-size", type=int, default=EngineConfig.min_block_size)
-    g.add_argument("--adaptive", action="store_true",
-                   help="choose the block size per batch size by measured throughput")
+    g.add_argument("--adaptive", action=argparse.BooleanOptionalAction, default=adaptive,
+                   help="choose the block size (or plain decoding) per batch size by measured "
+                   f"throughput (default: {'on' if adaptive else 'off'})")
     g.add_argument("--threads", type=int, default=None, help="CPU threads in all (default: all cores)")
 
 

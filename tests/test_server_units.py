@@ -18,8 +18,15 @@ from sglang_d3d.testing import tiny_tokenizer
 
 
 def test_no_flags_gives_the_engine_defaults():
+    import dataclasses
+    import os
+
     cfg = parse_args([])
-    assert cfg.engine == EngineConfig()
+    # A server adapts its block size to the load, and splits the cores between the two models.
+    assert cfg.engine.adaptive is True
+    assert cfg.engine.target_threads + cfg.engine.draft_threads == max(2, os.cpu_count() or 1)
+    same = dataclasses.replace(cfg.engine, adaptive=False, target_threads=1, draft_threads=1)
+    assert same == EngineConfig()
     assert cfg.backend is Backend.EMBEDDED and cfg.model_name == "SmolLM2-135M-Instruct"
 
 

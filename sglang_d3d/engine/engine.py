@@ -15,7 +15,7 @@ from sglang_d3d.config import EngineConfig, Mode
 from sglang_d3d.engine.adaptive import BlockController
 from sglang_d3d.engine.api import EventCallback, GenerationRequest, RequestTooLongError, TokenEvent
 from sglang_d3d.engine.drafting import Drafting
-from sglang_d3d.engine.overlap import CycleTimes, TargetWorker, Timeline
+from sglang_d3d.engine.overlap import CycleTimes, TargetWorker, Timeline, intra_op_threads
 from sglang_d3d.engine.scheduler import Scheduler
 from sglang_d3d.engine.sequence import Sequence
 from sglang_d3d.models.decoder import Decoder
@@ -59,6 +59,12 @@ class SpecEngine:
         if self.drafting is not None:
             sizes |= {b for b in (4, 8) if s.min_block_size <= b < s.spec.block_size}
         return tuple(sorted(sizes))
+
+    @property
+    def _alone_threads(self) -> int:
+        """Intra-op threads for one model running alone: in async mode, both models' share."""
+        c = self.cfg
+        return c.target_threads + (c.draft_threads if c.mode is Mode.ASYNC else 0)
 
     def _max_branches(self) -> int:
         s = self.cfg.spec
@@ -120,9 +126,9 @@ class SpecEngine:
         alone. The drafter reads the prompt in its first (synchronous) draft, right after."""
         t0 = time.perf_counter()
         seq.stats.queue_time = max(0.0, time.monotonic() - seq.submit_time)
-        threads = self.cfg.target_threads  # in async mode the drafter's cores are idle now
-        threads += self.cfg.draft_threads if self.cfg.mode is Mode.ASYNC else 0
-        fut = self.worker.submit(self.target.prefill, seq.slot, seq.tokens, threads=threads)
+        fut = self.worker.submit(
+            self.target.prefill, seq.slot, seq.tokens, threads=self._alone_threads
+        )
         logits, _, _ = fut.result()
         token = sample(target_probs(logits, seq.params), seq.generator)
         seq.stats.prefill_time = time.perf_counter() - t0
@@ -137,10 +143,14 @@ class SpecEngine:
         ct = CycleTimes(step=self._steps, batch=len(rows), block=block)
         t0 = time.perf_counter()
         if block > 1:
-            self.drafting.ensure_drafts(rows, block)
+            with intra_op_threads(self._alone_threads):  # the target waits for these drafts
+                self.drafting.ensure_drafts(rows, block)
         ct.draft_end = time.perf_counter() - t0
         tokens = torch.tensor([[s.last_token] + (s.draft if block > 1 else []) for s in rows])
-        fut = self.worker.submit(self.target.forward_block, [s.slot for s in rows], tokens)
+        alone = self._alone_threads if block == 1 else None  # no drafter work to overlap
+        fut = self.worker.submit(
+            self.target.forward_block, [s.slot for s in rows], tokens, threads=alone
+        )
         if block > 1 and self.cfg.mode is Mode.ASYNC:
             ct.predraft_start = time.perf_counter() - t0
             self.drafting.predraft(rows, block)

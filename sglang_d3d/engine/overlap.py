@@ -12,6 +12,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 
 import torch
@@ -31,14 +32,8 @@ class TargetWorker:
         intra-op threads for this call only (prefill runs alone and may take every core)."""
 
         def timed():
-            if threads is not None:
-                before = torch.get_num_threads()
-                torch.set_num_threads(threads)
-            try:
+            with intra_op_threads(threads):
                 return self._run(fn, args)
-            finally:
-                if threads is not None:
-                    torch.set_num_threads(before)
 
         return self._pool.submit(timed)
 
@@ -58,6 +53,22 @@ class TargetWorker:
 
 def _init_thread(threads: int) -> None:
     torch.set_num_threads(threads)
+
+
+@contextmanager
+def intra_op_threads(n: int | None):
+    """Give the calling thread n intra-op threads for a while (None: leave as is). Used where
+    one model runs alone in async mode (synchronous drafting, plain decoding cycles), so the
+    cores set aside for the other model do not sit idle."""
+    if n is None:
+        yield
+        return
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 @dataclass

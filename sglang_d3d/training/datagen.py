@@ -114,6 +114,7 @@ def _base_manifest(cfg: DatagenConfig, target: Path, num_prompts: int) -> dict:
         "target": str(target.name),
         "prompts_source": {"gsm8k_train": cfg.gsm8k_path, "mix": "sglang_d3d.training.prompt_mix"},
         "num_prompts_planned": num_prompts,
+        "generator": "sglang_d3d TargetRunner, float32, continuous batching (training/generation.py)",
         "generation": {k: v for k, v in asdict(cfg).items() if k not in ("out_dir", "max_shards")},
         "shards": [],
         "num_samples": 0,

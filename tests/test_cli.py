@@ -1,0 +1,57 @@
+"""The `d3d` command line on the tiny pair: generate (text and --json) and bench."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from sglang_d3d.cli import main
+
+
+def _engine_flags(pair) -> list[str]:
+    target, drafter = pair
+    return ["--target", target, "--drafter", drafter, "--block-size", "4", "--max-context", "256"]
+
+
+@pytest.mark.parametrize("mode", ["ar", "sync", "async"])
+def test_generate_json(tiny_pair_dir, capsys, mode):
+    rc = main(["generate", "--prompt", "w5 w6 w7", "--mode", mode, "--max-new-tokens", "12",
+               "--json", *_engine_flags(tiny_pair_dir)])
+    assert rc == 0
+    out = json.loads(capsys.readouterr().out)
+    assert len(out["token_ids"]) <= 12 and out["finish_reason"] in ("stop", "length")
+    assert out["stats"]["mode"] == mode and out["stats"]["generated_tokens"] == len(out["token_ids"])
+    assert isinstance(out["text"], str)
+
+
+def test_generate_modes_agree(tiny_pair_dir, capsys):
+    ids = []
+    for mode in ("ar", "async"):
+        main(["generate", "--prompt", "w9 w10", "--mode", mode, "--max-new-tokens", "16", "--json",
+              *_engine_flags(tiny_pair_dir)])
+        ids.append(json.loads(capsys.readouterr().out)["token_ids"])
+    assert ids[0] == ids[1]
+
+
+def test_bench_saves_a_report(tiny_pair_dir, tmp_path, capsys):
+    data = tmp_path / "prompts.jsonl"
+    data.write_text("\n".join(json.dumps({"prompt": f"w{i} w{i + 1}"}) for i in range(5, 8)) + "\n")
+    out = tmp_path / "bench.json"
+    rc = main(["bench", "--dataset", str(data), "--num-prompts", "3", "--max-new-tokens", "10",
+               "--modes", "ar,sync,async", "--out", str(out), *_engine_flags(tiny_pair_dir)])
+    assert rc == 0
+    report = json.loads(out.read_text())
+    assert report["greedy_identical"] is True
+    assert set(report["modes"]) == {"ar", "sync", "async"}
+    assert report["modes"]["ar"]["speedup_vs_ar"] == pytest.approx(1.0)
+    assert "greedy outputs identical across modes: True" in capsys.readouterr().out
+
+
+def test_bad_dataset_row_is_reported(tmp_path):
+    from sglang_d3d.prompts import load_questions
+
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps({"text": "no known field"}) + "\n")
+    with pytest.raises(ValueError, match="no question, prompt or turns"):
+        load_questions(str(bad))

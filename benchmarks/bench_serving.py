@@ -37,10 +37,9 @@ import httpx
 import numpy as np
 from prometheus_client.parser import text_string_to_metric_families
 
-DATASETS = {
-    "gsm8k": Path("/work/shared/datasets/gsm8k/test.jsonl"),
-    "mt_bench": Path("/work/shared/datasets/mt_bench/question.jsonl"),
-}
+from sglang_d3d.prompts import NAMED, datasets_dir
+
+DATASETS = tuple(NAMED)  # gsm8k (test split), mt_bench
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "bench_serving.json"
 
 
@@ -292,7 +291,7 @@ def bench_mode(url: str, mode: str, args) -> list[dict]:
     asyncio.run(run_load_once(url, warm))
     rows = []
     for dataset in args.datasets:
-        prompts = load_prompts(dataset, DATASETS[dataset], args.num_prompts, args.seed)
+        prompts = load_prompts(dataset, datasets_dir() / NAMED[dataset], args.num_prompts, args.seed)
         for conc in args.concurrency:
             before = scrape(url)
             results, wall = asyncio.run(run_load(url, model, prompts, conc, args))

@@ -32,8 +32,9 @@ class OracleDrafter:
     occurs: full acceptance, rejection with a correctable guess (the true token ranked second,
     so the branch hits), and rejection with an unguessable token (a miss)."""
 
-    def __init__(self, engine: SpecEngine, hf_model) -> None:
+    def __init__(self, engine: SpecEngine, hf_model, scale: float = 1.0) -> None:
         self.engine, self.hf = engine, hf_model
+        self.scale = scale  # sharpens the proposal q when requests sample at high temperature
         self.runner = engine.drafting.runner
         self.real_run = self.runner.run
         self.runner.run = self.run
@@ -68,7 +69,7 @@ class OracleDrafter:
                     out[b, j, (tok + 1) % logits.shape[-1]] = 9.0
                     out[b, j, (tok + 2) % logits.shape[-1]] = 8.0
                     out[b, j, tok] = -5.0
-        return out
+        return out * self.scale
 
     @torch.no_grad()
     def _greedy(self, ctx: list[int], n: int) -> list[int]:

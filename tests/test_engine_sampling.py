@@ -61,3 +61,50 @@ def test_exhaustive_pairs_helper_is_a_distribution(tiny_models):
     d = _exact_pair_distribution(tiny_models[0], SamplingParams(temperature=1.0), 96)
     assert abs(float(d.sum()) - 1.0) < 1e-6
     assert all(float(d[i, j]) >= 0 for i, j in itertools.islice(itertools.product(range(96), repeat=2), 50))
+
+
+def _exact_sequence_distribution(hf, params: SamplingParams, length: int) -> dict:
+    """{(x1..xL): probability} under the target alone, enumerating the top-k tree."""
+    out, frontier = {}, [((), 1.0)]
+    with torch.no_grad():
+        for _ in range(length):
+            nxt = []
+            for prefix, prob in frontier:
+                p = target_probs(hf(torch.tensor([PROMPT + list(prefix)])).logits[0, -1], params)
+                for tok in torch.nonzero(p).flatten().tolist():
+                    nxt.append((prefix + (tok,), prob * float(p[tok])))
+            frontier = nxt
+    for seq, prob in frontier:
+        out[seq] = prob
+    return out
+
+
+def test_sampling_with_branch_hits_follows_the_target(tiny_models):
+    """Four sampled tokens through async cycles whose drafts often hit a pre-drafted branch
+    (an oracle drafter): the joint distribution of the output must still be the target's."""
+    from engine_helpers import OracleDrafter
+
+    hf = tiny_models[0]
+    n, length = 600, 4
+    # A high temperature spreads the target's mass over its top-2 tree (the test has power);
+    # a sharp oracle keeps drafts likely, so full acceptance and bonus branches happen.
+    exact = _exact_sequence_distribution(hf, SamplingParams(temperature=8.0, top_k=2), length)
+    assert max(exact.values()) < 0.5
+    eng = make_engine(tiny_models, Mode.ASYNC, block=3, batch=8, max_queue=n)
+    OracleDrafter(eng, hf, scale=10.0)
+    plist = [SamplingParams(temperature=8.0, top_k=2, max_new_tokens=length, seed=s) for s in range(n)]
+    outs = generate(eng, [PROMPT] * n, plist)
+    counts: dict = {}
+    hits = 0
+    for o in outs:
+        counts[tuple(o.token_ids)] = counts.get(tuple(o.token_ids), 0) + 1
+        hits += o.stats.branch_hits
+    assert set(counts) <= set(exact)  # nothing outside the target's top-k tree
+    assert hits > 50  # the branch-hit path really carried tokens
+    cells = sorted(exact, key=lambda k: -exact[k])
+    big = [k for k in cells if exact[k] * n >= 5]
+    obs = [counts.get(k, 0) for k in big] + [sum(counts.get(k, 0) for k in cells if k not in big)]
+    exp = [exact[k] * n for k in big] + [n * sum(exact[k] for k in cells if k not in big)]
+    chi2 = sum((o - e) ** 2 / e for o, e in zip(obs, exp) if e > 0)
+    dof = len(big)
+    assert chi2 < dof + 5 * (2 * dof) ** 0.5, (chi2, dof)

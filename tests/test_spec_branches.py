@@ -64,7 +64,7 @@ def test_adaptive_controller_prefers_measured_throughput():
 
     assert expected_tokens([0.5, 0.5], 3) == 1 + 0.5 + 0.25
     assert expected_tokens([], 1) == 1.0
-    c = BlockController(candidates=(1, 4))
+    c = BlockController(candidates=(1, 4), warmup=1)
     assert c.choose(2) == 1 and c.choose(2) == 1  # the first untried first
     c.observe(2, 1, 0.10, [(0, 0), (0, 0)])
     assert c.choose(2) == 4
@@ -72,8 +72,19 @@ def test_adaptive_controller_prefers_measured_throughput():
     for _ in range(20):
         c.observe(2, 4, 0.20, [(3, 3), (3, 3)])
     assert c.choose(2) == 4
-    c2 = BlockController(candidates=(1, 4))
+    c2 = BlockController(candidates=(1, 4), warmup=1)
     c2.observe(8, 1, 0.10, [])
     for _ in range(20):
         c2.observe(8, 4, 0.50, [(3, 0)] * 8)  # drafts always rejected and slow: plain decoding
     assert c2.choose(8) == 1
+
+
+def test_adaptive_controller_re_measures_every_candidate():
+    from sglang_d3d.engine.adaptive import BlockController
+
+    c = BlockController(candidates=(1, 4, 8), warmup=1, explore_every=2)
+    c.observe(1, 1, 0.05, [])
+    c.observe(1, 4, 5.0, [(3, 0)])  # one unlucky, very slow sample
+    c.observe(1, 8, 5.0, [(7, 0)])
+    picks = [c.choose(1) for _ in range(12)]
+    assert picks.count(1) >= 6 and 4 in picks and 8 in picks  # both re-measured in turn

@@ -5,8 +5,9 @@ For a batch of N rows and block B, one cycle yields N * E[tokens | B] tokens and
 T(N, B) seconds. E[tokens | B] = 1 + sum_{i<B} prod_{j<=i} a_j follows from the per-position
 acceptance rates a_j seen so far; T(N, B) is an exponential moving average of measured cycle
 times. B = 1 is plain decoding, so speculation is only kept where it measurably beats it.
-Untried (N, B) pairs are tried once; every `explore_every` cycles the runner-up is re-measured
-so the estimates follow the load.
+Each (N, B) pair is measured `warmup` times before the controller trusts it; afterwards every
+`explore_every` cycles one of the other candidates, in turn, is re-measured, so one unlucky
+sample cannot rule a block size out for good and the estimates follow the load.
 """
 
 from __future__ import annotations
@@ -26,9 +27,11 @@ def expected_tokens(accept_rates: list[float], block: int) -> float:
 @dataclass
 class BlockController:
     candidates: tuple[int, ...]  # block sizes to choose from; 1 = target only
-    explore_every: int = 64
+    explore_every: int = 16
+    warmup: int = 3
     decay: float = 0.8  # weight of the old estimate in the moving averages
     times: dict[tuple[int, int], float] = field(default_factory=dict)  # (N, B) -> seconds
+    samples: dict[tuple[int, int], int] = field(default_factory=dict)
     accepted: list[int] = field(default_factory=list)  # [i]: cycles that accepted draft i+1
     reached: list[int] = field(default_factory=list)  # [i]: cycles that proposed draft i+1
     # after accepting drafts 1..i (so that draft i+1 was really put to the test)
@@ -40,12 +43,13 @@ class BlockController:
 
     def choose(self, batch: int) -> int:
         self.cycles += 1
-        untried = [b for b in self.candidates if (batch, b) not in self.times]
-        if untried:
-            return untried[0]
+        young = [b for b in self.candidates if self.samples.get((batch, b), 0) < self.warmup]
+        if young:
+            return young[0]
         ranked = sorted(self.candidates, key=lambda b: -self.score(batch, b))
         if len(ranked) > 1 and self.cycles % self.explore_every == 0:
-            return ranked[1]
+            others = ranked[1:]
+            return others[(self.cycles // self.explore_every) % len(others)]
         return ranked[0]
 
     def score(self, batch: int, block: int) -> float:
@@ -54,6 +58,7 @@ class BlockController:
     def observe(self, batch: int, block: int, seconds: float, per_row: list[tuple[int, int]]):
         """per_row: (drafts proposed, drafts accepted) for each row of the cycle."""
         key = (batch, block)
+        self.samples[key] = self.samples.get(key, 0) + 1
         old = self.times.get(key)
         self.times[key] = seconds if old is None else self.decay * old + (1 - self.decay) * seconds
         for g, n in per_row:

@@ -100,10 +100,11 @@ class SpecEngine:
         events: list[TokenEvent] = []
         for seq in self.scheduler.take_aborted():
             events.append(self._finish(seq, "abort"))
-        for seq in self.scheduler.admit():
+        admitted = self.scheduler.admit()
+        for seq in admitted:
             events.append(self._isolated(seq, self._prefill, seq))
         rows = [s for s in self.scheduler.running if s.finish_reason is None]
-        if rows:
+        if rows and not admitted:  # new first tokens go out now; decoding resumes next step
             events.extend(self._cycle(rows, self.block_size(len(rows))))
         for seq in [s for s in self.scheduler.running if s.finish_reason is not None]:
             self.scheduler.release(seq)

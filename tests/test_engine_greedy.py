@@ -112,3 +112,16 @@ def test_reused_slots_start_clean(tiny_models):
         out = generate(eng, [prompt], SamplingParams(max_new_tokens=40))[0]
         assert out.token_ids == reference_greedy(hf, prompt, 40)
         assert out.stats.fallbacks == 0
+
+
+def test_growing_block_after_a_hit_redrafts_without_faults(layout_models):
+    """A branch hit leaves a ready draft and nothing pending; if the next cycle wants a larger
+    block, the drafter re-reads its anchor instead of failing (regression: IndexError)."""
+    hf = layout_models[0]
+    eng = make_engine(layout_models, Mode.ASYNC, block=8, policy=BranchPolicy.ALL)
+    OracleDrafter(eng, hf)
+    sizes = iter([4, 8] * 40)
+    eng.block_size = lambda batch: next(sizes)
+    out = generate(eng, [PROMPTS[0]], SamplingParams(max_new_tokens=40))[0]
+    assert out.token_ids == reference_greedy(hf, PROMPTS[0], 40)
+    assert out.stats.fallbacks == 0 and out.stats.branch_hits > 0

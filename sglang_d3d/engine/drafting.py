@@ -50,6 +50,10 @@ class Drafting:
                 s.draft_q = s.draft_q[:block]
 
     def _sync_draft(self, rows: list[Sequence], block: int) -> None:
+        for s in rows:
+            if not s.pending:  # cache up to date (a hit's draft was dropped): re-read the anchor
+                self.runner.rollback(s.slot, 1)
+                s.pending = [s.last_token]
         ap = self.runner.anchor_predicts
         packs = [(s.slot, extend_pack(s.pending, block, ap)) for s in rows]
         for s, logits in zip(rows, self.runner.run(packs)):

@@ -77,5 +77,9 @@ class DraftRunner:
         self.cache.copy_positions(slot, [src], [base + accepted])
         self.lengths[slot] = base + accepted + 1
 
+    def rollback(self, slot: int, n: int) -> None:
+        """Forget the last n committed tokens (their entries are rewritten when re-read)."""
+        self.lengths[slot] -= n
+
     def reset(self, slot: int) -> None:
         self.lengths[slot] = 0

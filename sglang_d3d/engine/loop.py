@@ -104,9 +104,25 @@ class EngineLoop:
             cb = self._callbacks.get(ev.request_id)
             if ev.finished:
                 self._callbacks.pop(ev.request_id, None)
+                _log_finished(ev)
             if cb is None:
                 continue
             try:
                 cb(ev)
             except Exception:  # noqa: BLE001 - a broken consumer must not stop the loop
                 log.exception("event callback failed for %s", ev.request_id)
+
+
+def _log_finished(ev: TokenEvent) -> None:
+    """One line per finished request: the same RequestStats the metrics are made from."""
+    s = ev.stats
+    if s is None:
+        return
+    hit = "-" if s.branch_hit_rate is None else f"{s.branch_hit_rate:.2f}"
+    log.info(
+        "request %s %s: %d prompt + %d generated tokens, %d cycles, accepted length %.2f, "
+        "branch hits %s, overlap %.2f, queue %.3fs, prefill %.3fs, fallbacks %d%s",
+        ev.request_id, ev.finish_reason, s.prompt_tokens, s.generated_tokens, s.num_cycles,
+        s.mean_accepted_length, hit, s.overlap_fraction, s.queue_time, s.prefill_time,
+        s.fallbacks, f", error: {ev.error}" if ev.error else "",
+    )

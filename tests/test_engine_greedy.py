@@ -8,6 +8,7 @@ from conftest import reference_greedy
 from engine_helpers import OracleDrafter, make_engine
 
 from sglang_d3d.config import BranchPolicy, Mode, SamplingParams
+from sglang_d3d.engine.adaptive import Plan
 from sglang_d3d.engine.offline import generate
 
 PROMPTS = [[5, 6, 7, 8], [9, 10, 11], [12, 40, 13, 50, 14, 60, 15], [70]]
@@ -101,6 +102,7 @@ def test_adaptive_block_size_keeps_outputs_exact(tiny_models):
     for prompt, out in zip(PROMPTS, outs):
         assert out.token_ids == reference_greedy(hf, prompt, 40)
     assert {c.block for c in eng.timeline.cycles} >= {1, 4, 8}  # every candidate was tried
+    assert {c.predraft_end > 0 for c in eng.timeline.cycles} == {True, False}  # both structures
 
 
 def test_reused_slots_start_clean(tiny_models):
@@ -121,11 +123,11 @@ def test_growing_block_after_a_hit_redrafts_without_faults(layout_models):
     eng = make_engine(layout_models, Mode.ASYNC, block=8, policy=BranchPolicy.ALL)
     OracleDrafter(eng, hf)
 
-    def grow_after_small_hits(batch: int) -> int:
+    def grow_after_small_hits(batch: int) -> Plan:
         last = eng.timeline.cycles[-1] if eng.timeline.cycles else None
-        return 8 if last is not None and last.block == 4 and last.hits else 4
+        return Plan(8 if last is not None and last.block == 4 and last.hits else 4, True)
 
-    eng.block_size = grow_after_small_hits
+    eng.plan = grow_after_small_hits
     out = generate(eng, [PROMPTS[0]], SamplingParams(max_new_tokens=40))[0]
     assert out.token_ids == reference_greedy(hf, PROMPTS[0], 40)
     assert out.stats.fallbacks == 0

@@ -60,31 +60,34 @@ def test_match_branch():
 
 
 def test_adaptive_controller_prefers_measured_throughput():
-    from sglang_d3d.engine.adaptive import BlockController, expected_tokens
+    from sglang_d3d.engine.adaptive import BlockController, Plan, expected_tokens
+
+    one, four = Plan(1), Plan(4, True)
 
     assert expected_tokens([0.5, 0.5], 3) == 1 + 0.5 + 0.25
     assert expected_tokens([], 1) == 1.0
-    c = BlockController(candidates=(1, 4), warmup=1)
-    assert c.choose(2) == 1 and c.choose(2) == 1  # the first untried first
-    c.observe(2, 1, 0.10, [(0, 0), (0, 0)])
-    assert c.choose(2) == 4
+    c = BlockController(candidates=(one, four), warmup=1)
+    assert c.choose(2) == one and c.choose(2) == one  # the first untried first
+    c.observe(2, one, 0.10, [(0, 0), (0, 0)])
+    assert c.choose(2) == four
     # drafts always accepted: a 4-block cycle gives 4 tokens per row for 2x the time
     for _ in range(20):
-        c.observe(2, 4, 0.20, [(3, 3), (3, 3)])
-    assert c.choose(2) == 4
-    c2 = BlockController(candidates=(1, 4), warmup=1)
-    c2.observe(8, 1, 0.10, [])
+        c.observe(2, four, 0.20, [(3, 3), (3, 3)])
+    assert c.choose(2) == four
+    c2 = BlockController(candidates=(one, four), warmup=1)
+    c2.observe(8, one, 0.10, [])
     for _ in range(20):
-        c2.observe(8, 4, 0.50, [(3, 0)] * 8)  # drafts always rejected and slow: plain decoding
-    assert c2.choose(8) == 1
+        c2.observe(8, four, 0.50, [(3, 0)] * 8)  # drafts always rejected and slow: plain decoding
+    assert c2.choose(8) == one
 
 
 def test_adaptive_controller_re_measures_every_candidate():
-    from sglang_d3d.engine.adaptive import BlockController
+    from sglang_d3d.engine.adaptive import BlockController, Plan
 
-    c = BlockController(candidates=(1, 4, 8), warmup=1, explore_every=2)
-    c.observe(1, 1, 0.05, [])
-    c.observe(1, 4, 5.0, [(3, 0)])  # one unlucky, very slow sample
-    c.observe(1, 8, 5.0, [(7, 0)])
+    one, four, eight = Plan(1), Plan(4), Plan(8, True)
+    c = BlockController(candidates=(one, four, eight), warmup=1, explore_every=2)
+    c.observe(1, one, 0.05, [])
+    c.observe(1, four, 5.0, [(3, 0)])  # one unlucky, very slow sample
+    c.observe(1, eight, 5.0, [(7, 0)])
     picks = [c.choose(1) for _ in range(12)]
-    assert picks.count(1) >= 6 and 4 in picks and 8 in picks  # both re-measured in turn
+    assert picks.count(one) >= 6 and four in picks and eight in picks  # re-measured in turn

@@ -1,10 +1,14 @@
-"""How much to speculate as the batch grows: pick the block size with the best measured
-throughput for the current batch size.
+"""How much to speculate as the batch grows: pick the cycle plan (block size, and in async mode
+whether to pre-draft while the target verifies) with the best measured throughput for the
+current batch size.
 
 For a batch of N rows and block B, one cycle yields N * E[tokens | B] tokens and costs
 T(N, B) seconds. E[tokens | B] = 1 + sum_{i<B} prod_{j<=i} a_j follows from the per-position
 acceptance rates a_j seen so far; T(N, B) is an exponential moving average of measured cycle
 times. B = 1 is plain decoding, so speculation is only kept where it measurably beats it.
+Pre-drafting is a choice too: where cores are shared (a CPU), running drafter and target at
+once slows the verify pass, and at a low branch hit rate drafting after verification (with
+every core) is faster; on separate devices the overlap wins. Measured, not assumed.
 Each (N, B) pair is measured `warmup` times before the controller trusts it; afterwards every
 `explore_every` cycles one of the other candidates, in turn, is re-measured, so one unlucky
 sample cannot rule a block size out for good and the estimates follow the load.
@@ -13,6 +17,15 @@ sample cannot rule a block size out for good and the estimates follow the load.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True, order=True)
+class Plan:
+    """One cycle's shape: `block` tokens per verify (1 = plain decoding), and whether the
+    drafter pre-drafts the next block while the target verifies."""
+
+    block: int
+    overlap: bool = False
 
 
 def expected_tokens(accept_rates: list[float], block: int) -> float:
@@ -26,12 +39,12 @@ def expected_tokens(accept_rates: list[float], block: int) -> float:
 
 @dataclass
 class BlockController:
-    candidates: tuple[int, ...]  # block sizes to choose from; 1 = target only
+    candidates: tuple[Plan, ...]  # Plan(1) = target only
     explore_every: int = 16
     warmup: int = 3
     decay: float = 0.8  # weight of the old estimate in the moving averages
-    times: dict[tuple[int, int], float] = field(default_factory=dict)  # (N, B) -> seconds
-    samples: dict[tuple[int, int], int] = field(default_factory=dict)
+    times: dict[tuple[int, Plan], float] = field(default_factory=dict)  # (N, plan) -> seconds
+    samples: dict[tuple[int, Plan], int] = field(default_factory=dict)
     accepted: list[int] = field(default_factory=list)  # [i]: cycles that accepted draft i+1
     reached: list[int] = field(default_factory=list)  # [i]: cycles that proposed draft i+1
     # after accepting drafts 1..i (so that draft i+1 was really put to the test)
@@ -41,7 +54,7 @@ class BlockController:
         """P(draft i accepted | drafts before it accepted), with a +1/+2 prior."""
         return [(a + 1) / (r + 2) for a, r in zip(self.accepted, self.reached)]
 
-    def choose(self, batch: int) -> int:
+    def choose(self, batch: int) -> Plan:
         self.cycles += 1
         young = [b for b in self.candidates if self.samples.get((batch, b), 0) < self.warmup]
         if young:
@@ -52,12 +65,12 @@ class BlockController:
             return others[(self.cycles // self.explore_every) % len(others)]
         return ranked[0]
 
-    def score(self, batch: int, block: int) -> float:
-        return batch * expected_tokens(self.accept_rates(), block) / self.times[(batch, block)]
+    def score(self, batch: int, plan: Plan) -> float:
+        return batch * expected_tokens(self.accept_rates(), plan.block) / self.times[(batch, plan)]
 
-    def observe(self, batch: int, block: int, seconds: float, per_row: list[tuple[int, int]]):
+    def observe(self, batch: int, plan: Plan, seconds: float, per_row: list[tuple[int, int]]):
         """per_row: (drafts proposed, drafts accepted) for each row of the cycle."""
-        key = (batch, block)
+        key = (batch, plan)
         self.samples[key] = self.samples.get(key, 0) + 1
         old = self.times.get(key)
         self.times[key] = seconds if old is None else self.decay * old + (1 - self.decay) * seconds

@@ -12,7 +12,7 @@ import time
 import torch
 
 from sglang_d3d.config import EngineConfig, Mode
-from sglang_d3d.engine.adaptive import BlockController
+from sglang_d3d.engine.adaptive import BlockController, Plan
 from sglang_d3d.engine.api import EventCallback, GenerationRequest, RequestTooLongError, TokenEvent
 from sglang_d3d.engine.drafting import Drafting
 from sglang_d3d.engine.overlap import CycleTimes, TargetWorker, Timeline, intra_op_threads
@@ -50,15 +50,16 @@ class SpecEngine:
         self.worker = TargetWorker(cfg.target_threads, cfg.device)
         self.timeline = Timeline()
         self.cycle_listeners: list = []
-        self.controller = BlockController(self._candidate_blocks()) if cfg.adaptive else None
+        self.controller = BlockController(self._candidate_plans()) if cfg.adaptive else None
         self._steps = 0
 
-    def _candidate_blocks(self) -> tuple[int, ...]:
+    def _candidate_plans(self) -> tuple[Plan, ...]:
         s = self.cfg
-        sizes = {1} if self.drafting is None else {1, s.spec.block_size}
-        if self.drafting is not None:
-            sizes |= {b for b in (4, 8) if s.min_block_size <= b < s.spec.block_size}
-        return tuple(sorted(sizes))
+        if self.drafting is None:
+            return (Plan(1),)
+        blocks = {s.spec.block_size} | {b for b in (4, 8) if s.min_block_size <= b < s.spec.block_size}
+        overlaps = (False, True) if s.mode is Mode.ASYNC else (False,)
+        return (Plan(1),) + tuple(Plan(b, o) for b in sorted(blocks) for o in overlaps)
 
     @property
     def _alone_threads(self) -> int:
@@ -105,21 +106,24 @@ class SpecEngine:
             events.append(self._isolated(seq, self._prefill, seq))
         rows = [s for s in self.scheduler.running if s.finish_reason is None]
         if rows and not admitted:  # new first tokens go out now; decoding resumes next step
-            events.extend(self._cycle(rows, self.block_size(len(rows))))
+            events.extend(self._cycle(rows, self.plan(len(rows))))
         for seq in [s for s in self.scheduler.running if s.finish_reason is not None]:
             self.scheduler.release(seq)
             self.target.free(seq.slot)
         return events
 
-    def block_size(self, batch: int) -> int:
-        """Verify tokens per request this cycle; 1 means target-only decoding. The block
-        shrinks as the batch grows so one verify pass stays within the token budget."""
+    def plan(self, batch: int) -> Plan:
+        """This cycle's block size (1: target-only decoding) and whether to pre-draft. Without
+        the adaptive controller the block shrinks as the batch grows, so that one verify pass
+        stays within the token budget."""
         if self.drafting is None:
-            return 1
+            return Plan(1)
         if self.controller is not None:
             return self.controller.choose(batch)
         block = min(self.cfg.spec.block_size, self.cfg.verify_token_budget // batch)
-        return block if block >= self.cfg.min_block_size else 1
+        if block < self.cfg.min_block_size:
+            return Plan(1)
+        return Plan(block, self.cfg.mode is Mode.ASYNC)
 
     # ---- prefill ----------------------------------------------------------------------------
     def _prefill(self, seq: Sequence) -> TokenEvent:
@@ -139,8 +143,9 @@ class SpecEngine:
         return self._emit(seq, [token])
 
     # ---- one speculative cycle --------------------------------------------------------------
-    def _cycle(self, rows: list[Sequence], block: int) -> list[TokenEvent]:
+    def _cycle(self, rows: list[Sequence], plan: Plan) -> list[TokenEvent]:
         self._steps += 1
+        block = plan.block
         ct = CycleTimes(step=self._steps, batch=len(rows), block=block)
         t0 = time.perf_counter()
         if block > 1:
@@ -148,11 +153,11 @@ class SpecEngine:
                 self.drafting.ensure_drafts(rows, block)
         ct.draft_end = time.perf_counter() - t0
         tokens = torch.tensor([[s.last_token] + (s.draft if block > 1 else []) for s in rows])
-        alone = self._alone_threads if block == 1 else None  # no drafter work to overlap
+        alone = None if plan.overlap else self._alone_threads  # no drafter work to overlap
         fut = self.worker.submit(
             self.target.forward_block, [s.slot for s in rows], tokens, threads=alone
         )
-        if block > 1 and self.cfg.mode is Mode.ASYNC:
+        if block > 1 and plan.overlap:
             ct.predraft_start = time.perf_counter() - t0
             self.drafting.predraft(rows, block)
             ct.predraft_end = time.perf_counter() - t0
@@ -163,7 +168,7 @@ class SpecEngine:
         self.timeline.add(ct)
         if self.controller is not None:
             per_row = [s.last_cycle[:2] for s in rows if s.last_cycle is not None]
-            self.controller.observe(len(rows), block, ct.end, per_row)
+            self.controller.observe(len(rows), plan, ct.end, per_row)
         self._record(rows, ct)
         return events
 

@@ -233,9 +233,18 @@ class SpecEngine:
 
     def _finish(self, s: Sequence, reason: str, out=None, error=None) -> TokenEvent:
         s.finish_reason = reason
-        if s.slot >= 0 and reason in ("abort",):
+        if s.slot >= 0 and reason == "abort":  # aborted sequences leave the schedule at once
             self.target.free(s.slot)
         return TokenEvent(s.request_id, out or [], True, reason, error, s.stats)
+
+    def fail_running(self, message: str) -> list[TokenEvent]:
+        """A batched pass failed for everyone in it: end those requests, keep serving."""
+        events = []
+        for seq in list(self.scheduler.running):
+            events.append(self._finish(seq, "error", error=message))
+            self.scheduler.release(seq)
+            self.target.free(seq.slot)
+        return events
 
     @property
     def num_running(self) -> int:

@@ -89,15 +89,7 @@ class EngineLoop:
             return self.engine.step()
         except Exception as e:  # noqa: BLE001 - a failed batch fails its requests, not the server
             log.exception("engine step failed")
-            return self._fail_running(f"{type(e).__name__}: {e}")
-
-    def _fail_running(self, message: str) -> list[TokenEvent]:
-        events = []
-        for seq in list(self.engine.scheduler.running):
-            events.append(self.engine._finish(seq, "error", error=message))
-            self.engine.scheduler.release(seq)
-            self.engine.target.free(seq.slot)
-        return events
+            return self.engine.fail_running(f"{type(e).__name__}: {e}")
 
     def _dispatch(self, events: list[TokenEvent]) -> None:
         for ev in events:

@@ -24,11 +24,19 @@ $PY -m sglang_d3d.training.train --out-dir runs/train_default --layers 0,10,20,2
   --block-size 16 --num-anchors 16 --head-size 16384 --batch-size 8 --lr 5e-4 \
   --warmup-steps 30 --max-steps 1500 --time-budget-min 70 --eval-every 150 --ckpt-minutes 5
 
-# 4. Pruning table (few held-out samples and short recovery: CPU time was nearly spent).
-$PY -m sglang_d3d.training.prune --drafter-path runs/train_default/drafter \
-  --out-dir runs/prune --results-dir benchmarks/results --eval-samples 24 --recover-steps 15
+# 3b. Resumed the same run for 15 more minutes while pruning ran (time budget 70 -> 85 min;
+#     the cosine schedule continues from 82% progress): steps 716 -> 918.
+$PY -m sglang_d3d.training.train --out-dir runs/train_default --layers 0,10,20,29 \
+  --block-size 16 --num-anchors 16 --head-size 16384 --batch-size 8 --lr 5e-4 \
+  --warmup-steps 30 --max-steps 1500 --time-budget-min 85 --eval-every 150 --ckpt-minutes 5
 
-# 5. Ship: the depth chosen in benchmarks/results/prune_table.md (see the report).
+# 4. Pruning table (few held-out samples and short recovery: CPU time was nearly spent).
+#    It ran on the 70-minute checkpoint (step 716, copied to runs/drafter_70min).
+$PY -m sglang_d3d.training.prune --drafter-path runs/drafter_70min \
+  --out-dir runs/prune --results-dir benchmarks/results --eval-samples 24 --recover-steps 15 \
+  --e2e-prompts 2 --e2e-max-new-tokens 64
+
+# 5. Ship: the table chose depth 4 (the unpruned drafter), so the step-918 checkpoint ships.
 mkdir -p sglang_d3d/assets/drafter
 cp runs/train_default/drafter/config.json runs/train_default/drafter/model.safetensors \
   sglang_d3d/assets/drafter/

@@ -91,3 +91,13 @@ def test_adaptive_controller_re_measures_every_candidate():
     c.observe(1, eight, 5.0, [(7, 0)])
     picks = [c.choose(1) for _ in range(12)]
     assert picks.count(one) >= 6 and four in picks and eight in picks  # re-measured in turn
+
+
+def test_adaptive_controller_shares_estimates_within_a_power_of_two():
+    from sglang_d3d.engine.adaptive import BlockController, Plan, bucket
+
+    assert [bucket(n) for n in (1, 2, 3, 4, 7, 8, 16, 17)] == [1, 2, 2, 4, 4, 8, 16, 16]
+    c = BlockController(candidates=(Plan(1), Plan(4)), warmup=1)
+    c.observe(5, Plan(1), 0.1, [])
+    c.observe(6, Plan(4), 0.1, [(3, 3)] * 6)
+    assert c.choose(7) == Plan(4)  # measured at 5 and 6, trusted at 7

@@ -55,6 +55,7 @@ class BlockController:
         return [(a + 1) / (r + 2) for a, r in zip(self.accepted, self.reached)]
 
     def choose(self, batch: int) -> Plan:
+        batch = bucket(batch)
         self.cycles += 1
         young = [b for b in self.candidates if self.samples.get((batch, b), 0) < self.warmup]
         if young:
@@ -66,11 +67,12 @@ class BlockController:
         return ranked[0]
 
     def score(self, batch: int, plan: Plan) -> float:
+        batch = bucket(batch)
         return batch * expected_tokens(self.accept_rates(), plan.block) / self.times[(batch, plan)]
 
     def observe(self, batch: int, plan: Plan, seconds: float, per_row: list[tuple[int, int]]):
         """per_row: (drafts proposed, drafts accepted) for each row of the cycle."""
-        key = (batch, plan)
+        key = (bucket(batch), plan)
         self.samples[key] = self.samples.get(key, 0) + 1
         old = self.times.get(key)
         self.times[key] = seconds if old is None else self.decay * old + (1 - self.decay) * seconds
@@ -80,6 +82,12 @@ class BlockController:
             for i in range(min(g, n + 1)):  # drafts 1..n accepted, draft n+1 rejected
                 self.reached[i] += 1
                 self.accepted[i] += i < n
+
+
+def bucket(batch: int) -> int:
+    """Batch sizes share estimates by power of two (1, 2-3, 4-7, ...): as requests finish the
+    batch size drifts, and separate estimates per size would keep the controller exploring."""
+    return 1 << (max(1, batch).bit_length() - 1)
 
 
 def _grow(xs: list[int], n: int) -> None:

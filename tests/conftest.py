@@ -69,3 +69,11 @@ def reference_greedy(hf_model, prompt: list[int], n: int, eos: int | None = None
             if tok == eos:
                 break
     return out
+
+
+@pytest.fixture(autouse=True)
+def _grad_mode_is_on():
+    """Some imported libraries (SGLang's runtime among them) switch autograd off process-wide
+    at import; tests that train must not depend on which test ran first."""
+    torch.set_grad_enabled(True)
+    yield

@@ -101,3 +101,11 @@ def test_adaptive_controller_shares_estimates_within_a_power_of_two():
     c.observe(5, Plan(1), 0.1, [])
     c.observe(6, Plan(4), 0.1, [(3, 3)] * 6)
     assert c.choose(7) == Plan(4)  # measured at 5 and 6, trusted at 7
+
+
+def test_adaptive_controller_respects_the_verify_token_budget():
+    from sglang_d3d.engine.adaptive import BlockController, Plan
+
+    c = BlockController(candidates=(Plan(1), Plan(4), Plan(16, True)), warmup=1)
+    picks = {c.choose(16, max_block=4) for _ in range(10)}
+    assert Plan(16, True) not in picks and picks <= {Plan(1), Plan(4)}

@@ -54,13 +54,15 @@ class BlockController:
         """P(draft i accepted | drafts before it accepted), with a +1/+2 prior."""
         return [(a + 1) / (r + 2) for a, r in zip(self.accepted, self.reached)]
 
-    def choose(self, batch: int) -> Plan:
+    def choose(self, batch: int, max_block: int | None = None) -> Plan:
+        """max_block: the largest block allowed at this batch size (the verify-token budget)."""
+        allowed = [p for p in self.candidates if max_block is None or p.block <= max(1, max_block)]
         batch = bucket(batch)
         self.cycles += 1
-        young = [b for b in self.candidates if self.samples.get((batch, b), 0) < self.warmup]
+        young = [b for b in allowed if self.samples.get((batch, b), 0) < self.warmup]
         if young:
             return young[0]
-        ranked = sorted(self.candidates, key=lambda b: -self.score(batch, b))
+        ranked = sorted(allowed, key=lambda b: -self.score(batch, b))
         if len(ranked) > 1 and self.cycles % self.explore_every == 0:
             others = ranked[1:]
             return others[(self.cycles // self.explore_every) % len(others)]

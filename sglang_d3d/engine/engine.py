@@ -118,9 +118,10 @@ class SpecEngine:
         stays within the token budget."""
         if self.drafting is None:
             return Plan(1)
+        budget = self.cfg.verify_token_budget // batch  # tokens per row in one verify pass
         if self.controller is not None:
-            return self.controller.choose(batch)
-        block = min(self.cfg.spec.block_size, self.cfg.verify_token_budget // batch)
+            return self.controller.choose(batch, budget)
+        block = min(self.cfg.spec.block_size, budget)
         if block < self.cfg.min_block_size:
             return Plan(1)
         return Plan(block, self.cfg.mode is Mode.ASYNC)

@@ -12,7 +12,9 @@ import torch
 TINY_VOCAB = 96
 
 
-def tiny_hf_model(arch: str = "llama", seed: int = 0, vocab: int = TINY_VOCAB, layers: int = 4):
+def tiny_hf_model(
+    arch: str = "llama", seed: int = 0, vocab: int = TINY_VOCAB, layers: int = 4, tied: bool = True
+):
     """A random Llama or Qwen3 causal LM with a small vocabulary (float32)."""
     from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
@@ -27,7 +29,7 @@ def tiny_hf_model(arch: str = "llama", seed: int = 0, vocab: int = TINY_VOCAB, l
         bos_token_id=1,
         eos_token_id=2,
         pad_token_id=0,
-        tie_word_embeddings=True,
+        tie_word_embeddings=tied,
     )
     torch.manual_seed(seed)
     if arch == "qwen3":

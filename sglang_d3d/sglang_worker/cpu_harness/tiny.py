@@ -18,31 +18,13 @@ VOCAB = 96
 
 def make_pair(root: str | Path, block_size: int = 4, seed: int = 0) -> tuple[str, str]:
     """-> (target_dir, drafter_dir); the drafter config is marked for SGLang."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
     from sglang_d3d.models.decoder import Decoder
     from sglang_d3d.models.drafter import D3DDrafter
-    from sglang_d3d.testing import tiny_tokenizer
+    from sglang_d3d.testing import tiny_hf_model, tiny_tokenizer
 
     root = Path(root)
     target_dir, drafter_dir = root / "target", root / "drafter"
-    cfg = LlamaConfig(
-        vocab_size=VOCAB,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=4,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=512,
-        bos_token_id=1,
-        eos_token_id=2,
-        pad_token_id=0,
-        tie_word_embeddings=False,
-    )
-    torch.manual_seed(seed)
-    model = LlamaForCausalLM(cfg).eval()
-    with torch.no_grad():
-        model.lm_head.weight.mul_(8.0)  # sharp logits: greedy ties are rare
+    model = tiny_hf_model("llama", seed=seed, vocab=VOCAB, tied=False)  # sharp logits, untied
     model.save_pretrained(target_dir)
     tiny_tokenizer(VOCAB).save_pretrained(target_dir)
     drafter = D3DDrafter.init_from_target(Decoder.from_hf(model), [0, 3], block_size)

@@ -51,6 +51,11 @@ class Batch:
     slots: list[int] | None = None  # [N] cache rows
     write_at: torch.Tensor | None = None  # [N, T] cache index of each input token
     row_spans: list[int] | None = None  # per row: cache indices it reads (set by run_layers)
+    # Training only: per layer (keys, values) [N, Hkv, P, D] of a frozen prefix the T inputs
+    # attend to before themselves; the mask is then [N, T, P + T]. Lets the drafter train its
+    # mask blocks with gradients while the clean prefix runs once without (training/objective.py).
+    past: list[tuple[torch.Tensor, torch.Tensor]] | None = None
+    record: list[tuple[torch.Tensor, torch.Tensor]] | None = None  # if set, each layer appends its (k, v)
 
     def prepare(self) -> None:
         """Per-row key spans, so rows of different lengths read only their own keys."""
@@ -70,11 +75,17 @@ def attention(layer, x: torch.Tensor, cos, sin, b: Batch, li: int, spec: Decoder
     if hasattr(a, "q_norm"):  # Qwen3 normalises q and k per head before RoPE
         q, k = a.q_norm(q), a.k_norm(k)
     q, k = _rope(q.transpose(1, 2), cos, sin), _rope(k.transpose(1, 2), cos, sin)
-    if b.cache is None:
-        out = _sdpa(q, k, v.transpose(1, 2), b.mask)
+    v = v.transpose(1, 2)  # k, v: [N, Hkv, T, D]
+    if b.record is not None:
+        b.record.append((k, v))
+    if b.past is not None:
+        pk, pv = b.past[li]
+        out = _sdpa(q, torch.cat([pk, k], 2), torch.cat([pv, v], 2), b.mask)
+    elif b.cache is None:
+        out = _sdpa(q, k, v, b.mask)
     else:
         slot_idx = torch.tensor(b.slots, device=x.device).unsqueeze(1).expand(n, t)
-        b.cache.write(li, slot_idx, b.write_at, k.transpose(1, 2), v)
+        b.cache.write(li, slot_idx, b.write_at, k.transpose(1, 2), v.transpose(1, 2))
         out = _cached_attention(q, b, li)
     return a.o_proj(out.transpose(1, 2).reshape(n, t, -1))
 

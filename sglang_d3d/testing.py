@@ -73,10 +73,11 @@ def make_tiny_target(out_dir: str | Path, arch: str = "llama", seed: int = 0) ->
 
 def make_tiny_pair(
     tmp_dir: str | Path, arch: str = "llama", seed: int = 0, block_size: int = 4,
-    block_layout: str = "anchor",
+    layer_ids: tuple[int, ...] = (0, 3), delta_std: float = 0.02,
 ) -> tuple[str, str]:
-    """(target_dir, drafter_dir): a tiny random target and a drafter initialised from two of
-    its layers, so the drafter agrees with the target often enough to exercise every path."""
+    """(target_dir, drafter_dir): a tiny random target and a drafter over two of its layers
+    with small random deltas (so mask slots differ from the plain layers), agreeing with the
+    target often enough to exercise every path."""
     from sglang_d3d.models.drafter import D3DDrafter
     from sglang_d3d.models.loading import load_hf_model
 
@@ -85,9 +86,11 @@ def make_tiny_pair(
     from sglang_d3d.models.decoder import Decoder
 
     target = Decoder.from_hf(load_hf_model(Path(target_dir)))
-    drafter = D3DDrafter.init_from_target(
-        target, layer_ids=[0, 3], block_size=block_size, block_layout=block_layout
-    )
+    drafter = D3DDrafter.init_from_target(target, list(layer_ids), block_size, rank=4, alpha=4.0)
+    gen = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():
+        for p in drafter.trainable_parameters():
+            p.add_(torch.randn(p.shape, generator=gen) * delta_std)
     drafter_dir = root / "drafter"
     drafter.save_pretrained(drafter_dir)
     return target_dir, str(drafter_dir)

@@ -28,19 +28,6 @@ def tiny_models(tiny_pair_dir):
 
 
 @pytest.fixture(scope="session")
-def tiny_masks_models(tmp_path_factory):
-    """Same target, a drafter with the "masks" block layout."""
-    from sglang_d3d.testing import make_tiny_pair
-
-    return _load(*make_tiny_pair(tmp_path_factory.mktemp("tinym"), block_layout="masks"))
-
-
-@pytest.fixture(params=["anchor", "masks"])
-def layout_models(request, tiny_models, tiny_masks_models):
-    return tiny_models if request.param == "anchor" else tiny_masks_models
-
-
-@pytest.fixture(scope="session")
 def tiny_qwen_models(tmp_path_factory):
     from sglang_d3d.testing import make_tiny_pair
 

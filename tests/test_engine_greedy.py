@@ -22,9 +22,9 @@ def _prompts(seed: int, n: int = 3) -> list[list[int]]:
 
 @pytest.mark.parametrize("mode", list(Mode))
 @pytest.mark.parametrize("block", [2, 4, 7])
-def test_modes_equal_target_greedy(layout_models, mode, block):
-    hf = layout_models[0]
-    outs = generate(make_engine(layout_models, mode, block), PROMPTS, SamplingParams(max_new_tokens=24))
+def test_modes_equal_target_greedy(tiny_models, mode, block):
+    hf = tiny_models[0]
+    outs = generate(make_engine(tiny_models, mode, block), PROMPTS, SamplingParams(max_new_tokens=24))
     for prompt, out in zip(PROMPTS, outs):
         assert out.error is None
         assert out.token_ids == reference_greedy(hf, prompt, 24)
@@ -55,11 +55,11 @@ def test_qwen3_family(tiny_qwen_models):
 
 
 @pytest.mark.parametrize("mode", [Mode.SYNC, Mode.ASYNC])
-def test_oracle_drafter_exercises_every_outcome(layout_models, mode):
+def test_oracle_drafter_exercises_every_outcome(tiny_models, mode):
     """With drafts that are often right, acceptance is long, branches hit and miss, and the
     output is still exactly the target's."""
-    hf = layout_models[0]
-    eng = make_engine(layout_models, mode, block=5, policy=BranchPolicy.ALL, guesses=1)
+    hf = tiny_models[0]
+    eng = make_engine(tiny_models, mode, block=5, policy=BranchPolicy.ALL, guesses=1)
     OracleDrafter(eng, hf)
     outs = generate(eng, PROMPTS, SamplingParams(max_new_tokens=30))
     hits = misses = 0
@@ -116,11 +116,11 @@ def test_reused_slots_start_clean(tiny_models):
         assert out.stats.fallbacks == 0
 
 
-def test_growing_block_after_a_hit_redrafts_without_faults(layout_models):
+def test_growing_block_after_a_hit_redrafts_without_faults(tiny_models):
     """A branch hit leaves a ready draft and nothing pending; if the next cycle wants a larger
     block, the drafter re-reads its anchor instead of failing (regression: IndexError)."""
-    hf = layout_models[0]
-    eng = make_engine(layout_models, Mode.ASYNC, block=8, policy=BranchPolicy.ALL)
+    hf = tiny_models[0]
+    eng = make_engine(tiny_models, Mode.ASYNC, block=8, policy=BranchPolicy.ALL)
     OracleDrafter(eng, hf)
 
     def grow_after_small_hits(batch: int) -> Plan:

@@ -35,13 +35,3 @@ def test_branch_pack_layout():
     assert m[6, :7].tolist() == [True, True, True, False, False, False, True]
     assert not m[4, 6:].any()  # branches never see each other
     assert p.num_commit == 0
-
-
-def test_masks_layout_puts_b_masks_after_the_anchor():
-    p = extend_pack([10, 11], block=3, anchor_predicts=False)
-    assert p.input_ids == [10, 11, MASK_ID, MASK_ID, MASK_ID]
-    assert p.blocks == [[2, 3, 4]]  # predictions come from the masks only
-    b = branch_pack([20, 21], [(1, 7)], block=3, anchor_predicts=False)
-    assert b.input_ids == [20, 21, 7, MASK_ID, MASK_ID, MASK_ID]
-    assert b.rel_pos == [0, 1, 1, 2, 3, 4]
-    assert branch_token_index(2, 1, 3, anchor_predicts=False) == 2 + 4

@@ -15,7 +15,7 @@ from sglang_d3d.models.drafter import D3DDrafter
 from sglang_d3d.models.loading import load_hf_model
 from sglang_d3d.testing import make_tiny_target
 from sglang_d3d.training.datagen import DatagenConfig, run_datagen_config
-from sglang_d3d.training.prune import PruneConfig, Pruner
+from sglang_d3d.training.prune import PruneConfig, Pruner, least_useful
 from sglang_d3d.training.prune_report import pick_depth
 
 
@@ -29,14 +29,16 @@ def pruned(tmp_path_factory):
                                      gsm8k_path=str(gsm), max_prompts=16, shard_size=8,
                                      batch_size=8, max_new_tokens=16))
     dec = Decoder.from_hf(load_hf_model(root / "target"))
-    full = D3DDrafter.init_from_target(dec, [0, 2, 3], block_size=4)
-    full.set_head(torch.arange(0, 96, 2))
+    full = D3DDrafter.init_from_target(dec, [0, 2, 3], block_size=4, rank=4, alpha=4.0)
+    with torch.no_grad():
+        for p in full.trainable_parameters():
+            p.add_(torch.randn_like(p) * 0.02)
     full.save_pretrained(root / "full")
     cfg = PruneConfig(drafter_path=str(root / "full"), data_dir=str(root / "data"),
                       out_dir=str(root / "run"), results_dir=str(root / "results"),
                       target_path=target, min_layers=1, eval_samples=4, heldout_every=4,
-                      recover_steps=2, batch_size=2, e2e_prompts=1, e2e_max_new_tokens=8,
-                      bf16=False)
+                      score_samples=2, recover_steps=2, batch_size=2, e2e_prompts=1,
+                      e2e_max_new_tokens=8)
     rows = Pruner(cfg).run()
     return root, rows
 
@@ -56,7 +58,7 @@ def test_pruned_checkpoint_loads_and_decodes_losslessly(pruned):
     root, _ = pruned
     dec = Decoder.from_hf(load_hf_model(root / "target"))
     drafter = D3DDrafter.from_pretrained(root / "run" / "depth_1", dec)
-    assert drafter.num_layers == 1 and drafter.head_ids.numel() == 48
+    assert drafter.num_layers == 1 and len(drafter.cfg.source_layers) == 1
     prompts = [[5, 9, 7, 3], [11, 12, 3]]
     params = SamplingParams(max_new_tokens=12)
     outs = {}
@@ -75,3 +77,8 @@ def test_pick_depth_prefers_end_to_end_speed_then_acceptance():
     assert pick_depth(rows)["depth"] == 3
     no_e2e = [{k: v for k, v in r.items() if k != "tokens_per_s"} for r in rows]
     assert pick_depth(no_e2e)["depth"] == 3
+
+
+def test_least_useful_takes_the_cheapest_removals():
+    assert least_useful({0: 2.0, 1: 3.5, 2: 3.5, 3: 1.0}, 1) == [2]  # ties: the later layer
+    assert least_useful({0: 2.0, 1: 3.5, 2: 3.0, 3: 1.0}, 2) == [1, 2]

@@ -54,8 +54,7 @@ class Drafting:
             if not s.pending:  # cache up to date (a hit's draft was dropped): re-read the anchor
                 self.runner.rollback(s.slot, 1)
                 s.pending = [s.last_token]
-        ap = self.runner.anchor_predicts
-        packs = [(s.slot, extend_pack(s.pending, block, ap)) for s in rows]
+        packs = [(s.slot, extend_pack(s.pending, block)) for s in rows]
         for s, logits in zip(rows, self.runner.run(packs)):
             s.pending = []
             _set_draft(s, _checked(logits[0]))
@@ -70,9 +69,8 @@ class Drafting:
                 s.draft, s.draft_q, self.spec.branch_policy, self._budget(block),
                 self.spec.guesses_per_position,
             )
-        ap = self.runner.anchor_predicts
         packs = [
-            (s.slot, branch_pack(s.draft, [(b.num_accepted, b.token) for b in s.branches], block, ap))
+            (s.slot, branch_pack(s.draft, [(b.num_accepted, b.token) for b in s.branches], block))
             for s in rows
         ]
         self._guard(rows, lambda: self._store_branches(rows, self.runner.run(packs)))

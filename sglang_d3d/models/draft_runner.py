@@ -15,10 +15,6 @@ class DraftRunner:
         self.lengths = [0] * num_slots
 
     @property
-    def anchor_predicts(self) -> bool:
-        return self.model.cfg.anchor_predicts
-
-    @property
     def device(self) -> torch.device:
         return self.model.mask_embedding.device
 
@@ -73,7 +69,7 @@ class DraftRunner:
     def commit_branch(self, slot: int, num_drafts: int, branch: int, accepted: int, block: int):
         """A pre-drafted branch was hit: its accepted drafts are in place; move its token."""
         base = self.lengths[slot]
-        src = base + branch_token_index(num_drafts, branch, block, self.anchor_predicts)
+        src = base + branch_token_index(num_drafts, branch, block)
         self.cache.copy_positions(slot, [src], [base + accepted])
         self.lengths[slot] = base + accepted + 1
 

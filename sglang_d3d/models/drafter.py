@@ -1,25 +1,26 @@
 """The D3D drafter: an independent block-diffusion decoder.
 
 It keeps its own KV cache of the accepted prefix (it never reads the target's hidden states)
-and fills a block of mask slots in one pass: causal over the prefix, bidirectional inside the
-block. It is a short stack of target-style decoder layers initialised from the target's own
-layers; the embedding and LM head are the target's, frozen and shared (not stored in the
-checkpoint), so the checkpoint holds only the layers, the final norm and the mask embedding.
-An optional restricted head (FR-Spec style) scores only the K most frequent tokens, since the
-full-vocabulary LM head dominates the drafter's cost on small models.
+and fills a block in one pass: causal over the prefix, bidirectional inside the block. It is
+the target's own layers at `source_layers` (shared and frozen: all of them at full depth, fewer
+once pruned) with gated low-rank deltas on mask slots (models/adapters.py), the target's
+embedding, final norm and LM head, and a learned mask embedding.
 
-BLOCK LAYOUTS (docs/design.md; the checkpoint records which one it was trained with):
-- "masks": B mask slots at positions a+1..a+B after the last accepted token x_a; slot j is
-  labelled x_{a+j} (it restores the token at its own position).
-- "anchor": the anchor x_a itself predicts x_{a+1} and B-1 mask slots at positions a+1..a+B-1
-  predict x_{a+j+1} (every position predicts the next token, as an AR head does).
-Either way a block gives B predictions: B-1 drafts and a guess of the bonus token. Masks see
-the prefix, the anchor and each other; the anchor is causal.
+BLOCK LAYOUT (the only one; docs/design.md): after the last accepted token x_a (the ANCHOR, a
+clean causal token committed to the cache) come B-1 mask slots at positions a+1 .. a+B-1. Every
+block position predicts the next token, as an AR head does: the anchor's output is draft 1
+(x_{a+1}), mask slot j's output is draft j+1, and the last slot's output guesses the bonus
+token. B positions -> B predictions.
+
+Checkpoint (`save_pretrained`): config.json + model.safetensors holding only the deltas and the
+mask embedding. The drafter is rebuilt from the target at load time, so the config records the
+target's fingerprint and a different target is refused.
 """
 
 from __future__ import annotations
 
 import copy
+import hashlib
 import json
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
@@ -28,31 +29,50 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
+from sglang_d3d.models.adapters import Gate, adapted_layer, delta_modules
 from sglang_d3d.models.decoder import Batch, Decoder, run_layers
 from sglang_d3d.models.kv_cache import KVCache
 
 MASK_ID = -1  # input id of a mask slot
-CHECKPOINT_VERSION = 1
-LAYOUTS = ("masks", "anchor")
+CHECKPOINT_VERSION = 2
+BLOCK_LAYOUT = "anchor"
+
+
+class DrafterFormatError(ValueError):
+    """A drafter checkpoint this version cannot use (old layout, other target, bad keys)."""
+
+
+def target_fingerprint(target: Decoder) -> str:
+    """Identifies the target's weights independently of dtype (values rounded to bf16), so a
+    drafter trained against the fp32 target also loads against the same target in bf16. Reads
+    only tensors every loader materialises (embedding rows, final norm)."""
+    h = hashlib.sha256(str((target.hf_config.model_type, target.num_layers)).encode())
+    for w in (target.embed_tokens.weight[:64], target.norm.weight):
+        h.update(w.detach().to(torch.bfloat16).view(torch.int16).cpu().numpy().tobytes())
+    return h.hexdigest()[:16]
 
 
 @dataclass(frozen=True)
 class DrafterConfig:
-    source_layers: tuple[int, ...]  # target layers the drafter was initialised from
-    block_size: int  # mask slots per block it was trained for
+    source_layers: tuple[int, ...]  # target layers the drafter runs, in order
+    block_size: int  # B: anchor + B-1 mask slots, as trained
     base_model_type: str  # the target family ("llama", "qwen3")
     vocab_size: int
-    head_size: int = 0  # >0: restricted head over this many token ids (stored in the checkpoint)
+    target_fingerprint: str
+    adapter_rank: int = 32
+    adapter_alpha: float = 32.0
+    block_layout: str = BLOCK_LAYOUT
     version: int = CHECKPOINT_VERSION
-    block_layout: str = "masks"  # see LAYOUTS above
 
     def __post_init__(self) -> None:
-        if self.block_layout not in LAYOUTS:
-            raise ValueError(f"block_layout must be one of {LAYOUTS}, not {self.block_layout!r}")
-
-    @property
-    def anchor_predicts(self) -> bool:
-        return self.block_layout == "anchor"
+        if self.block_layout != BLOCK_LAYOUT or self.version != CHECKPOINT_VERSION:
+            raise DrafterFormatError(
+                f"drafter checkpoint has block layout {self.block_layout!r}, format version "
+                f"{self.version}; this release reads only layout {BLOCK_LAYOUT!r}, version "
+                f"{CHECKPOINT_VERSION}. Retrain it with `d3d train` (recipes/default_drafter.sh)."
+            )
+        if self.block_size < 2 or self.adapter_rank < 1 or not self.source_layers:
+            raise DrafterFormatError("block_size >= 2, adapter_rank >= 1 and layers required")
 
     @property
     def num_layers(self) -> int:
@@ -60,96 +80,99 @@ class DrafterConfig:
 
 
 class D3DDrafter(nn.Module):
-    def __init__(self, cfg: DrafterConfig, target: Decoder, layers: nn.ModuleList, norm) -> None:
+    def __init__(self, cfg: DrafterConfig, target: Decoder, seed: int = 0) -> None:
         super().__init__()
         self.cfg = cfg
-        self.spec = target.spec
-        self.layers = layers
-        self.norm = norm
+        self.arch = target.spec
+        self.gate = Gate()
+        gen = torch.Generator(device=target.device).manual_seed(seed)  # reproducible init
+        self.layers = nn.ModuleList(
+            adapted_layer(target.layers[i], cfg.adapter_rank, cfg.adapter_alpha, self.gate, gen)
+            for i in cfg.source_layers
+        )
         self.mask_embedding = nn.Parameter(target.embed_tokens.weight.mean(0).detach().clone())
-        # Shared with the target and frozen: kept out of parameters() and of the checkpoint.
-        self._shared = {"embed": target.embed_tokens, "head": target.lm_head, "rot": target.rotary}
-        self.register_buffer("head_ids", None, persistent=False)
-        self._head_weight: torch.Tensor | None = None
+        # Shared with the target and frozen: kept out of the checkpoint.
+        self._shared = {"embed": target.embed_tokens, "head": target.lm_head,
+                        "rot": target.rotary, "norm": target.norm, "target": target}
 
     # ---- construction and checkpoints -------------------------------------------------------
     @classmethod
     def init_from_target(
-        cls, target: Decoder, layer_ids: list[int], block_size: int, block_layout: str = "masks"
+        cls, target: Decoder, layer_ids: list[int] | None = None, block_size: int = 16,
+        rank: int = 32, alpha: float = 32.0, seed: int = 0,
     ) -> D3DDrafter:
-        layers = nn.ModuleList(copy.deepcopy(target.layers[i]) for i in layer_ids)
+        """A fresh drafter over `layer_ids` (None: every target layer); its deltas are zero."""
+        ids = tuple(range(target.num_layers)) if layer_ids is None else tuple(layer_ids)
         cfg = DrafterConfig(
-            source_layers=tuple(layer_ids),
-            block_size=block_size,
-            base_model_type=target.hf_config.model_type,
-            vocab_size=target.spec.vocab_size,
-            block_layout=block_layout,
+            source_layers=ids, block_size=block_size,
+            base_model_type=target.hf_config.model_type, vocab_size=target.spec.vocab_size,
+            target_fingerprint=target_fingerprint(target), adapter_rank=rank, adapter_alpha=alpha,
         )
-        drafter = cls(cfg, target, layers, copy.deepcopy(target.norm))
-        return drafter.to(target.dtype)
+        return cls(cfg, target, seed)
 
     @classmethod
     def from_pretrained(cls, path: str | Path, target: Decoder) -> D3DDrafter:
         path = Path(path)
-        raw = json.loads((path / "config.json").read_text())
-        raw["source_layers"] = tuple(raw["source_layers"])
-        known = {f.name for f in fields(DrafterConfig)}
-        cfg = DrafterConfig(**{k: v for k, v in raw.items() if k in known})
-        if cfg.vocab_size != target.spec.vocab_size:
-            raise ValueError(
-                f"drafter at {path} was built for vocab {cfg.vocab_size}, "
-                f"target has {target.spec.vocab_size}"
+        cfg = read_config(path)
+        if cfg.target_fingerprint != target_fingerprint(target):
+            raise DrafterFormatError(
+                f"drafter at {path} was trained for another target (fingerprint "
+                f"{cfg.target_fingerprint}, this target {target_fingerprint(target)})"
             )
-        layers = nn.ModuleList(copy.deepcopy(target.layers[i]) for i in cfg.source_layers)
-        drafter = cls(cfg, target, layers, copy.deepcopy(target.norm))
-        state = load_file(str(path / "model.safetensors"))
-        head_ids = state.pop("head_ids", None)
-        drafter.load_state_dict(state, strict=True)
-        drafter = drafter.to(target.dtype)
-        if head_ids is not None:
-            drafter.set_head(head_ids.long())
+        drafter = cls(cfg, target)
+        drafter.load_own_state(load_file(str(path / "model.safetensors")))
         return drafter.eval()
+
+    def own_state(self) -> dict[str, torch.Tensor]:
+        """What the checkpoint stores: the deltas and the mask embedding."""
+        out = {"mask_embedding": self.mask_embedding}
+        for name, m in delta_modules(self.layers):
+            out[f"delta.{name}.a"], out[f"delta.{name}.b"] = m.delta_a, m.delta_b
+        return out
+
+    def load_own_state(self, state: dict[str, torch.Tensor]) -> None:
+        mine = self.own_state()
+        if set(state) != set(mine):
+            missing, extra = sorted(set(mine) - set(state)), sorted(set(state) - set(mine))
+            raise DrafterFormatError(f"drafter weights do not match: missing {missing[:4]}, "
+                                     f"unexpected {extra[:4]}")
+        with torch.no_grad():
+            for k, p in mine.items():
+                p.copy_(state[k].to(p.dtype))
 
     def save_pretrained(self, path: str | Path, dtype: torch.dtype = torch.bfloat16) -> None:
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
-        state = {k: v.detach().to(dtype).contiguous() for k, v in self.state_dict().items()}
-        if self.head_ids is not None:
-            state["head_ids"] = self.head_ids.to(torch.int32).contiguous()
+        state = {k: v.detach().to(dtype).contiguous() for k, v in self.own_state().items()}
         save_file(state, str(path / "model.safetensors"))
         cfg = asdict(self.cfg)
-        cfg["head_size"] = 0 if self.head_ids is None else int(self.head_ids.numel())
         # SGLang parses --speculative-draft-model-path as a Hugging Face config before any
         # plugin code runs; with the target family's model_type it parses.
         cfg["model_type"] = self.cfg.base_model_type
         (path / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
 
-    def set_head(self, head_ids: torch.Tensor | None) -> None:
-        """Restrict the LM head to `head_ids` [K] (None: full vocabulary)."""
-        self.head_ids = head_ids
-        w = self._shared["head"].weight
-        self._head_weight = None if head_ids is None else w[head_ids.to(w.device)].detach()
-
     def place(self, device: str | torch.device) -> D3DDrafter:
-        """Move to `device`. On a device other than the target's (a second GPU), the drafter
-        takes its own copies of the embedding, LM head and rotary tables."""
+        """On the target's device the drafter shares its weights. On another device (a second
+        GPU) it takes its own copy of everything: moving shared parameters in place would
+        move the target too."""
         device = torch.device(device)
-        self.to(device)
-        if self._shared["embed"].weight.device != device:
-            self._shared = {k: copy.deepcopy(m).to(device) for k, m in self._shared.items()}
-            if self.head_ids is not None:
-                self.set_head(self.head_ids.to(device))
-        return self
+        if self.mask_embedding.device == device:
+            return self
+        return copy.deepcopy(self).to(device)
 
     def prune(self, keep: list[int]) -> D3DDrafter:
-        """A copy with only the layers at indices `keep` (into self.layers)."""
-        clone = copy.deepcopy(self)
-        clone.layers = nn.ModuleList(clone.layers[i] for i in keep)
-        src = tuple(self.cfg.source_layers[i] for i in keep)
-        clone.cfg = DrafterConfig(**{**asdict(self.cfg), "source_layers": src})
-        clone._shared = self._shared
-        if self.head_ids is not None:
-            clone.set_head(self.head_ids)
+        """A drafter with only the layers at indices `keep` (into self.layers); its deltas
+        are copies of those layers' deltas."""
+        src = self.cfg.source_layers
+        cfg = DrafterConfig(**{**asdict(self.cfg), "source_layers": tuple(src[i] for i in keep)})
+        clone = D3DDrafter(cfg, self._shared["target"]).to(self.mask_embedding.dtype)
+        mine = self.own_state()
+        renamed = {"mask_embedding": mine["mask_embedding"]}
+        for new, old in enumerate(keep):
+            for key, value in mine.items():
+                if key.startswith(f"delta.{old}."):
+                    renamed[f"delta.{new}." + key.split(".", 2)[2]] = value
+        clone.load_own_state(renamed)
         return clone
 
     # ---- forward ---------------------------------------------------------------------------
@@ -157,10 +180,18 @@ class D3DDrafter(nn.Module):
     def num_layers(self) -> int:
         return len(self.layers)
 
+    @property
+    def is_full_depth(self) -> bool:
+        """Every target layer in order: clean tokens then compute exactly the target."""
+        return self.cfg.source_layers == tuple(range(self._shared["target"].num_layers))
+
+    def trainable_parameters(self) -> list[nn.Parameter]:
+        return list(self.own_state().values())
+
     def make_cache(self, num_slots: int, max_len: int) -> KVCache:
-        s = self.spec
-        w = self.mask_embedding
-        return KVCache(self.num_layers, num_slots, max_len, s.num_kv_heads, s.head_dim, w.dtype, w.device)
+        s, w = self.arch, self.mask_embedding
+        return KVCache(self.num_layers, num_slots, max_len, s.num_kv_heads, s.head_dim, w.dtype,
+                       w.device)
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         """input_ids [N, T] with MASK_ID at mask slots -> [N, T, H]."""
@@ -176,21 +207,39 @@ class D3DDrafter(nn.Module):
         cache: KVCache | None = None,
         slots: list[int] | None = None,
         write_at: torch.Tensor | None = None,  # [N, T]
+        past: list | None = None,
+        record: list | None = None,
     ) -> torch.Tensor:
-        b = Batch(positions, attn_mask, cache, slots, write_at)
-        h = run_layers(self.layers, self._shared["rot"], self.embed(input_ids), b, self.spec)
-        return self.norm(h)
+        """-> [N, T, H] final-normed hidden states; deltas apply at mask slots only."""
+        b = Batch(positions, attn_mask, cache, slots, write_at, past=past, record=record)
+        self.gate.value = _gate(input_ids == MASK_ID, self.mask_embedding.dtype)
+        try:
+            h = run_layers(self.layers, self._shared["rot"], self.embed(input_ids), b, self.arch)
+        finally:
+            self.gate.value = None
+        return self._shared["norm"](h)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """[..., H] -> [..., V]; tokens outside a restricted head get -inf."""
-        if self._head_weight is None:
-            return self._shared["head"](hidden)
-        small = hidden @ self._head_weight.T  # [..., K]
-        full = small.new_full((*small.shape[:-1], self.spec.vocab_size), float("-inf"))
-        return full.index_copy_(-1, self.head_ids.to(small.device), small)
+        """[..., H] -> [..., V]."""
+        return self._shared["head"](hidden)
 
-    def head_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """[..., H] -> [..., K] over head_ids only (training); full vocabulary if unrestricted."""
-        if self._head_weight is None:
-            return self._shared["head"](hidden)
-        return hidden @ self._head_weight.T
+
+def _gate(is_mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor | bool | None:
+    """[N, T] bool -> the Gate value: skip the deltas when no token is a mask."""
+    if not bool(is_mask.any()):
+        return None
+    if bool(is_mask.all()):
+        return True
+    return is_mask.unsqueeze(-1).to(dtype)
+
+
+def read_config(path: Path) -> DrafterConfig:
+    raw = json.loads((Path(path) / "config.json").read_text())
+    raw.setdefault("block_layout", "masks" if raw.get("version", 1) < 2 else BLOCK_LAYOUT)
+    raw.setdefault("target_fingerprint", "")
+    raw["source_layers"] = tuple(raw["source_layers"])
+    known = {f.name for f in fields(DrafterConfig)}
+    try:
+        return DrafterConfig(**{k: v for k, v in raw.items() if k in known})
+    except DrafterFormatError as e:
+        raise DrafterFormatError(f"{path}: {e}") from None

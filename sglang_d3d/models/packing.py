@@ -1,12 +1,9 @@
 """Drafter inputs as packs: one row of a drafter pass, laid out relative to the row's committed
 cache length L (RoPE position = L + rel_pos, cache index = L + rel_write).
 
-A block gives B predictions (B-1 drafts and a guess of the bonus token) after an anchor, the
-last accepted token. Two layouts (the drafter checkpoint says which it was trained with):
-    masks:  anchor, then B mask slots; slot j predicts the token at its own position.
-    anchor: anchor, then B-1 mask slots; every block position predicts the next token (the
-            anchor's output is draft 1), as an AR head does.
-The anchor is causal (its cache entry must equal a plain prefix entry); the masks see the
+A block is the anchor (the last accepted token) and B-1 mask slots; every block position
+predicts the next token (the anchor's output is draft 1), so a block gives B predictions: B-1
+drafts and a guess of the bonus token (models/drafter.py). The anchor is causal (its cache entry must equal a plain prefix entry); the masks see the
 prefix, the anchor and each other (bidirectional inside the block).
 
 extend pack (a synchronous draft):       [x1 .. xm | masks]
@@ -48,15 +45,14 @@ class Pack:
         self.sees.append(sees + [idx])
         return idx
 
-    def add_block(self, anchor: int, context: list[int], block: int, anchor_predicts: bool):
-        """Append the masks after `anchor` (a pack index); record the B prediction slots."""
+    def add_block(self, anchor: int, context: list[int], block: int):
+        """Append B-1 masks after `anchor` (a pack index); record the B prediction slots."""
         first = len(self.input_ids)
-        num_masks = block - 1 if anchor_predicts else block
-        masks = list(range(first, first + num_masks))
-        for j in range(num_masks):
+        masks = list(range(first, first + block - 1))
+        for j in range(block - 1):
             self.add(MASK_ID, self.rel_pos[anchor] + 1 + j, [])
             self.sees[-1] = context + [anchor] + masks  # bidirectional inside the block
-        self.blocks.append([anchor] + masks if anchor_predicts else masks)
+        self.blocks.append([anchor] + masks)
 
     def intra_mask(self, size: int) -> torch.Tensor:
         """[size, size] bool over pack indices; padding rows see only themselves."""
@@ -68,21 +64,19 @@ class Pack:
         return m
 
 
-def extend_pack(new_tokens: list[int], block: int, anchor_predicts: bool = True) -> Pack:
+def extend_pack(new_tokens: list[int], block: int) -> Pack:
     """block == 0: just cache the tokens (prefill)."""
     p = Pack()
     for i, tok in enumerate(new_tokens):
         p.add(tok, i, list(range(i)))
     if block > 0:
         last = len(new_tokens) - 1
-        p.add_block(last, list(range(last)), block, anchor_predicts)
+        p.add_block(last, list(range(last)), block)
     p.num_commit = len(new_tokens)
     return p
 
 
-def branch_pack(
-    drafts: list[int], branches: list[tuple[int, int]], block: int, anchor_predicts: bool = True
-) -> Pack:
+def branch_pack(drafts: list[int], branches: list[tuple[int, int]], block: int) -> Pack:
     """branches: (num_accepted, token) hypotheses."""
     p = Pack()
     for i, tok in enumerate(drafts):
@@ -90,10 +84,11 @@ def branch_pack(
     for n, tok in branches:
         ctx = list(range(n))
         c = p.add(tok, n, ctx)
-        p.add_block(c, ctx, block, anchor_predicts)
+        p.add_block(c, ctx, block)
     return p
 
 
-def branch_token_index(num_drafts: int, branch: int, block: int, anchor_predicts: bool = True) -> int:
-    """Pack index (= rel cache index) of branch `branch`'s hypothesised token."""
-    return num_drafts + branch * (block if anchor_predicts else block + 1)
+def branch_token_index(num_drafts: int, branch: int, block: int) -> int:
+    """Pack index (= rel cache index) of branch `branch`'s hypothesised token: each branch
+    is its token plus B-1 masks."""
+    return num_drafts + branch * block

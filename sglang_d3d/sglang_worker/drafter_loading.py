@@ -1,11 +1,12 @@
 """Build the D3D drafter next to a target that SGLang has already loaded.
 
-`D3DDrafter.from_pretrained` wants our `Decoder` over an HF model. Loading the HF target a second
-time would double the target's memory, yet the drafter keeps only the target's embedding, LM head
-and rotary tables; its layers and norm come from its own checkpoint. So the HF model is built on
-the meta device, only the drafter's source layers and the norm are materialised (as storage that
-the checkpoint then overwrites), and the embedding and head are either SGLang's own tensors (same
-device, tensor parallel size 1: shared, no copy) or read from the target's safetensors.
+`D3DDrafter.from_pretrained` wants our `Decoder` over an HF model: the drafter runs the target's
+own layers at its `source_layers` (its checkpoint holds only low-rank deltas and the mask
+embedding). SGLang's loaded modules are its own fused, possibly sharded or quantised layers, so
+the HF model is built on the meta device and only the drafter's source layers and the final norm
+are materialised, read from the target's safetensors (a second copy of those layers: the cost of
+an independent drafter inside SGLang). The embedding and head are SGLang's own tensors where they
+can be shared (same device, tensor parallel size 1), else read from the safetensors too.
 """
 
 from __future__ import annotations
@@ -43,6 +44,8 @@ def build_drafter(
     for i in source_layers:
         hf.model.layers[i].to_empty(device=device)
     hf.model.norm.to_empty(device=device)
+    wanted = tuple(f"model.layers.{i}." for i in source_layers) + ("model.norm.",)
+    _copy_into(hf, read_tensors(target_path, lambda k: k.startswith(wanted)))
     hf.model.rotary_emb = type(hf.model.rotary_emb)(config=hf_cfg).to(device)
     if embed is None or head is None:
         embed, head = read_embed_and_head(target_path, hf_cfg)
@@ -75,6 +78,26 @@ def _from_pretrained(path: Path, target: Decoder) -> D3DDrafter:
         (view / "config.json").write_text(json.dumps({k: cfg[k] for k in cfg if k in known}))
         (view / "model.safetensors").symlink_to((path / "model.safetensors").resolve())
         return D3DDrafter.from_pretrained(view, target)
+
+
+def read_tensors(target_path: str | Path, want) -> dict[str, torch.Tensor]:
+    """Every tensor of the target's safetensors shards whose key satisfies `want`."""
+    found: dict[str, torch.Tensor] = {}
+    for shard in sorted(Path(target_path).glob("*.safetensors")):
+        with safe_open(str(shard), framework="pt") as f:
+            found.update({k: f.get_tensor(k) for k in f.keys() if want(k)})
+    return found
+
+
+def _copy_into(model: nn.Module, tensors: dict[str, torch.Tensor]) -> None:
+    params = dict(model.named_parameters())
+    with torch.no_grad():
+        for key, value in tensors.items():
+            if key in params:
+                params[key].copy_(value)
+    missing = [k for k in params if k.startswith(("model.norm.",)) and k not in tensors]
+    if missing:
+        raise FileNotFoundError(f"target safetensors lack {missing}")
 
 
 def read_embed_and_head(target_path: str | Path, hf_cfg) -> tuple[torch.Tensor, torch.Tensor]:

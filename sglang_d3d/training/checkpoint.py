@@ -1,7 +1,10 @@
 """Training checkpoints: an engine-loadable drafter folder plus the trainer's own state.
 
   <out>/drafter/            config.json + model.safetensors (bf16, D3DDrafter.save_pretrained)
-  <out>/trainer_state.pt    fp32 weights, optimizer, step, RNG, eval history (resume only)
+  <out>/trainer_state.pt    fp32 deltas, optimizer, step, RNG, data position, history (resume)
+  <out>/trainer_meta.json   step, RNG, data position, history: with drafter/ it is the small
+                            resume point committed between sittings (trainer_state.pt is too
+                            big for the repo); resuming from it restarts only Adam's moments
 
 Both are written to a temporary path and renamed, so an interrupted save leaves the previous
 checkpoint intact.
@@ -9,6 +12,7 @@ checkpoint intact.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from pathlib import Path
@@ -16,6 +20,7 @@ from pathlib import Path
 import torch
 
 STATE = "trainer_state.pt"
+META = "trainer_meta.json"
 DRAFTER = "drafter"
 
 
@@ -35,8 +40,7 @@ def save_checkpoint(out: Path, drafter, optimizer, step: int, gen: torch.Generat
     out.mkdir(parents=True, exist_ok=True)
     save_drafter_atomic(drafter, out / DRAFTER)
     state = {
-        "model": drafter.state_dict(),
-        "head_ids": drafter.head_ids,
+        "model": {k: v.detach().clone() for k, v in drafter.own_state().items()},
         "optimizer": optimizer.state_dict(),
         "step": step,
         "rng": gen.get_state(),
@@ -45,8 +49,29 @@ def save_checkpoint(out: Path, drafter, optimizer, step: int, gen: torch.Generat
     tmp = out / (STATE + ".tmp")
     torch.save(state, tmp)
     os.replace(tmp, out / STATE)
+    meta = {k: v for k, v in state.items() if k not in ("model", "optimizer", "rng")}
+    meta["rng"] = state["rng"].tolist()
+    (out / (META + ".tmp")).write_text(json.dumps(meta) + "\n")
+    os.replace(out / (META + ".tmp"), out / META)
 
 
 def load_state(out: Path) -> dict | None:
+    """The full state if present, else the committed meta (no optimizer, weights from
+    drafter/), else None."""
     path = out / STATE
-    return torch.load(path, weights_only=False) if path.exists() else None
+    if path.exists():
+        return torch.load(path, weights_only=False)
+    if (out / META).exists() and (out / DRAFTER).exists():
+        from safetensors.torch import load_file
+
+        meta = json.loads((out / META).read_text())
+        meta["rng"] = torch.tensor(meta["rng"], dtype=torch.uint8)
+        meta["model"] = load_file(str(out / DRAFTER / "model.safetensors"))
+        return meta
+    return None
+
+
+def export(src: Path, dst: Path) -> None:
+    dst.mkdir(parents=True, exist_ok=True)
+    for name in ("config.json", "model.safetensors"):
+        shutil.copy2(src / name, dst / name)

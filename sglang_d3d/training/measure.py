@@ -16,11 +16,11 @@ def branch_batch_seconds(
     drafter, block: int, budget: int, prefix_len: int = 256, repeats: int = 10, seed: int = 0
 ) -> float:
     """Median seconds of one asynchronous pre-drafting pass: the B-1 drafts under
-    verification plus `budget` branches of (guessed token + B mask slots), over a cached
+    verification plus `budget` branches of (guessed token + B-1 mask slots), over a cached
     prefix of `prefix_len` tokens, as the engine issues it while the target verifies."""
     gen = torch.Generator().manual_seed(seed)
-    vocab = drafter.spec.vocab_size
-    runner = DraftRunner(drafter, 1, prefix_len + block + budget * (block + 1) + 8)
+    vocab = drafter.arch.vocab_size
+    runner = DraftRunner(drafter, 1, prefix_len + block + budget * block + 8)
     runner.run([(0, extend_pack(torch.randint(0, vocab, (prefix_len,), generator=gen).tolist(), 0))])
     drafts = torch.randint(0, vocab, (block - 1,), generator=gen).tolist()
     branches = [(min(i, block - 1), int(t)) for i, t in

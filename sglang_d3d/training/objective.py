@@ -1,13 +1,19 @@
-"""The D3D training example: a clean sequence plus mask blocks packed behind it.
+"""The D3D training example, in the one block layout the engine runs (models/drafter.py).
 
-For a sequence x_0 .. x_{T-1} (prompt + response) and anchors a_1 .. a_K in the response, one
-packed row holds
-    [x_0 .. x_{T-1} | M x B (anchor a_1) | ... | M x B (anchor a_K)]
-The clean part is causal. Block k's slot j (j = 1..B) sits at RoPE position a_k + j, sees the
-clean tokens x_0 .. x_{a_k} and the B slots of its own block (bidirectionally), and is labelled
-x_{a_k + j}. That is exactly the inference pass: after the last accepted token x_{a_k}, the
-drafter fills B mask slots (B-1 drafts and its guess of the bonus token; docs/design.md).
-The blocks never see each other, so K anchors cost one pass over T + K*B tokens.
+For a sequence x_0 .. x_{T-1} (prompt + the target's own response) and anchors a_1 .. a_K in
+the response, a training step makes two passes:
+  clean pass  x_0 .. x_{T-1}, causal, no gradient. At full depth it is exactly the target, so
+              it also gives the teacher's distribution at every position for free.
+  block pass  for each anchor a_k, B-1 mask slots at RoPE positions a_k+1 .. a_k+B-1. Slot j
+              sees the clean keys x_0 .. x_{a_k} and the slots of its own block
+              (bidirectional), and predicts x_{a_k+j+1}: it is draft j+1 of the block whose
+              anchor x_{a_k} gives draft 1.
+Blocks never see each other, so K anchors cost one block pass over K*(B-1) tokens, and every
+gradient is spent on mask slots (clean tokens carry no deltas: models/adapters.py).
+
+Worked example, B = 4, anchor a = 5: slots at positions 6, 7, 8 see x_0..x_5 and each other,
+and are labelled x_7, x_8, x_9 (drafts 2, 3, 4; draft 4 is the bonus-token guess). Their
+teacher rows are clean positions 6, 7, 8, whose target logits predict x_7, x_8, x_9.
 """
 
 from __future__ import annotations
@@ -16,114 +22,90 @@ from dataclasses import dataclass
 
 import torch
 
-from sglang_d3d.models.drafter import MASK_ID
-
-IGNORE = -100  # label of positions without a loss
+IGNORE = -100  # label of slots without a loss
 
 
 @dataclass(frozen=True)
 class Example:
-    input_ids: torch.Tensor  # [L] long, MASK_ID at mask slots
-    positions: torch.Tensor  # [L] long
-    mask: torch.Tensor  # [L, L] bool, True = may attend
-    labels: torch.Tensor  # [L] long, IGNORE on clean tokens and slots past the sequence end
-    block_pos: torch.Tensor  # [L] long, j = 1..B on mask slots, 0 on clean tokens
-    ar_labels: torch.Tensor  # [L] long, x_{t+1} on clean positions with an AR loss, else IGNORE
+    ids: torch.Tensor  # [T] long, prompt + response
+    slot_pos: torch.Tensor  # [K*(B-1)] long, RoPE position a + j of each mask slot
+    slot_draft: torch.Tensor  # [K*(B-1)] long, the draft index j + 1 (2 .. B) each slot gives
+    labels: torch.Tensor  # [K*(B-1)] long, x_{a+j+1}, IGNORE past the sequence end
+    anchors: torch.Tensor  # [K] long
+    block: int
 
 
 def sample_anchors(prompt_len: int, total_len: int, num: int, gen: torch.Generator) -> torch.Tensor:
-    """Up to `num` distinct anchors in [prompt_len - 1, total_len - 2], sorted.
+    """Up to `num` distinct anchors in [prompt_len - 1, total_len - 3], sorted.
 
-    The last prompt token is a valid anchor: the first block after prefill predicts the first
-    response tokens. An anchor needs at least one token after it to have a label.
+    The last prompt token is a valid anchor (the first block after prefill); an anchor needs
+    x_{a+2} to exist for its first mask slot to carry a label.
     """
-    lo, hi = max(prompt_len - 1, 0), total_len - 2
+    lo, hi = max(prompt_len - 1, 0), total_len - 3
     if hi < lo:
         return torch.zeros(0, dtype=torch.long)
-    span = hi - lo + 1
-    pick = torch.randperm(span, generator=gen)[: min(num, span)]
+    pick = torch.randperm(hi - lo + 1, generator=gen)[: min(num, hi - lo + 1)]
     return torch.sort(pick + lo).values
 
 
-def block_mask(total_len: int, anchors: torch.Tensor, block: int) -> torch.Tensor:
-    """[T + K*B, T + K*B] bool: causal clean part; block k sees x_0..x_{a_k} and itself."""
-    t, k = total_len, anchors.numel()
-    size = t + k * block
-    m = torch.zeros(size, size, dtype=torch.bool)
-    m[:t, :t] = torch.ones(t, t, dtype=torch.bool).tril()
-    for i, a in enumerate(anchors.tolist()):
-        rows = slice(t + i * block, t + (i + 1) * block)
-        m[rows, : a + 1] = True
-        m[rows, rows] = True
-    return m
-
-
-def ar_label_row(ids: torch.Tensor, lo: int, num: int, gen: torch.Generator) -> torch.Tensor:
-    """[T] labels x_{t+1} at up to `num` random clean positions t in [lo, T-2], else IGNORE.
-
-    Subsampled because every labelled position costs a row of the LM head.
-    """
+def build_example(ids: torch.Tensor, anchors: torch.Tensor, block: int) -> Example:
     t = ids.numel()
-    out = torch.full((t,), IGNORE, dtype=torch.long)
-    cand = torch.arange(max(lo, 0), t - 1)
-    if num <= 0 or cand.numel() == 0:
-        return out
-    pick = cand[torch.randperm(cand.numel(), generator=gen)[:num]]
-    out[pick] = ids[pick + 1]
-    return out
+    j = torch.arange(1, block)  # [B-1]
+    pos = (anchors.unsqueeze(1) + j).reshape(-1)  # [K*(B-1)]
+    nxt = pos + 1
+    labels = torch.where(nxt < t, ids[nxt.clamp(max=t - 1)], IGNORE)
+    return Example(ids, pos, (j + 1).repeat(anchors.numel()), labels, anchors, block)
 
 
-def build_example(
-    ids: torch.Tensor,  # [T] long, prompt + response
-    anchors: torch.Tensor,  # [K] long
-    block: int,
-    ar_labels: torch.Tensor | None = None,  # [T] long
-) -> Example:
-    t, k = ids.numel(), anchors.numel()
-    j = torch.arange(1, block + 1)  # [B]
-    slot_pos = (anchors.unsqueeze(1) + j).reshape(-1)  # [K*B]
-    in_range = slot_pos < t
-    slot_labels = torch.where(in_range, ids[slot_pos.clamp(max=t - 1)], IGNORE)
-    none = torch.full((t,), IGNORE, dtype=torch.long)
-    return Example(
-        input_ids=torch.cat([ids, torch.full((k * block,), MASK_ID, dtype=torch.long)]),
-        positions=torch.cat([torch.arange(t), slot_pos]),
-        mask=block_mask(t, anchors, block),
-        labels=torch.cat([none, slot_labels]),
-        block_pos=torch.cat([torch.zeros(t, dtype=torch.long), j.repeat(k)]),
-        ar_labels=torch.cat([none if ar_labels is None else ar_labels,
-                             torch.full((k * block,), IGNORE, dtype=torch.long)]),
-    )
+def block_mask(t: int, anchors: torch.Tensor, block: int, clean_width: int) -> torch.Tensor:
+    """[K*(B-1), clean_width + K*(B-1)] bool: slot rows see x_0..x_a and their own block.
+    Columns: `clean_width` clean keys (the padded clean length), then the slots."""
+    m_ = block - 1
+    k = anchors.numel()
+    km = k * m_
+    cols = torch.arange(clean_width)
+    anchor_of_row = anchors.repeat_interleave(m_)  # [K*(B-1)]
+    clean = cols.unsqueeze(0) <= anchor_of_row.unsqueeze(1)  # [KM, clean_width]
+    blk = torch.arange(km) // m_
+    own = blk.unsqueeze(1) == blk.unsqueeze(0)  # [KM, KM]
+    return torch.cat([clean & (cols < t).unsqueeze(0), own], 1)
 
 
 def collate(examples: list[Example]) -> dict[str, torch.Tensor]:
-    """Right-pad to the longest example; padding rows see only themselves and carry no loss."""
-    size = max(e.input_ids.numel() for e in examples)
+    """Right-pad clean rows and slot rows. Padding slots see the first clean token only (so
+    attention stays finite) and carry no label."""
     n = len(examples)
+    t = max(e.ids.numel() for e in examples)
+    km = max(e.slot_pos.numel() for e in examples)
     out = {
-        "input_ids": torch.zeros(n, size, dtype=torch.long),
-        "positions": torch.zeros(n, size, dtype=torch.long),
-        "mask": torch.eye(size, dtype=torch.bool).repeat(n, 1, 1),
-        "labels": torch.full((n, size), IGNORE, dtype=torch.long),
-        "block_pos": torch.zeros(n, size, dtype=torch.long),
-        "ar_labels": torch.full((n, size), IGNORE, dtype=torch.long),
+        "ids": torch.zeros(n, t, dtype=torch.long),
+        "clean_mask": torch.ones(t, t, dtype=torch.bool).tril().repeat(n, 1, 1),
+        "slot_pos": torch.zeros(n, km, dtype=torch.long),
+        "slot_draft": torch.ones(n, km, dtype=torch.long),
+        "labels": torch.full((n, km), IGNORE, dtype=torch.long),
+        "slot_mask": torch.zeros(n, km, t + km, dtype=torch.bool),
     }
+    out["slot_mask"][:, :, 0] = True
     for i, e in enumerate(examples):
-        length = e.input_ids.numel()
-        for key in ("input_ids", "positions", "labels", "block_pos", "ar_labels"):
-            out[key][i, :length] = getattr(e, key)
-        out["mask"][i, :length, :length] = e.mask
+        length, k = e.ids.numel(), e.slot_pos.numel()
+        out["ids"][i, :length] = e.ids
+        out["slot_pos"][i, :k] = e.slot_pos
+        out["slot_draft"][i, :k] = e.slot_draft
+        out["labels"][i, :k] = e.labels
+        m = block_mask(length, e.anchors, e.block, t)
+        out["slot_mask"][i, :k, :t] = m[:, :t]
+        out["slot_mask"][i, :k, t : t + k] = m[:, t:]
+    out["clean_pos"] = torch.arange(t).expand(n, t)
     return out
 
 
-def position_weights(block: int, gamma: float | None) -> torch.Tensor:
-    """[B] loss weight of slot j = 1..B: exp(-(j-1)/gamma), so early slots count more.
+def draft_weights(block: int, gamma: float | None) -> torch.Tensor:
+    """[B+1] weight of draft d = 1..B at index d (index 0 unused): exp(-(d-1)/gamma).
 
-    An early miss ends acceptance, so the first slots matter most (DFlash uses gamma = 7 for
+    An early miss ends acceptance, so early drafts count more (DFlash uses gamma = 7 for
     B = 16). gamma None or <= 0: uniform.
     """
-    j = torch.arange(block, dtype=torch.float32)
-    if gamma is None or gamma <= 0:
-        return torch.ones(block)
-    return torch.exp(-j / gamma)
-
+    d = torch.arange(block + 1, dtype=torch.float32)
+    w = torch.ones(block + 1) if gamma is None or gamma <= 0 else torch.exp(-(d - 1) / gamma)
+    w[0] = 0.0
+    return w

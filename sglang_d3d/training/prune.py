@@ -1,11 +1,15 @@
-"""`d3d prune`: progressive layer pruning by acceptance length.
+"""`d3d prune`: progressive layer pruning by acceptance length (the paper's recipe).
 
-At each depth: drop each remaining layer in turn and measure held-out acceptance length; remove
-the layer whose loss hurts least; re-distil the pruned drafter briefly from the full drafter
-(its block distributions as teacher, position-weighted KL), since the remaining layers adapt
-after recovery; measure again. Every depth records acceptance length, drafter seconds per
-branch batch and (optionally) async end-to-end tokens/s, because the depth to ship is the one
-with the lowest end-to-end latency, not the highest acceptance.
+Each round: score every remaining layer by the held-out acceptance length of the drafter
+without it; remove the `per_round` layers whose removal costs least; re-distil the pruned
+drafter from the full drafter (its block distributions as teacher, KL at the mask slots);
+measure again. Every depth records acceptance length (per draft position), the drafter's
+branch-pass time and, optionally, async end-to-end tokens/s, because the depth to ship is the
+one with the highest end-to-end speed, not the highest acceptance (prune_report.py).
+
+Pruning shortens the clean path too (the drafter's prefix cache runs only the kept layers), so
+below full depth draft 1 is no longer the target's own prediction: the table shows what that
+costs.
 """
 
 from __future__ import annotations
@@ -18,13 +22,14 @@ from pathlib import Path
 
 import torch
 
-from sglang_d3d.training.batches import BatchSpec, iterate_batches, split
+from sglang_d3d.training.batches import BatchSpec, DataPosition, iterate_batches, split
+from sglang_d3d.training.build import load_target
 from sglang_d3d.training.evaluate import acceptance_length
-from sglang_d3d.training.losses import distill_loss, map_labels
+from sglang_d3d.training.forward import block_hidden, clean_pass
+from sglang_d3d.training.losses import kl_to_teacher
 from sglang_d3d.training.measure import async_tokens_per_second, branch_batch_seconds
-from sglang_d3d.training.objective import IGNORE, position_weights
+from sglang_d3d.training.objective import IGNORE
 from sglang_d3d.training.prune_report import write_report
-from sglang_d3d.training.setup import autocast, load_target
 from sglang_d3d.training.shards import load_samples
 
 
@@ -36,18 +41,29 @@ class PruneConfig:
     results_dir: str = "benchmarks/results"
     target_path: str | None = None
     min_layers: int = 1
+    per_round: int = 1  # layers removed per round (several where one at a time is too slow)
+    max_rounds: int = 100
     eval_samples: int = 24  # held-out samples for acceptance length
+    score_samples: int = 8  # held-out samples for scoring candidate layers (cheaper)
     heldout_every: int = 20  # must match training's split
-    recover_steps: int = 20  # KL re-distillation steps after each removal
-    lr: float = 2e-4
-    batch_size: int = 4
-    gamma: float = 7.0
-    branch_budget: int = 4
+    recover_steps: int = 20  # KL re-distillation steps after each round
+    lr: float = 3e-4
+    batch_size: int = 2
+    num_anchors: int = 16
+    branch_budget: int = 1
     e2e_prompts: int = 0  # >0: also measure async tokens/s on this many held-out prompts
     e2e_max_new_tokens: int = 64
     threads: int = 1
-    bf16: bool = True
     seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.per_round < 1 or self.min_layers < 1:
+            raise ValueError("per_round >= 1 and min_layers >= 1 required")
+
+
+def least_useful(scores: dict[int, float], k: int) -> list[int]:
+    """The k layer indices whose removal left the highest acceptance (ties: later layer)."""
+    return sorted(scores, key=lambda i: (-scores[i], -i))[:k]
 
 
 class Pruner:
@@ -61,93 +77,96 @@ class Pruner:
         self.block = self.full.cfg.block_size
         self.train_set, held = split(load_samples(Path(cfg.data_dir)), cfg.heldout_every)
         self.held = held[: cfg.eval_samples]
-        self.weights = position_weights(self.block, cfg.gamma)
         self.gen = torch.Generator().manual_seed(cfg.seed)
+        self.pos = DataPosition()
 
-    def accept(self, drafter) -> float:
-        return acceptance_length(drafter, self.held, self.block).mean
+    def accept(self, drafter, samples) -> float:
+        return acceptance_length(drafter, samples, self.block).mean
 
-    def measure(self, drafter, removed: list[int], ablation: dict) -> dict:
+    def measure(self, drafter, removed: list[int], scores: dict) -> dict:
         cfg = self.cfg
+        r = acceptance_length(drafter, self.held, self.block)
         row = {"depth": drafter.num_layers, "source_layers": list(drafter.cfg.source_layers),
-               "removed_source_layers": removed, "accept_len": self.accept(drafter),
+               "removed_source_layers": removed, "accept_len": r.mean,
+               "accept_by_position": [round(x, 4) for x in r.by_position],
                "draft_s_per_branch_batch": branch_batch_seconds(drafter, self.block,
                                                                 cfg.branch_budget),
-               "ablation_accept_len": ablation}
+               "candidate_accept_len": scores}
         if cfg.e2e_prompts > 0:
             prompts = [s.prompt.tolist() for s in self.held[: cfg.e2e_prompts]]
             row.update(async_tokens_per_second(self.target, drafter, prompts, self.block,
                                                cfg.e2e_max_new_tokens))
         return row
 
-    def least_useful(self, drafter) -> tuple[int, dict]:
-        """Index (into drafter.layers) whose removal costs the least acceptance length."""
-        scores = {}
-        for i in range(drafter.num_layers):
-            keep = [j for j in range(drafter.num_layers) if j != i]
-            scores[i] = self.accept(drafter.prune(keep))
-        best = max(scores, key=scores.get)
-        named = {str(drafter.cfg.source_layers[i]): v for i, v in scores.items()}
-        return best, named
+    def score_layers(self, drafter) -> dict[int, float]:
+        """Acceptance length without each layer, keyed by index into drafter.layers."""
+        few = self.held[: self.cfg.score_samples]
+        n = drafter.num_layers
+        return {i: self.accept(drafter.prune([j for j in range(n) if j != i]), few)
+                for i in range(n)}
 
-    def recover(self, student) -> None:
-        """Brief KL distillation of `student` towards the full drafter's block distributions."""
-        cfg = self.cfg
-        for p in student.parameters():
+    def _batches(self):
+        spec = BatchSpec(self.block, self.cfg.num_anchors, 512, self.cfg.batch_size)
+        while True:
+            for pos, batch in iterate_batches(self.train_set, spec, self.cfg.seed, self.pos,
+                                              self.gen):
+                self.pos = pos
+                yield batch
+            self.pos = DataPosition(self.pos.epoch + 1, 0, 0)
+
+    def recover(self, student, batches) -> None:
+        """Re-distil the pruned drafter's deltas towards the full drafter's mask slots."""
+        params = student.trainable_parameters()
+        for p in params:
             p.requires_grad_(True)
-        opt = torch.optim.AdamW(student.parameters(), lr=cfg.lr, weight_decay=0.0)
-        spec = BatchSpec(self.block, 16, 0, 512, cfg.batch_size)
-        batches = iterate_batches(self.train_set, spec, self.gen)
-        label_map = None if student.head_ids is None else _label_map(student)
-        for _ in range(cfg.recover_steps):
+        opt = torch.optim.AdamW(params, lr=self.cfg.lr, weight_decay=0.0, betas=(0.9, 0.95))
+        student.train()
+        for _ in range(self.cfg.recover_steps):
             b = next(batches)
-            sel = map_labels(b["labels"], label_map) != IGNORE
-            with torch.no_grad(), autocast(cfg.bf16):
-                t_h = self.full.hidden(b["input_ids"], b["positions"], b["mask"])
-                teacher = self.full.head_logits(t_h[sel])
-            with autocast(cfg.bf16):
-                h = student.hidden(b["input_ids"], b["positions"], b["mask"])
-                loss = distill_loss(h, teacher, sel, b["block_pos"], self.weights,
-                                    student.head_logits)
+            sel = b["labels"] != IGNORE
+            with torch.no_grad():
+                t_past, _ = clean_pass(self.full, b)
+                teacher = self.full.logits(block_hidden(self.full, b, t_past)[sel])
+            past, _ = clean_pass(student, b)
+            loss = kl_to_teacher(student.logits(block_hidden(student, b, past)[sel]), teacher)
             loss.backward()
-            torch.nn.utils.clip_grad_norm_(student.parameters(), 1.0)
+            torch.nn.utils.clip_grad_norm_(params, 1.0)
             opt.step()
             opt.zero_grad(set_to_none=True)
         student.eval()
 
     def run(self) -> list[dict]:
         cfg, out = self.cfg, Path(self.cfg.out_dir)
-        current, removed, rows = self.full, [], []
-        rows.append(self.measure(current, [], {}))
-        while current.num_layers > cfg.min_layers:
+        current, removed = self.full, []
+        rows = [self.measure(current, [], {})]
+        print(json.dumps(rows[0]), flush=True)
+        batches = self._batches()
+        for _ in range(cfg.max_rounds):
+            k = min(cfg.per_round, current.num_layers - cfg.min_layers)
+            if k <= 0:
+                break
             t0 = time.perf_counter()
-            idx, ablation = self.least_useful(current)
-            removed = removed + [current.cfg.source_layers[idx]]
-            current = current.prune([j for j in range(current.num_layers) if j != idx])
-            self.recover(current)
+            scores = self.score_layers(current)
+            drop = least_useful(scores, k)
+            named = {str(current.cfg.source_layers[i]): v for i, v in scores.items()}
+            removed = removed + [current.cfg.source_layers[i] for i in drop]
+            current = current.prune([j for j in range(current.num_layers) if j not in drop])
+            self.recover(current, batches)
             current.save_pretrained(out / f"depth_{current.num_layers}")
-            row = self.measure(current, removed, ablation)
+            row = self.measure(current, removed, named)
             row["prune_seconds"] = round(time.perf_counter() - t0, 1)
             rows.append(row)
             print(json.dumps(row), flush=True)
+            write_report(rows, Path(cfg.results_dir), asdict(cfg), len(self.held))
         write_report(rows, Path(cfg.results_dir), asdict(cfg), len(self.held))
         return rows
-
-
-def _label_map(drafter) -> torch.Tensor:
-    from sglang_d3d.training.losses import build_label_map
-
-    return build_label_map(drafter.head_ids, drafter.spec.vocab_size)
 
 
 def add_prune_args(p: argparse.ArgumentParser) -> None:
     d = PruneConfig()
     for f in fields(PruneConfig):
         flag, default = "--" + f.name.replace("_", "-"), getattr(d, f.name)
-        if isinstance(default, bool):
-            p.add_argument(flag, action=argparse.BooleanOptionalAction, default=default)
-        else:
-            p.add_argument(flag, type=type(default) if default is not None else str, default=default)
+        p.add_argument(flag, type=type(default) if default is not None else str, default=default)
 
 
 def run_prune(args: argparse.Namespace) -> int:

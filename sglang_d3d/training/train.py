@@ -1,10 +1,15 @@
 """`d3d train`: distil the target's responses into a D3D block drafter.
 
-Loop: packed batches (objective.py) -> weighted block CE + auxiliary AR loss (losses.py) ->
-AdamW with warm-up and cosine decay, gradient accumulation -> held-out greedy acceptance length
-every `eval_every` steps (evaluate.py) -> an engine-loadable checkpoint every `ckpt_minutes`
-(checkpoint.py). Rerunning the same command resumes from `<out_dir>/trainer_state.pt`. Samples
-are re-read from the data folder at every epoch, so datagen may keep adding shards meanwhile.
+Recipe (docs/drafter.md): start from the whole pretrained target (every layer, embedding and
+head, shared and frozen) plus a learned mask embedding and zero low-rank deltas on mask slots;
+train the deltas on the target's own responses with packed mask blocks (objective.py),
+KL to the target's distribution (or CE on its greedy tokens), early drafts sampled more often.
+
+Loop: batches (batches.py) -> clean pass without gradient, block pass with (forward.py) ->
+loss (losses.py) -> AdamW, warm-up + cosine over `max_steps` -> held-out acceptance every
+`eval_every` steps (evaluate.py) -> checkpoint every `ckpt_minutes`. Rerunning the same command
+resumes exactly: weights, optimiser, schedule, RNG and data position are in the checkpoint.
+`session_minutes` stops (and saves) one invocation, so a long run spans several sittings.
 """
 
 from __future__ import annotations
@@ -12,19 +17,19 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import shutil
 import time
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 import torch
 
-from sglang_d3d.training.batches import BatchSpec, head_ids_by_frequency, iterate_batches, split
-from sglang_d3d.training.checkpoint import DRAFTER, load_state, save_checkpoint
+from sglang_d3d.training.batches import BatchSpec, DataPosition, iterate_batches, split
+from sglang_d3d.training.build import build_drafter, load_target, parse_layers
+from sglang_d3d.training.checkpoint import DRAFTER, export, load_state, save_checkpoint
 from sglang_d3d.training.evaluate import acceptance_length
-from sglang_d3d.training.losses import build_label_map, d3d_loss
-from sglang_d3d.training.objective import position_weights
-from sglang_d3d.training.setup import autocast, build_drafter, load_target, parse_layers
+from sglang_d3d.training.forward import block_hidden, clean_pass, pick_rows, teacher_source
+from sglang_d3d.training.losses import accuracy_by_draft, slot_loss
+from sglang_d3d.training.objective import IGNORE, draft_weights
 from sglang_d3d.training.shards import load_samples
 
 
@@ -33,28 +38,29 @@ class TrainConfig:
     data_dir: str = "data/distill"
     out_dir: str = "runs/train"
     target_path: str | None = None  # None: the default SmolLM2-135M-Instruct
-    init_from: str | None = None  # start from this drafter checkpoint instead of target layers
-    layers: tuple[int, ...] = (0, 10, 20, 29)  # target layers copied into the drafter
+    init_from: str | None = None  # start from this drafter checkpoint
+    layers: tuple[int, ...] | None = None  # target layers the drafter runs (None: all)
     block_size: int = 16
-    num_anchors: int = 16
-    ar_positions: int = 32
-    ar_weight: float = 0.1
-    gamma: float = 7.0  # slot weight exp(-(j-1)/gamma)
-    head_size: int = 16384  # 0: full-vocabulary head
-    batch_size: int = 8
+    num_anchors: int = 24
+    rank: int = 32  # low-rank delta rank
+    alpha: float = 32.0
+    loss: str = "kl"  # kl: KL to the target's distribution; ce: its greedy tokens
+    gamma: float = 7.0  # draft d is trained with probability exp(-(d-1)/gamma)
+    batch_size: int = 4
     grad_accum: int = 1
     lr: float = 5e-4
     min_lr_ratio: float = 0.1
-    weight_decay: float = 0.01
-    warmup_steps: int = 30
+    weight_decay: float = 0.0
+    warmup_steps: int = 20
     max_steps: int = 1000
-    time_budget_min: float | None = None  # stop (and save) after this much wall time
+    session_minutes: float | None = None  # stop (and save) this invocation after this long
     heldout_every: int = 20  # every n-th prompt index is held out
     eval_every: int = 100
     eval_samples: int = 40
     ckpt_minutes: float = 5.0
     max_seq_len: int = 512
-    bf16: bool = True  # bf16 autocast for the forward (AMX); master weights stay fp32
+    dtype: str = "auto"  # auto: fp32 on CPUs without bf16 matrix units, bf16 on GPUs
+    device: str = "cpu"
     threads: int = 1
     seed: int = 0
     export_to: str | None = None  # copy the final drafter folder here
@@ -62,170 +68,162 @@ class TrainConfig:
     def __post_init__(self) -> None:
         if self.block_size < 2 or self.batch_size < 1 or self.grad_accum < 1:
             raise ValueError("block_size >= 2, batch_size >= 1 and grad_accum >= 1 required")
+        if self.loss not in ("kl", "ce"):
+            raise ValueError(f"--loss must be kl or ce, not {self.loss!r}")
 
     @property
     def batch_spec(self) -> BatchSpec:
-        return BatchSpec(self.block_size, self.num_anchors, self.ar_positions, self.max_seq_len,
-                         self.batch_size)
+        return BatchSpec(self.block_size, self.num_anchors, self.max_seq_len, self.batch_size)
 
 
-def lr_at(step: int, cfg: TrainConfig, elapsed_s: float = 0.0) -> float:
-    """Linear warm-up to cfg.lr, then cosine decay to cfg.lr * min_lr_ratio.
-
-    Progress is steps / max_steps, or elapsed / time budget if that is further along: on a
-    shared CPU the step rate is unknown in advance, and a run cut by its time budget should
-    still end with a decayed learning rate.
-    """
+def lr_at(step: int, cfg: TrainConfig) -> float:
+    """Linear warm-up to cfg.lr, then cosine decay to cfg.lr * min_lr_ratio at max_steps.
+    A pure function of the step, so a resumed run continues the same schedule."""
     if step < cfg.warmup_steps:
         return cfg.lr * (step + 1) / cfg.warmup_steps
-    frac = (step - cfg.warmup_steps) / max(1, cfg.max_steps - cfg.warmup_steps)
-    if cfg.time_budget_min:
-        frac = max(frac, elapsed_s / (60 * cfg.time_budget_min))
+    frac = min(1.0, (step - cfg.warmup_steps) / max(1, cfg.max_steps - cfg.warmup_steps))
     floor = cfg.lr * cfg.min_lr_ratio
-    return floor + (cfg.lr - floor) * 0.5 * (1 + math.cos(math.pi * min(1.0, frac)))
+    return floor + (cfg.lr - floor) * 0.5 * (1 + math.cos(math.pi * frac))
 
 
 class Trainer:
     def __init__(self, cfg: TrainConfig) -> None:
+        from sglang_d3d.models.loading import resolve_dtype
+
         torch.set_num_threads(cfg.threads)
         self.cfg, self.out = cfg, Path(cfg.out_dir)
+        self.dtype = resolve_dtype(cfg.dtype, cfg.device)
         self.gen = torch.Generator().manual_seed(cfg.seed)
-        self.target = load_target(cfg.target_path)
+        self.target = load_target(cfg.target_path, self.dtype, cfg.device)
         self.train_set, self.held = split(load_samples(Path(cfg.data_dir)), cfg.heldout_every)
         if not self.train_set:
             raise ValueError(f"no training samples under {cfg.data_dir}")
-        state = load_state(self.out)
-        self.drafter = build_drafter(self.target, cfg.init_from, list(cfg.layers), cfg.block_size)
-        self._set_head(state)
-        self.opt = torch.optim.AdamW(self.drafter.parameters(), lr=cfg.lr,
+        self.drafter = build_drafter(self.target, cfg.init_from, cfg.layers, cfg.block_size,
+                                     cfg.rank, cfg.alpha, cfg.seed)
+        self.opt = torch.optim.AdamW(self.drafter.trainable_parameters(), lr=cfg.lr,
                                      weight_decay=cfg.weight_decay, betas=(0.9, 0.95))
         self.step, self.history, self.elapsed_before = 0, [], 0.0
+        self.pos = DataPosition()
         self.t0 = time.monotonic()
+        self.weights = draft_weights(cfg.block_size, cfg.gamma)
+        state = load_state(self.out)
         if state is not None:
             self._resume(state)
-        self.weights = position_weights(cfg.block_size, cfg.gamma)
-
-    def _set_head(self, state: dict | None) -> None:
-        d = self.drafter
-        if state is not None and state.get("head_ids") is not None:
-            d.set_head(state["head_ids"])
-        elif d.head_ids is None and self.cfg.head_size > 0:
-            self._refresh_head()
-        self.label_map = None if d.head_ids is None else build_label_map(d.head_ids, d.spec.vocab_size)
-
-    def _refresh_head(self) -> None:
-        """Re-pick the K most frequent tokens from all data read so far.
-
-        Safe mid-training: the head rows are the target's frozen LM head, so a token's logit
-        does not depend on which other tokens are in the head; only coverage changes.
-        """
-        d = self.drafter
-        eos = self.target.hf_config.eos_token_id
-        keep = tuple(eos if isinstance(eos, list) else [eos])
-        d.set_head(head_ids_by_frequency(self.train_set, self.cfg.head_size, d.spec.vocab_size, keep))
-        self.label_map = build_label_map(d.head_ids, d.spec.vocab_size)
 
     def _resume(self, state: dict) -> None:
-        self.drafter.load_state_dict(state["model"])
-        self.opt.load_state_dict(state["optimizer"])
+        self.drafter.load_own_state(state["model"])
+        if "optimizer" in state:
+            self.opt.load_state_dict(state["optimizer"])
+        else:  # committed resume point: same schedule and data, Adam's moments start afresh
+            print(f"resuming at step {state['step']} without optimizer moments", flush=True)
         self.step, self.history = state["step"], state.get("history", [])
         self.elapsed_before = state.get("elapsed_s", 0.0)
+        self.pos = DataPosition(**state["data_position"])
         self.gen.set_state(state["rng"])
 
-    def train_step(self, batches) -> dict:
+    # ---- one step --------------------------------------------------------------------------
+    def loss_rows(self, batch: dict) -> torch.Tensor:
+        """[N, KM] bool: slots with a label, kept with probability weight(draft index)."""
+        keep_p = self.weights[batch["slot_draft"]]
+        return (batch["labels"] != IGNORE) & (torch.rand(keep_p.shape, generator=self.gen) < keep_p)
+
+    def micro_step(self, batch: dict) -> dict:
+        d, dev = self.drafter, self.cfg.device
+        batch = {k: v.to(dev) for k, v in batch.items()}
+        past, clean_h = clean_pass(d, batch)
+        sel = self.loss_rows(batch).to(dev)
+        teacher = None
+        if self.cfg.loss == "kl":
+            with torch.no_grad():
+                t_h = teacher_source(d, self.target, batch, clean_h)
+                teacher = d.logits(pick_rows(t_h, batch["slot_pos"], sel))  # [M, V]
+        student = d.logits(block_hidden(d, batch, past)[sel])  # [M, V]
+        loss = slot_loss(student, teacher, batch["labels"][sel], self.cfg.loss)
+        acc = accuracy_by_draft(student.cpu(), batch["labels"][sel].cpu(),
+                                batch["slot_draft"][sel].cpu(), self.cfg.block_size)
+        return {"loss": loss, "acc": acc}
+
+    def train_step(self, batches: list[dict]) -> dict:
         """One optimiser step over grad_accum micro-batches; returns logged numbers."""
-        cfg, d = self.cfg, self.drafter
         for group in self.opt.param_groups:
-            group["lr"] = lr_at(self.step, cfg, self.elapsed())
+            group["lr"] = lr_at(self.step, self.cfg)
         parts = []
         for batch in batches:
-            with autocast(cfg.bf16):
-                h = d.hidden(batch["input_ids"], batch["positions"], batch["mask"])
-                lp = d3d_loss(h, batch, self.weights, d.head_logits, cfg.ar_weight, self.label_map)
-            (lp.total / len(batches)).backward()
-            parts.append(lp)
-        torch.nn.utils.clip_grad_norm_(d.parameters(), 1.0)
+            out = self.micro_step(batch)
+            (out["loss"] / len(batches)).backward()
+            parts.append(out)
+        torch.nn.utils.clip_grad_norm_(self.drafter.trainable_parameters(), 1.0)
         self.opt.step()
         self.opt.zero_grad(set_to_none=True)
         self.step += 1
-        mean = lambda xs: float(sum(xs) / len(xs))  # noqa: E731
-        acc = torch.stack([p.slot_acc for p in parts]).mean(0)
-        return {"step": self.step, "loss": mean([float(p.total) for p in parts]),
-                "block": mean([float(p.block) for p in parts]),
-                "ar": mean([float(p.ar) for p in parts]),
-                "acc1": float(acc[0]), "acc4": float(acc[3]) if acc.numel() > 3 else float("nan"),
+        acc = torch.stack([p["acc"] for p in parts]).nanmean(0)
+        return {"step": self.step, "loss": sum(float(p["loss"].detach()) for p in parts) / len(parts),
+                "acc2": float(acc[2]), "acc4": float(acc[min(4, self.cfg.block_size)]),
                 "lr": self.opt.param_groups[0]["lr"]}
 
+    # ---- evaluation, checkpoints, loop -----------------------------------------------------
     def evaluate(self) -> dict:
-        held = self.held[: self.cfg.eval_samples]
-        r = acceptance_length(self.drafter, held, self.cfg.block_size)
+        self.drafter.eval()
+        r = acceptance_length(self.drafter, self.held[: self.cfg.eval_samples], self.cfg.block_size)
+        self.drafter.train()
         return {"step": self.step, "accept_len": r.mean, "by_source": r.by_source,
-                "num_blocks": r.num_blocks}
+                "by_position": [round(x, 4) for x in r.by_position], "num_blocks": r.num_blocks}
 
     def elapsed(self) -> float:
-        """Training seconds over all runs of this output folder (resumes included)."""
+        """Training seconds over all invocations of this output folder."""
         return self.elapsed_before + time.monotonic() - self.t0
 
     def save(self) -> None:
-        save_checkpoint(self.out, self.drafter, self.opt, self.step, self.gen,
-                        {"history": self.history, "config": asdict(self.cfg),
-                         "elapsed_s": self.elapsed()})
+        save_checkpoint(self.out, self.drafter, self.opt, self.step, self.gen, {
+            "history": self.history, "config": asdict(self.cfg), "elapsed_s": self.elapsed(),
+            "data_position": asdict(self.pos)})
 
     def _micro_batches(self):
-        """Endless micro-batches; re-reads the data folder each epoch (datagen may be running)."""
+        """Endless micro-batches from the saved data position; a new epoch re-reads the data
+        folder (datagen may be adding shards meanwhile)."""
+        spec = self.cfg.batch_spec
         while True:
-            yield from iterate_batches(self.train_set, self.cfg.batch_spec, self.gen)
+            for pos, batch in iterate_batches(self.train_set, spec, self.cfg.seed, self.pos,
+                                              self.gen):
+                self.pos = pos
+                yield batch
             self.train_set, self.held = split(load_samples(Path(self.cfg.data_dir)),
                                               self.cfg.heldout_every)
-            if self.cfg.head_size > 0 and self.cfg.init_from is None:
-                self._refresh_head()
+            self.pos = DataPosition(self.pos.epoch + 1, 0, 0)
 
-    def _log(self, row: dict, pbar) -> None:
+    def _log(self, row: dict) -> None:
         self.history.append(row)
         with open(self.out / "history.jsonl", "a") as f:
             f.write(json.dumps(row) + "\n")
-        if "accept_len" in row:
-            pbar.write(f"step {row['step']}: held-out accept_len {row['accept_len']:.3f} "
-                       f"{row['by_source']}")
+        print(json.dumps(row), flush=True)
 
     def run(self) -> dict:
-        from tqdm import tqdm
-
         cfg = self.cfg
         self.out.mkdir(parents=True, exist_ok=True)
-        self.t0 = last_ckpt = time.monotonic()
+        self.t0 = last_ckpt = session_start = time.monotonic()
         stream = self._micro_batches()
-        pbar = tqdm(total=cfg.max_steps, initial=self.step, desc="train", mininterval=10)
+        self.drafter.train()
         if self.step == 0:
-            self._log(self.evaluate(), pbar)
+            self._log(self.evaluate())
         while self.step < cfg.max_steps:
             row = self.train_step([next(stream) for _ in range(cfg.grad_accum)])
             row["elapsed_s"] = round(self.elapsed(), 1)
-            pbar.update(1)
-            pbar.set_postfix(loss=f"{row['loss']:.3f}", acc1=f"{row['acc1']:.2f}")
             if self.step % 10 == 0:
-                self._log(row, pbar)
+                self._log(row)
             if self.step % cfg.eval_every == 0:
-                self._log(self.evaluate(), pbar)
-            out_of_time = cfg.time_budget_min and self.elapsed() > 60 * cfg.time_budget_min
-            if time.monotonic() - last_ckpt > 60 * cfg.ckpt_minutes or out_of_time:
+                self._log(self.evaluate())
+            over = cfg.session_minutes and time.monotonic() - session_start > 60 * cfg.session_minutes
+            if time.monotonic() - last_ckpt > 60 * cfg.ckpt_minutes or over:
                 self.save()
                 last_ckpt = time.monotonic()
-            if out_of_time:
-                break
-        pbar.close()
+            if over:
+                return {"step": self.step, "stopped": "session_minutes"}
         final = self.evaluate()
-        self._log(final, pbar)
+        self._log(final)
         self.save()
         if cfg.export_to:
             export(self.out / DRAFTER, Path(cfg.export_to))
         return final
-
-
-def export(src: Path, dst: Path) -> None:
-    dst.mkdir(parents=True, exist_ok=True)
-    for name in ("config.json", "model.safetensors"):
-        shutil.copy2(src / name, dst / name)
 
 
 def add_train_args(p: argparse.ArgumentParser) -> None:
@@ -234,11 +232,12 @@ def add_train_args(p: argparse.ArgumentParser) -> None:
         flag = "--" + f.name.replace("_", "-")
         default = getattr(d, f.name)
         if f.name == "layers":
-            p.add_argument(flag, type=parse_layers, default=default, help="e.g. 0,1,2,29")
-        elif f.name == "bf16":
-            p.add_argument(flag, action=argparse.BooleanOptionalAction, default=default)
+            p.add_argument(flag, type=parse_layers, default=None, help="e.g. 0,1,2,29 (default: all)")
+        elif f.name in ("loss", "dtype"):
+            choices = ["kl", "ce"] if f.name == "loss" else ["auto", "float32", "bfloat16"]
+            p.add_argument(flag, choices=choices, default=default)
         elif default is None:
-            kind = float if f.name == "time_budget_min" else str
+            kind = float if f.name == "session_minutes" else str
             p.add_argument(flag, type=kind, default=None)
         else:
             p.add_argument(flag, type=type(default), default=default)

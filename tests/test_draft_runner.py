@@ -71,3 +71,16 @@ def test_checkpoint_roundtrip(tiny_models, tmp_path):
     assert torch.allclose(fresh_block(again, [5, 6, 7]), fresh_block(drafter, [5, 6, 7]))
 
 
+
+
+def test_chunked_causal_prefill_equals_the_pack_path(tiny_models):
+    """prefill() then a one-token pack gives the block the pack path gives for the whole
+    context, across chunk boundaries."""
+    _, _, drafter = tiny_models
+    ctx = [(7 * i) % 90 + 3 for i in range(37)]
+    want = fresh_block(drafter, ctx)
+    r = DraftRunner(drafter, 2, 128)
+    r.prefill(1, ctx[:-1], chunk=8)
+    assert r.lengths[1] == 36
+    got = r.run([(1, extend_pack(ctx[-1:], BLOCK))])[0][0]
+    assert torch.allclose(got, want, atol=1e-9)

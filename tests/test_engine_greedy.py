@@ -31,6 +31,22 @@ def test_modes_equal_target_greedy(tiny_models, mode, block):
         assert out.finish_reason == "length"
 
 
+@pytest.mark.parametrize("mode", [Mode.SYNC, Mode.ASYNC])
+def test_long_prompts_prefill_the_drafter_causally_and_stay_exact(tiny_models, mode):
+    """Prompts longer than the drafter's prefill threshold go through DraftRunner.prefill."""
+    hf = tiny_models[0]
+    g = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(3, 96, (n,), generator=g).tolist() for n in (90, 150)]
+    eng = make_engine(tiny_models, mode, 4)
+    calls = []
+    real = eng.drafting.runner.prefill
+    eng.drafting.runner.prefill = lambda slot, toks, **kw: (calls.append(len(toks)), real(slot, toks, **kw))
+    outs = generate(eng, prompts, SamplingParams(max_new_tokens=12))
+    assert sorted(calls) == [90, 150]  # the prompt; its first target token anchors the block
+    for prompt, out in zip(prompts, outs):
+        assert out.token_ids == reference_greedy(hf, prompt, 12)
+
+
 @pytest.mark.parametrize("seed", range(4))
 @pytest.mark.parametrize("policy,budget,guesses", [
     (BranchPolicy.TOPK, 1, 1), (BranchPolicy.TOPK, 3, 2), (BranchPolicy.ALL, 0 + 1, 1),

@@ -22,6 +22,7 @@ from sglang_d3d.spec.sampling import draft_probs, sample
 
 log = logging.getLogger(__name__)
 MAX_DRAFTER_FAULTS = 3  # after this many, a request stops using the drafter
+PREFILL_OVER = 64  # pending tokens beyond which the drafter reads them by causal prefill
 
 
 class DrafterFault(RuntimeError):
@@ -54,6 +55,9 @@ class Drafting:
             if not s.pending:  # cache up to date (a hit's draft was dropped): re-read the anchor
                 self.runner.rollback(s.slot, 1)
                 s.pending = [s.last_token]
+            if len(s.pending) > PREFILL_OVER:  # a prompt: causal chunks, then a small pack
+                self.runner.prefill(s.slot, s.pending[:-1])
+                s.pending = s.pending[-1:]
         packs = [(s.slot, extend_pack(s.pending, block)) for s in rows]
         for s, logits in zip(rows, self.runner.run(packs)):
             s.pending = []

@@ -25,6 +25,13 @@ MAX_DRAFTER_FAULTS = 3  # after this many, a request stops using the drafter
 PREFILL_OVER = 64  # pending tokens beyond which the drafter reads them by causal prefill
 
 
+def draft_cache_len(context: int, block: int, drafter_block: int, num_branches: int) -> int:
+    """Drafter cache rows a slot needs: the context, then scratch for one pack of the drafts
+    under verification plus `num_branches` pre-drafted blocks, each of the pack block size."""
+    pack = max(block, drafter_block)
+    return context + pack * (1 + num_branches)
+
+
 class DrafterFault(RuntimeError):
     """The drafter raised or produced unusable output."""
 
@@ -58,7 +65,7 @@ class Drafting:
             if len(s.pending) > PREFILL_OVER:  # a prompt: causal chunks, then a small pack
                 self.runner.prefill(s.slot, s.pending[:-1])
                 s.pending = s.pending[-1:]
-        packs = [(s.slot, extend_pack(s.pending, block)) for s in rows]
+        packs = [(s.slot, extend_pack(s.pending, self.pack_block(block))) for s in rows]
         for s, logits in zip(rows, self.runner.run(packs)):
             s.pending = []
             _set_draft(s, _checked(logits[0]))
@@ -74,7 +81,8 @@ class Drafting:
                 self.spec.guesses_per_position,
             )
         packs = [
-            (s.slot, branch_pack(s.draft, [(b.num_accepted, b.token) for b in s.branches], block))
+            (s.slot, branch_pack(s.draft, [(b.num_accepted, b.token) for b in s.branches],
+                                 self.pack_block(block)))
             for s in rows
         ]
         self._guard(rows, lambda: self._store_branches(rows, self.runner.run(packs)))
@@ -82,6 +90,12 @@ class Drafting:
     def _store_branches(self, rows: list[Sequence], logits: list[torch.Tensor]) -> None:
         for s, lg in zip(rows, logits):
             s.branch_logits = _checked(lg)
+
+    def pack_block(self, block: int) -> int:
+        """Blocks are drafted at least at the size the drafter was trained for: its mask slots
+        attend to each other, so a shorter block would show them a context they never saw in
+        training. Only the first `block` predictions are used."""
+        return max(block, self.runner.model.cfg.block_size)
 
     def _budget(self, block: int) -> int:
         if self.spec.branch_policy is BranchPolicy.ALL:
@@ -96,7 +110,8 @@ class Drafting:
         if had_branches:
             hit_index = match_branch(s.branches, accepted, token)
         if hit_index is not None:
-            self.runner.commit_branch(s.slot, len(s.draft), hit_index, accepted, block)
+            self.runner.commit_branch(s.slot, len(s.draft), hit_index, accepted,
+                                      self.pack_block(block))
             _set_draft(s, s.branch_logits[hit_index])
         elif had_branches:
             self.runner.commit(s.slot, accepted)  # d1..dn were written by the branch pass

@@ -14,7 +14,7 @@ import torch
 from sglang_d3d.config import EngineConfig, Mode
 from sglang_d3d.engine.adaptive import BlockController, Plan
 from sglang_d3d.engine.api import EventCallback, GenerationRequest, RequestTooLongError, TokenEvent
-from sglang_d3d.engine.drafting import Drafting
+from sglang_d3d.engine.drafting import Drafting, draft_cache_len
 from sglang_d3d.engine.overlap import CycleTimes, TargetWorker, Timeline, intra_op_threads
 from sglang_d3d.engine.scheduler import Scheduler
 from sglang_d3d.engine.sequence import Sequence
@@ -44,8 +44,9 @@ class SpecEngine:
         self.target = TargetRunner(target, slots, cfg.max_context + block + 1)
         self.drafting = None
         if drafter is not None and cfg.mode is not Mode.AR:
-            scratch = block + self._max_branches() * (block + 1)
-            self.drafting = Drafting(DraftRunner(drafter, slots, cfg.max_context + scratch), cfg.spec)
+            size = draft_cache_len(cfg.max_context, block, drafter.cfg.block_size,
+                                   self._max_branches())
+            self.drafting = Drafting(DraftRunner(drafter, slots, size), cfg.spec)
         self.scheduler = Scheduler(slots, cfg.max_queue)
         self.worker = TargetWorker(cfg.target_threads, cfg.device)
         self.timeline = Timeline()

@@ -26,7 +26,7 @@ from sglang.srt.runtime_context import get_model, get_parallel, get_schedule, ge
 from sglang.srt.speculative.base_spec_worker import BaseSpecWorker
 
 from sglang_d3d.config import Mode
-from sglang_d3d.engine.drafting import Drafting
+from sglang_d3d.engine.drafting import Drafting, draft_cache_len
 from sglang_d3d.engine.overlap import CycleTimes, Timeline
 from sglang_d3d.models.draft_runner import DraftRunner
 from sglang_d3d.sglang_worker.accept import unsupported_reason, verify_row
@@ -83,9 +83,10 @@ class D3DWorker(BaseSpecWorker):
             head,
         )
         spec = self.options.spec_config(self.block)
-        scratch = self.block + spec.num_outcomes * spec.guesses_per_position * (self.block + 1)
+        size = draft_cache_len(runner.model_config.context_len, self.block, drafter.cfg.block_size,
+                               spec.num_outcomes * spec.guesses_per_position)
         slots = int(get_schedule().max_running_requests or 1)
-        return DraftRunner(drafter, slots, runner.model_config.context_len + scratch)
+        return DraftRunner(drafter, slots, size)
 
     # ---- SGLang's entry point ------------------------------------------------------------
     def forward_batch_generation(

@@ -22,7 +22,8 @@ def add_engine_args(
     g.add_argument("--guesses-per-position", type=int, default=SpecConfig.guesses_per_position)
     g.add_argument("--device", default="cpu")
     g.add_argument("--draft-device", default=None, help="e.g. cuda:1 to give the drafter its own GPU")
-    g.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    g.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
+                   help="auto: bf16 on GPUs and on CPUs with bf16 matrix units (AMX), else fp32")
     g.add_argument("--max-context", type=int, default=EngineConfig.max_context,
                    help="prompt + output tokens per request")
     g.add_argument("--max-batch-size", "--max-concurrency", dest="max_batch_size", type=int,

@@ -91,7 +91,7 @@ class EngineConfig:
     drafter_path: str | None = None  # None: the shipped default drafter
     device: str = "cpu"
     draft_device: str | None = None  # None: same as device
-    dtype: str = "float32"
+    dtype: str = "auto"  # auto: bf16 on GPUs and CPUs with bf16 matrix units, else fp32
     max_batch_size: int = 16  # running requests per cycle (slots in the KV caches)
     max_context: int = 2048  # per-request KV capacity (prompt + generated)
     max_queue: int = 256  # waiting requests beyond this are refused (HTTP 503)

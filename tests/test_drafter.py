@@ -125,3 +125,14 @@ def test_prune_keeps_the_deltas_of_kept_layers(target):
     with torch.no_grad():
         p.layers[0].mlp.up_proj.delta_b.add_(1.0)
     assert not torch.equal(p.layers[0].mlp.up_proj.delta_b, d.layers[1].mlp.up_proj.delta_b)
+
+
+def test_dtype_auto_follows_the_hardware(monkeypatch):
+    from sglang_d3d.models import loading
+
+    monkeypatch.setattr(loading, "has_bf16_matrix_units", lambda: False)
+    assert loading.resolve_dtype("auto", "cpu") == torch.float32
+    assert loading.resolve_dtype("auto", "cuda") == torch.bfloat16
+    assert loading.resolve_dtype("float16", "cpu") == torch.float16
+    monkeypatch.setattr(loading, "has_bf16_matrix_units", lambda: True)
+    assert loading.resolve_dtype("auto", "cpu") == torch.bfloat16

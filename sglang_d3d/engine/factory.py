@@ -11,13 +11,15 @@ from sglang_d3d.models.loading import (
     load_hf_model,
     load_tokenizer,
     resolve_drafter_path,
+    resolve_dtype,
     resolve_target_path,
 )
 
 
 def load_models(cfg: EngineConfig) -> tuple[Decoder, D3DDrafter | None, object]:
     target_path = resolve_target_path(cfg.target_path)
-    target = Decoder.from_hf(load_hf_model(target_path, cfg.dtype).to(cfg.device))
+    dtype = str(resolve_dtype(cfg.dtype, cfg.device)).removeprefix("torch.")
+    target = Decoder.from_hf(load_hf_model(target_path, dtype).to(cfg.device))
     drafter = None
     if cfg.mode is not Mode.AR or cfg.drafter_path is not None:
         path = resolve_drafter_path(cfg.drafter_path)

@@ -33,19 +33,31 @@ from sglang_d3d.training.shards import Sample
 
 def test_worked_example_positions_labels_and_draft_indices():
     ids = torch.arange(100, 112)  # x_0 .. x_11
-    ex = build_example(ids, torch.tensor([5]), block=4)
+    ex = build_example(ids, torch.tensor([5]), 4)
     assert ex.slot_pos.tolist() == [6, 7, 8]
     assert ex.labels.tolist() == [107, 108, 109]  # x_7, x_8, x_9
     assert ex.slot_draft.tolist() == [2, 3, 4]  # the anchor gives draft 1
 
 
 def test_labels_past_the_end_are_ignored():
-    ex = build_example(torch.arange(10), torch.tensor([7]), block=4)
+    ex = build_example(torch.arange(10), torch.tensor([7]), 4)
     assert ex.labels.tolist() == [9, IGNORE, IGNORE]
 
 
+def test_mixed_block_sizes_per_anchor():
+    ex = build_example(torch.arange(100, 120), torch.tensor([3, 9]), torch.tensor([3, 5]))
+    assert ex.slot_pos.tolist() == [4, 5, 10, 11, 12, 13]
+    assert ex.slot_draft.tolist() == [2, 3, 2, 3, 4, 5]
+    assert ex.slot_block.tolist() == [0, 0, 1, 1, 1, 1]
+    assert ex.labels.tolist() == [105, 106, 111, 112, 113, 114]
+    m = collate([ex])["slot_mask"][0]
+    assert m[0, 20:].tolist() == [True, True] + [False] * 4
+    assert m[5, :20].sum() == 10 and m[5, 20:].tolist() == [False, False] + [True] * 4
+
+
 def test_slots_see_prefix_up_to_anchor_and_own_block_only():
-    m = block_mask(t=10, anchors=torch.tensor([3, 6]), block=3, clean_width=12)
+    ex = build_example(torch.arange(10), torch.tensor([3, 6]), 3)
+    m = block_mask(10, ex.slot_anchor, ex.slot_block, clean_width=12)
     assert m.shape == (4, 12 + 4)
     assert m[0, :12].tolist() == [True] * 4 + [False] * 8  # x_0..x_3, no clean padding
     assert m[2, :12].tolist() == [True] * 7 + [False] * 5

@@ -88,3 +88,12 @@ def test_resume_from_the_committed_meta_keeps_step_and_data_position(tiny_data):
     assert resumed.run()["step"] == 5
     steps = [json.loads(x)["step"] for x in (root / "meta" / "history.jsonl").read_text().splitlines()]
     assert max(steps) == 5
+
+
+def test_mixed_block_training_records_its_smallest_block(tiny_data):
+    root, target = tiny_data
+    final = Trainer(_cfg(root, target, out="mixed", min_block_size=2, max_steps=2)).run()
+    assert "accept_len_b2" in final
+    dec = Decoder.from_hf(load_hf_model(root / "target"))
+    d = D3DDrafter.from_pretrained(root / "mixed" / "drafter", dec)
+    assert d.cfg.smallest_block == 2 and d.cfg.block_size == 4

@@ -27,7 +27,8 @@ PREFILL_OVER = 64  # pending tokens beyond which the drafter reads them by causa
 
 def draft_cache_len(context: int, block: int, drafter_block: int, num_branches: int) -> int:
     """Drafter cache rows a slot needs: the context, then scratch for one pack of the drafts
-    under verification plus `num_branches` pre-drafted blocks, each of the pack block size."""
+    under verification plus `num_branches` pre-drafted blocks, each of the pack block size
+    (drafter_block: the drafter's smallest trained block, DrafterConfig.smallest_block)."""
     pack = max(block, drafter_block)
     return context + pack * (1 + num_branches)
 
@@ -92,10 +93,10 @@ class Drafting:
             s.branch_logits = _checked(lg)
 
     def pack_block(self, block: int) -> int:
-        """Blocks are drafted at least at the size the drafter was trained for: its mask slots
-        attend to each other, so a shorter block would show them a context they never saw in
-        training. Only the first `block` predictions are used."""
-        return max(block, self.runner.model.cfg.block_size)
+        """Blocks are drafted at least at the smallest size the drafter was trained for: its
+        mask slots attend to each other, so a shorter block would show them a context they
+        never saw in training. Only the first `block` predictions are used."""
+        return max(block, self.runner.model.cfg.smallest_block)
 
     def _budget(self, block: int) -> int:
         if self.spec.branch_policy is BranchPolicy.ALL:

@@ -44,7 +44,7 @@ class SpecEngine:
         self.target = TargetRunner(target, slots, cfg.max_context + block + 1)
         self.drafting = None
         if drafter is not None and cfg.mode is not Mode.AR:
-            size = draft_cache_len(cfg.max_context, block, drafter.cfg.block_size,
+            size = draft_cache_len(cfg.max_context, block, drafter.cfg.smallest_block,
                                    self._max_branches())
             self.drafting = Drafting(DraftRunner(drafter, slots, size), cfg.spec)
         self.scheduler = Scheduler(slots, cfg.max_queue)

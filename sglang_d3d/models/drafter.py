@@ -55,12 +55,13 @@ def target_fingerprint(target: Decoder) -> str:
 @dataclass(frozen=True)
 class DrafterConfig:
     source_layers: tuple[int, ...]  # target layers the drafter runs, in order
-    block_size: int  # B: anchor + B-1 mask slots, as trained
+    block_size: int  # B: anchor + B-1 mask slots, the largest block it was trained for
     base_model_type: str  # the target family ("llama", "qwen3")
     vocab_size: int
     target_fingerprint: str
     adapter_rank: int = 32
     adapter_alpha: float = 32.0
+    min_block_size: int = 0  # >0: trained on mixed block sizes down to this one
     block_layout: str = BLOCK_LAYOUT
     version: int = CHECKPOINT_VERSION
 
@@ -77,6 +78,11 @@ class DrafterConfig:
     @property
     def num_layers(self) -> int:
         return len(self.source_layers)
+
+    @property
+    def smallest_block(self) -> int:
+        """The smallest block it drafts as trained: shorter ones are drafted at this size."""
+        return self.min_block_size or self.block_size
 
 
 class D3DDrafter(nn.Module):
@@ -99,7 +105,7 @@ class D3DDrafter(nn.Module):
     @classmethod
     def init_from_target(
         cls, target: Decoder, layer_ids: list[int] | None = None, block_size: int = 16,
-        rank: int = 32, alpha: float = 32.0, seed: int = 0,
+        rank: int = 32, alpha: float = 32.0, seed: int = 0, min_block: int = 0,
     ) -> D3DDrafter:
         """A fresh drafter over `layer_ids` (None: every target layer); its deltas are zero."""
         ids = tuple(range(target.num_layers)) if layer_ids is None else tuple(layer_ids)
@@ -107,6 +113,7 @@ class D3DDrafter(nn.Module):
             source_layers=ids, block_size=block_size,
             base_model_type=target.hf_config.model_type, vocab_size=target.spec.vocab_size,
             target_fingerprint=target_fingerprint(target), adapter_rank=rank, adapter_alpha=alpha,
+            min_block_size=min_block,
         )
         return cls(cfg, target, seed)
 

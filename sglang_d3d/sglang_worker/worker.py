@@ -83,7 +83,8 @@ class D3DWorker(BaseSpecWorker):
             head,
         )
         spec = self.options.spec_config(self.block)
-        size = draft_cache_len(runner.model_config.context_len, self.block, drafter.cfg.block_size,
+        size = draft_cache_len(runner.model_config.context_len, self.block,
+                               drafter.cfg.smallest_block,
                                spec.num_outcomes * spec.guesses_per_position)
         slots = int(get_schedule().max_running_requests or 1)
         return DraftRunner(drafter, slots, size)

@@ -12,7 +12,13 @@ from dataclasses import dataclass
 
 import torch
 
-from sglang_d3d.training.objective import Example, build_example, collate, sample_anchors
+from sglang_d3d.training.objective import (
+    Example,
+    build_example,
+    collate,
+    sample_anchors,
+    sample_block_sizes,
+)
 from sglang_d3d.training.shards import Sample
 
 
@@ -20,6 +26,7 @@ from sglang_d3d.training.shards import Sample
 class BatchSpec:
     block_size: int = 16
     num_anchors: int = 24  # mask blocks per sequence
+    min_block_size: int = 0  # >0: each block's size uniform in [min_block_size, block_size]
     max_seq_len: int = 512  # prompt + response, cropped at the end beyond this
     batch_size: int = 4
 
@@ -59,7 +66,11 @@ def epoch_batches(lengths: list[int], batch_size: int, seed: int, epoch: int) ->
 def example_for(sample: Sample, spec: BatchSpec, gen: torch.Generator) -> Example:
     ids = torch.from_numpy(sample.ids[: spec.max_seq_len]).long()
     p = min(len(sample.prompt), ids.numel() - 1)
-    return build_example(ids, sample_anchors(p, ids.numel(), spec.num_anchors, gen), spec.block_size)
+    anchors = sample_anchors(p, ids.numel(), spec.num_anchors, gen)
+    sizes = spec.block_size
+    if spec.min_block_size:
+        sizes = sample_block_sizes(anchors.numel(), spec.min_block_size, spec.block_size, gen)
+    return build_example(ids, anchors, sizes)
 
 
 def iterate_batches(

@@ -18,12 +18,14 @@ def load_target(path: str | None, dtype: torch.dtype = torch.float32, device: st
 
 
 def build_drafter(target: Decoder, init_from: str | None, layers: tuple[int, ...] | None,
-                  block: int, rank: int = 32, alpha: float = 32.0, seed: int = 0) -> D3DDrafter:
+                  block: int, rank: int = 32, alpha: float = 32.0, seed: int = 0,
+                  min_block: int = 0) -> D3DDrafter:
     """From a checkpoint, or fresh over `layers` of the target (None: all of them)."""
     if init_from:
         drafter = D3DDrafter.from_pretrained(init_from, target)
     else:
-        drafter = D3DDrafter.init_from_target(target, layers, block, rank, alpha, seed)
+        drafter = D3DDrafter.init_from_target(target, layers, block, rank, alpha, seed,
+                                              min_block)
     for p in drafter.trainable_parameters():
         p.requires_grad_(True)
     return drafter.train()

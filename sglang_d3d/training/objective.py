@@ -28,11 +28,11 @@ IGNORE = -100  # label of slots without a loss
 @dataclass(frozen=True)
 class Example:
     ids: torch.Tensor  # [T] long, prompt + response
-    slot_pos: torch.Tensor  # [K*(B-1)] long, RoPE position a + j of each mask slot
-    slot_draft: torch.Tensor  # [K*(B-1)] long, the draft index j + 1 (2 .. B) each slot gives
-    labels: torch.Tensor  # [K*(B-1)] long, x_{a+j+1}, IGNORE past the sequence end
-    anchors: torch.Tensor  # [K] long
-    block: int
+    slot_pos: torch.Tensor  # [S] long, RoPE position a + j of each mask slot (S = sum of B_k - 1)
+    slot_draft: torch.Tensor  # [S] long, the draft index j + 1 (2 .. B_k) each slot gives
+    labels: torch.Tensor  # [S] long, x_{a+j+1}, IGNORE past the sequence end
+    slot_anchor: torch.Tensor  # [S] long, the anchor a of the slot's block
+    slot_block: torch.Tensor  # [S] long, which block (0 .. K-1) the slot belongs to
 
 
 def sample_anchors(prompt_len: int, total_len: int, num: int, gen: torch.Generator) -> torch.Tensor:
@@ -48,27 +48,33 @@ def sample_anchors(prompt_len: int, total_len: int, num: int, gen: torch.Generat
     return torch.sort(pick + lo).values
 
 
-def build_example(ids: torch.Tensor, anchors: torch.Tensor, block: int) -> Example:
-    t = ids.numel()
-    j = torch.arange(1, block)  # [B-1]
-    pos = (anchors.unsqueeze(1) + j).reshape(-1)  # [K*(B-1)]
+def sample_block_sizes(num: int, lo: int, hi: int, gen: torch.Generator) -> torch.Tensor:
+    """[num] block sizes uniform in [lo, hi]: a drafter trained on mixed sizes drafts well at
+    any of them, so the engine may verify shorter blocks than the largest it was trained for."""
+    return torch.randint(lo, hi + 1, (num,), generator=gen)
+
+
+def build_example(ids: torch.Tensor, anchors: torch.Tensor, blocks: int | torch.Tensor) -> Example:
+    """blocks: one block size B for every anchor, or [K] sizes, one per anchor."""
+    t, k = ids.numel(), anchors.numel()
+    sizes = torch.full((k,), blocks) if isinstance(blocks, int) else blocks
+    m = sizes - 1  # [K] mask slots per block
+    j = torch.cat([torch.arange(1, b) for b in sizes.tolist()]) if k else torch.zeros(0, dtype=torch.long)
+    slot_anchor = anchors.repeat_interleave(m)  # [S]
+    pos = slot_anchor + j
     nxt = pos + 1
     labels = torch.where(nxt < t, ids[nxt.clamp(max=t - 1)], IGNORE)
-    return Example(ids, pos, (j + 1).repeat(anchors.numel()), labels, anchors, block)
+    return Example(ids, pos, j + 1, labels, slot_anchor, torch.arange(k).repeat_interleave(m))
 
 
-def block_mask(t: int, anchors: torch.Tensor, block: int, clean_width: int) -> torch.Tensor:
-    """[K*(B-1), clean_width + K*(B-1)] bool: slot rows see x_0..x_a and their own block.
+def block_mask(t: int, slot_anchor: torch.Tensor, slot_block: torch.Tensor,
+               clean_width: int) -> torch.Tensor:
+    """[S, clean_width + S] bool: slot rows see x_0..x_a and their own block.
     Columns: `clean_width` clean keys (the padded clean length), then the slots."""
-    m_ = block - 1
-    k = anchors.numel()
-    km = k * m_
     cols = torch.arange(clean_width)
-    anchor_of_row = anchors.repeat_interleave(m_)  # [K*(B-1)]
-    clean = cols.unsqueeze(0) <= anchor_of_row.unsqueeze(1)  # [KM, clean_width]
-    blk = torch.arange(km) // m_
-    own = blk.unsqueeze(1) == blk.unsqueeze(0)  # [KM, KM]
-    return torch.cat([clean & (cols < t).unsqueeze(0), own], 1)
+    clean = (cols.unsqueeze(0) <= slot_anchor.unsqueeze(1)) & (cols < t).unsqueeze(0)
+    own = slot_block.unsqueeze(1) == slot_block.unsqueeze(0)  # [S, S]
+    return torch.cat([clean, own], 1)
 
 
 def collate(examples: list[Example]) -> dict[str, torch.Tensor]:
@@ -92,7 +98,7 @@ def collate(examples: list[Example]) -> dict[str, torch.Tensor]:
         out["slot_pos"][i, :k] = e.slot_pos
         out["slot_draft"][i, :k] = e.slot_draft
         out["labels"][i, :k] = e.labels
-        m = block_mask(length, e.anchors, e.block, t)
+        m = block_mask(length, e.slot_anchor, e.slot_block, t)
         out["slot_mask"][i, :k, :t] = m[:, :t]
         out["slot_mask"][i, :k, t : t + k] = m[:, t:]
     out["clean_pos"] = torch.arange(t).expand(n, t)

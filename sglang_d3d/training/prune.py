@@ -106,7 +106,8 @@ class Pruner:
                 for i in range(n)}
 
     def _batches(self):
-        spec = BatchSpec(self.block, self.cfg.num_anchors, 512, self.cfg.batch_size)
+        spec = BatchSpec(self.block, self.cfg.num_anchors, self.full.cfg.min_block_size,
+                         batch_size=self.cfg.batch_size)
         while True:
             for pos, batch in iterate_batches(self.train_set, spec, self.cfg.seed, self.pos,
                                               self.gen):

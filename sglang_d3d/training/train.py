@@ -41,6 +41,7 @@ class TrainConfig:
     init_from: str | None = None  # start from this drafter checkpoint
     layers: tuple[int, ...] | None = None  # target layers the drafter runs (None: all)
     block_size: int = 16
+    min_block_size: int = 0  # >0: blocks of mixed sizes in [min_block_size, block_size]
     num_anchors: int = 24
     rank: int = 32  # low-rank delta rank
     alpha: float = 32.0
@@ -73,7 +74,8 @@ class TrainConfig:
 
     @property
     def batch_spec(self) -> BatchSpec:
-        return BatchSpec(self.block_size, self.num_anchors, self.max_seq_len, self.batch_size)
+        return BatchSpec(self.block_size, self.num_anchors, self.min_block_size, self.max_seq_len,
+                         self.batch_size)
 
 
 def lr_at(step: int, cfg: TrainConfig) -> float:
@@ -99,7 +101,7 @@ class Trainer:
         if not self.train_set:
             raise ValueError(f"no training samples under {cfg.data_dir}")
         self.drafter = build_drafter(self.target, cfg.init_from, cfg.layers, cfg.block_size,
-                                     cfg.rank, cfg.alpha, cfg.seed)
+                                     cfg.rank, cfg.alpha, cfg.seed, cfg.min_block_size)
         self.opt = torch.optim.AdamW(self.drafter.trainable_parameters(), lr=cfg.lr,
                                      weight_decay=cfg.weight_decay, betas=(0.9, 0.95))
         self.step, self.history, self.elapsed_before = 0, [], 0.0
@@ -164,10 +166,15 @@ class Trainer:
     # ---- evaluation, checkpoints, loop -----------------------------------------------------
     def evaluate(self) -> dict:
         self.drafter.eval()
-        r = acceptance_length(self.drafter, self.held[: self.cfg.eval_samples], self.cfg.block_size)
+        held = self.held[: self.cfg.eval_samples]
+        r = acceptance_length(self.drafter, held, self.cfg.block_size)
+        row = {"step": self.step, "accept_len": r.mean, "by_source": r.by_source,
+               "by_position": [round(x, 4) for x in r.by_position], "num_blocks": r.num_blocks}
+        if self.cfg.min_block_size:  # also at the smallest block it was trained for
+            small = acceptance_length(self.drafter, held, self.cfg.min_block_size)
+            row[f"accept_len_b{self.cfg.min_block_size}"] = small.mean
         self.drafter.train()
-        return {"step": self.step, "accept_len": r.mean, "by_source": r.by_source,
-                "by_position": [round(x, 4) for x in r.by_position], "num_blocks": r.num_blocks}
+        return row
 
     def elapsed(self) -> float:
         """Training seconds over all invocations of this output folder."""

@@ -15,14 +15,15 @@ PY=.venv/bin/python
 $PY -m sglang_d3d.training.datagen --out-dir data/distill --batch-size 48
 
 # 2. Training (the paper's start): the whole target (all 30 layers, embedding, head; shared and
-#    frozen) + rank-32 deltas on mask slots + a learned mask embedding; block 16, 24 anchors per
-#    sequence, KL to the target's distribution, draft d trained with probability
+#    frozen) + rank-32 deltas on mask slots + a learned mask embedding; 32 anchors per
+#    sequence, each with a block of 4..16 (so the engine can verify any block size in that
+#    range), KL to the target's distribution, draft d trained with probability
 #    exp(-(d-1)/7), AdamW 6e-4, cosine over 600 steps of 4 sequences. fp32 (--dtype auto).
 #    Between sittings data/train_v2/{drafter,trainer_meta.json,history.jsonl} are committed; a
 #    fresh clone resumes from them (optimizer moments restart, schedule and data continue).
-$PY -m sglang_d3d.training.train --out-dir data/train_v2 --block-size 16 --num-anchors 24 \
-  --rank 32 --alpha 32 --loss kl --gamma 7 --batch-size 4 --lr 6e-4 --warmup-steps 20 \
-  --max-steps 600 --eval-every 50 --eval-samples 40 --ckpt-minutes 5 --threads 1
+$PY -m sglang_d3d.training.train --out-dir data/train_v2 --block-size 16 \
+  --min-block-size 4 --num-anchors 32 --rank 32 --alpha 32 --loss kl --gamma 7 --batch-size 4 \
+  --lr 6e-4 --warmup-steps 20 --max-steps 600 --eval-every 50 --eval-samples 40 --ckpt-minutes 5 --threads 1
 
 # 3. Pruning by acceptance length, a few layers per round, re-distilled from the full drafter;
 #    the table (accepted length per position, draft-pass time, async tokens/s per depth) goes

@@ -11,6 +11,7 @@ import pytest
 
 from sglang_d3d.sglang_worker.options import PluginOptions
 from sglang_d3d.sglang_worker.validation import (
+    DEFAULT_MAX_RUNNING_REQUESTS,
     D3DArgumentError,
     resolve_server_args,
     validate_server_args,
@@ -48,6 +49,7 @@ def make_args(folders, **over):
         device="cuda",
         disable_overlap_schedule=False,
         disable_cuda_graph=False,
+        max_running_requests=None,
     )
     return SimpleNamespace(**{**base, **over})
 
@@ -62,8 +64,10 @@ def test_a_plain_configuration_passes(folders):
     [
         (dict(speculative_draft_model_path=None), "needs --speculative-draft-model-path"),
         (dict(speculative_draft_model_path="org/some-hub-id"), "not a local D3D drafter folder"),
-        (dict(attention_backend="flashmla"), "--attention-backend flashmla is not supported"),
-        (dict(decode_attention_backend="dsa"), "--decode-attention-backend dsa is not supported"),
+        (dict(attention_backend="flashmla"), "flashmla \\(--attention-backend.*not supported"),
+        (dict(decode_attention_backend="dsa"), "dsa \\(--decode-attention-backend.*not supported"),
+        # needs page size > 1, which D3D refuses (issue 10)
+        (dict(attention_backend="trtllm_mha"), "trtllm_mha .*not supported.*flashinfer \\(CUDA\\)"),
         (dict(page_size=16), "--page-size 16 is not supported"),
         (dict(enable_dp_attention=True), "--enable-dp-attention is not supported"),
         (dict(pp_size=2), "--pp-size 1 only"),
@@ -113,10 +117,12 @@ def test_resolution_sets_the_chain_shape_and_sync_schedule(folders):
     resolve_server_args(args)
     assert args.speculative_num_draft_tokens == 4  # the drafter's trained block size
     assert (args.speculative_num_steps, args.speculative_eagle_topk) == (3, 1)
-    assert args.disable_overlap_schedule and args.disable_cuda_graph
-    args = make_args(folders, speculative_num_draft_tokens=8)
+    assert args.disable_overlap_schedule
+    assert args.max_running_requests == DEFAULT_MAX_RUNNING_REQUESTS  # drafter slots, issue 10
+    args = make_args(folders, speculative_num_draft_tokens=8, max_running_requests=3)
     resolve_server_args(args)
     assert (args.speculative_num_draft_tokens, args.speculative_num_steps) == (8, 7)
+    assert args.max_running_requests == 3
 
 
 def test_plugin_options_from_environment():

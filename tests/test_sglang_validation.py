@@ -13,6 +13,7 @@ from sglang_d3d.sglang_worker.options import PluginOptions
 from sglang_d3d.sglang_worker.validation import (
     DEFAULT_MAX_RUNNING_REQUESTS,
     D3DArgumentError,
+    check_vocab,
     resolve_server_args,
     validate_server_args,
 )
@@ -104,6 +105,16 @@ def test_vocabulary_mismatch_is_refused(folders):
     (target / "config.json").write_text(json.dumps({"model_type": "llama", "vocab_size": 128}))
     with pytest.raises(D3DArgumentError, match="vocabulary of 96 tokens.*has 128"):
         validate_server_args(make_args(folders))
+
+
+def test_the_worker_checks_the_vocabulary_of_a_target_given_by_hub_id(folders):
+    """A hub id has no local config at argument time; the worker checks once SGLang has loaded
+    the target (issue 10: the docs promised this check before it existed)."""
+    _, drafter = folders
+    validate_server_args(make_args(folders, model_path="org/some-hub-model"))  # nothing to read
+    check_vocab(str(drafter), 96, "org/some-hub-model")
+    with pytest.raises(D3DArgumentError, match="vocabulary of 96 tokens.*has 151936"):
+        check_vocab(str(drafter), 151936, "org/some-hub-model")
 
 
 def test_bad_plugin_environment_fails_at_validation(folders, monkeypatch):

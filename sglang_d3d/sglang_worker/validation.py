@@ -81,7 +81,7 @@ def resolve_server_args(args) -> None:
 
 # ---- checks -----------------------------------------------------------------------------------
 def _check_drafter(args) -> None:
-    cfg = _drafter_config(args)
+    _drafter_config(args)  # raises for a missing, foreign or unmarked drafter
     block = args.speculative_num_draft_tokens
     if block is not None and block < 2:
         raise D3DArgumentError(
@@ -89,15 +89,27 @@ def _check_drafter(args) -> None:
             f"must be >= 2, got {block}"
         )
     target_vocab = _target_vocab_size(args)
-    if target_vocab is not None and target_vocab != cfg["vocab_size"]:
+    if target_vocab is not None:
+        check_vocab(args.speculative_draft_model_path, target_vocab, args.model_path)
+
+
+def check_vocab(drafter_path: str, target_vocab: int, target_name: str) -> None:
+    """Refuse a drafter trained for another vocabulary. Run at start-up for a local target
+    folder, and by the worker once SGLang has loaded the target (a hub id has no local config
+    at argument time)."""
+    cfg = _read_drafter_config(drafter_path)
+    if target_vocab != cfg["vocab_size"]:
         raise D3DArgumentError(
-            f"the D3D drafter at {args.speculative_draft_model_path} was trained for a vocabulary "
-            f"of {cfg['vocab_size']} tokens, the target {args.model_path} has {target_vocab}"
+            f"the D3D drafter at {drafter_path} was trained for a vocabulary of "
+            f"{cfg['vocab_size']} tokens, the target {target_name} has {target_vocab}"
         )
 
 
 def _drafter_config(args) -> dict:
-    path = args.speculative_draft_model_path
+    return _read_drafter_config(args.speculative_draft_model_path)
+
+
+def _read_drafter_config(path: str | None) -> dict:
     if not path:
         raise D3DArgumentError(
             "--speculative-algorithm D3D needs --speculative-draft-model-path: a folder with a "
@@ -126,7 +138,7 @@ def _drafter_config(args) -> dict:
 def _target_vocab_size(args) -> int | None:
     cfg_file = Path(args.model_path or "") / "config.json"
     if not cfg_file.is_file():
-        return None  # a hub id: SGLang resolves it later; the worker re-checks at load
+        return None  # a hub id: SGLang resolves it later; the worker checks at load
     cfg = json.loads(cfg_file.read_text())
     return cfg.get("vocab_size") or cfg.get("text_config", {}).get("vocab_size")
 

@@ -36,7 +36,7 @@ from sglang_d3d.sglang_worker.draft_input import D3DDraftInput
 from sglang_d3d.sglang_worker.drafter_loading import build_drafter, shared_target_weights
 from sglang_d3d.sglang_worker.options import PluginOptions
 from sglang_d3d.sglang_worker.requests import RequestTable
-from sglang_d3d.sglang_worker.validation import DEFAULT_MAX_RUNNING_REQUESTS
+from sglang_d3d.sglang_worker.validation import DEFAULT_MAX_RUNNING_REQUESTS, check_vocab
 from sglang_d3d.sglang_worker.verify_io import build_verify_forward_batch, commit_rows
 from sglang_d3d.spec.stats import CycleStats
 from sglang_d3d.spec.verify import verify_batch
@@ -55,6 +55,7 @@ class D3DWorker(BaseSpecWorker):
         # Resolved values live in SGLang's runtime context; server_args holds the raw input.
         self.block = int(get_spec().speculative_num_draft_tokens)
         self.vocab_size = int(runner.model_config.vocab_size)
+        check_vocab(get_spec().speculative_draft_model_path, self.vocab_size, get_model().model_path)
         self.device = torch.device(runner.device)
         self.draft_device = _draft_device(self.options, self.device, gpu_id)
         self.drafting = Drafting(self._draft_runner(runner), self.options.spec_config(self.block))

@@ -85,16 +85,11 @@ class Passes:
         self.target = TargetRunner(target, 1, plan.context + max(plan.blocks) + 1)
         self.drafter = DraftRunner(drafter, 1, plan.context + scratch + 1)
         self.target.prefill(0, prompt)
-        self.drafter.run([(0, extend_pack(prompt, 0, self.drafter.anchor_predicts))])
+        self.drafter.run([(0, extend_pack(prompt, 0))])  # block 0: just cache the prompt
         self.blocks = {b: torch.randint(0, vocab, (1, b), generator=g) for b in plan.blocks}
         drafts = torch.randint(0, vocab, (BLOCK - 1,), generator=g).tolist()
-        self.packs = {
-            k: branch_pack(
-                drafts, [(i % BLOCK, (7 * i) % vocab) for i in range(k)], BLOCK,
-                self.drafter.anchor_predicts,
-            )
-            for k in plan.branches
-        }  # fmt: skip
+        hypotheses = [(i % BLOCK, (7 * i) % vocab) for i in range(max(plan.branches))]
+        self.packs = {k: branch_pack(drafts, hypotheses[:k], BLOCK) for k in plan.branches}
 
     def verify(self, block: int) -> None:
         self.target.forward_block([0], self.blocks[block])  # writes scratch, commits nothing

@@ -64,12 +64,14 @@ class D3DWorker(BaseSpecWorker):
         self.executor = DraftExecutor(self.draft_device)
         self.timeline = Timeline(maxlen=10_000)
         self.cycle_listeners: list = []  # fn(request_id, CycleStats), like SpecEngine's
+        cache = self.drafting.runner.cache
         log.info(
-            "D3D worker: block %d, mode %s, drafter on %s, %d slots",
+            "D3D worker: block %d, mode %s, drafter on %s, %d slots (cache %.2f GB)",
             self.block,
             self.options.mode.value,
             self.draft_device,
             num_slots,
+            2 * cache.k.numel() * cache.k.element_size() / 1e9,  # K and V
         )
 
     def _draft_runner(self, runner) -> DraftRunner:

@@ -202,6 +202,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--iters", type=int, default=None)
     p.add_argument("--accepted", nargs="*", default=None, help="CPU `d3d bench` JSON files")
     p.add_argument("--out", default="benchmarks/results/gpu_scale.json")
+    p.add_argument("--pytest-rc", type=int, default=None, help="gpu_check.sh: pytest -m gpu status")
     return p.parse_args(argv)
 
 
@@ -214,7 +215,12 @@ def main(argv=None) -> dict:
         **{**asdict(plan), **{k: v for k, v in (("context", a.context), ("iters", a.iters)) if v}}
     )
     torch.set_grad_enabled(False)
-    result = {"environment": environment(device, dtype), "plan": asdict(plan), "shapes": {}}
+    result = {
+        "environment": environment(device, dtype),
+        "pytest_gpu_rc": a.pytest_rc,  # 0: the CUDA-path tests passed (None: not run)
+        "plan": asdict(plan),
+        "shapes": {},
+    }
     for name in a.shapes:
         shape = SHAPES[name].tiny() if a.tiny else SHAPES[name]
         print(f"[gpu_scale] {shape.name} ...", flush=True)

@@ -118,3 +118,69 @@ def test_sglang_argument_pipeline_reports_our_refusal(pair):
     plugin.register()
     with pytest.raises(D3DArgumentError, match="--page-size 16"):
         _resolved(_argv(pair, "--page-size", "16"))
+
+
+@pytest.fixture
+def published(monkeypatch):
+    """Publish resolved server args into SGLang's runtime context (what its model runner reads),
+    and put the previous context back afterwards."""
+    from sglang.srt.runtime_context import get_context
+
+    ctx = get_context()
+    saved = ctx._server_args, ctx._config_bags
+    yield lambda args: ctx.set_server_args(args)
+    ctx._server_args, ctx._config_bags = saved
+
+
+def _gpu_graph_defaults(monkeypatch):
+    """On CPU, SGLang defaults prefill graphs to disabled; on CUDA to breakable. Resolve as CUDA
+    would, so the test sees the prefill phase D3D has to switch off too."""
+    import sglang.srt.model_executor.cuda_graph_config as cgc
+
+    monkeypatch.setattr(cgc, "default_prefill_backend", lambda: cgc.Backend.BREAKABLE)
+
+
+def test_cuda_graphs_are_off_in_the_config_sglang_publishes(pair, published, monkeypatch):
+    """Issue 10: resolved for CUDA + flashinfer, SGLang's graph config must have every phase
+    disabled, not just the legacy flag set after the config was built."""
+    from sglang.srt.model_executor.cuda_graph_config import (
+        Backend,
+        Phase,
+        check_cuda_graph_backend,
+        cuda_graph_fully_disabled,
+    )
+
+    _gpu_graph_defaults(monkeypatch)
+    plugin.register()
+    cuda = ["--device", "cuda", "--attention-backend", "flashinfer"]
+    target, drafter = pair
+    plain, _ = _resolved(["--model-path", target, *cuda])
+    published(plain)  # without D3D: the graphs SGLang would capture
+    assert check_cuda_graph_backend(Phase.DECODE, Backend.FULL)
+    assert check_cuda_graph_backend(Phase.PREFILL, Backend.BREAKABLE)
+    d3d, view = _resolved(
+        ["--model-path", target, "--speculative-algorithm", "D3D",
+         "--speculative-draft-model-path", drafter, *cuda]
+    )  # fmt: skip
+    assert view.attention_backend == "flashinfer"
+    published(d3d)
+    assert cuda_graph_fully_disabled()  # the predicate SGLang's runners ask
+    assert view.cuda_graph_config.decode.max_bs == 160  # other graph settings left alone
+
+
+def test_running_requests_get_a_drafter_sized_default(pair, published):
+    """Issue 10: without --max-running-requests SGLang would size for thousands of requests and
+    the worker (built before SGLang's pools) saw None. D3D declares its own default, which the
+    worker reads from the published schedule; an explicit value is kept."""
+    from sglang.srt.runtime_context import get_schedule
+
+    from sglang_d3d.sglang_worker.validation import DEFAULT_MAX_RUNNING_REQUESTS
+
+    plugin.register()
+    args, view = _resolved(_argv(pair))
+    assert view.max_running_requests == DEFAULT_MAX_RUNNING_REQUESTS
+    published(args)
+    assert get_schedule().max_running_requests == DEFAULT_MAX_RUNNING_REQUESTS
+    _, view = _resolved(_argv(pair, "--max-running-requests", "5"))
+    assert view.max_running_requests == 5
+

@@ -11,7 +11,9 @@ import pytest
 
 from sglang_d3d.sglang_worker.options import PluginOptions
 from sglang_d3d.sglang_worker.validation import (
+    DEFAULT_MAX_RUNNING_REQUESTS,
     D3DArgumentError,
+    check_vocab,
     resolve_server_args,
     validate_server_args,
 )
@@ -48,6 +50,7 @@ def make_args(folders, **over):
         device="cuda",
         disable_overlap_schedule=False,
         disable_cuda_graph=False,
+        max_running_requests=None,
     )
     return SimpleNamespace(**{**base, **over})
 
@@ -62,8 +65,10 @@ def test_a_plain_configuration_passes(folders):
     [
         (dict(speculative_draft_model_path=None), "needs --speculative-draft-model-path"),
         (dict(speculative_draft_model_path="org/some-hub-id"), "not a local D3D drafter folder"),
-        (dict(attention_backend="flashmla"), "--attention-backend flashmla is not supported"),
-        (dict(decode_attention_backend="dsa"), "--decode-attention-backend dsa is not supported"),
+        (dict(attention_backend="flashmla"), "flashmla \\(--attention-backend.*not supported"),
+        (dict(decode_attention_backend="dsa"), "dsa \\(--decode-attention-backend.*not supported"),
+        # needs page size > 1, which D3D refuses (issue 10)
+        (dict(attention_backend="trtllm_mha"), "trtllm_mha .*not supported.*flashinfer \\(CUDA\\)"),
         (dict(page_size=16), "--page-size 16 is not supported"),
         (dict(enable_dp_attention=True), "--enable-dp-attention is not supported"),
         (dict(pp_size=2), "--pp-size 1 only"),
@@ -102,6 +107,16 @@ def test_vocabulary_mismatch_is_refused(folders):
         validate_server_args(make_args(folders))
 
 
+def test_the_worker_checks_the_vocabulary_of_a_target_given_by_hub_id(folders):
+    """A hub id has no local config at argument time; the worker checks once SGLang has loaded
+    the target (issue 10: the docs promised this check before it existed)."""
+    _, drafter = folders
+    validate_server_args(make_args(folders, model_path="org/some-hub-model"))  # nothing to read
+    check_vocab(str(drafter), 96, "org/some-hub-model")
+    with pytest.raises(D3DArgumentError, match="vocabulary of 96 tokens.*has 151936"):
+        check_vocab(str(drafter), 151936, "org/some-hub-model")
+
+
 def test_bad_plugin_environment_fails_at_validation(folders, monkeypatch):
     monkeypatch.setenv("SGLANG_D3D_BRANCH_POLICY", "sometimes")
     with pytest.raises(ValueError, match="SGLANG_D3D_"):
@@ -113,10 +128,12 @@ def test_resolution_sets_the_chain_shape_and_sync_schedule(folders):
     resolve_server_args(args)
     assert args.speculative_num_draft_tokens == 4  # the drafter's trained block size
     assert (args.speculative_num_steps, args.speculative_eagle_topk) == (3, 1)
-    assert args.disable_overlap_schedule and args.disable_cuda_graph
-    args = make_args(folders, speculative_num_draft_tokens=8)
+    assert args.disable_overlap_schedule
+    assert args.max_running_requests == DEFAULT_MAX_RUNNING_REQUESTS  # drafter slots, issue 10
+    args = make_args(folders, speculative_num_draft_tokens=8, max_running_requests=3)
     resolve_server_args(args)
     assert (args.speculative_num_draft_tokens, args.speculative_num_steps) == (8, 7)
+    assert args.max_running_requests == 3
 
 
 def test_plugin_options_from_environment():

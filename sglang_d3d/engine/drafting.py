@@ -4,7 +4,9 @@ after verification (commit a hit branch, or fall back to a synchronous draft on 
 Drafter faults never cost tokens: a failing or garbage-producing drafter leaves the row with a
 placeholder draft whose proposal distribution is a point mass. Verification against a point
 mass is still exact (greedy: it is just compared; sampling: accepted with probability p(x), else
-the residual), so the request carries on target-only until the drafter recovers.
+the residual), so the request carries on target-only until the drafter recovers. A fault is
+charged to the request that caused it: a failed batched pass is retried row by row, so one bad
+request never costs the others their drafts (issue 10).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from sglang_d3d.engine.sequence import Sequence
 from sglang_d3d.models.draft_runner import DraftRunner
 from sglang_d3d.models.packing import branch_pack, extend_pack
 from sglang_d3d.spec.branches import match_branch, select_branches
-from sglang_d3d.spec.sampling import draft_probs, sample
+from sglang_d3d.spec.sampling import draft_probs, sample_rows
 
 log = logging.getLogger(__name__)
 MAX_DRAFTER_FAULTS = 3  # after this many, a request stops using the drafter
@@ -50,7 +52,7 @@ class Drafting:
                 s.draft = None  # drafted for a smaller block
         need = [s for s in rows if s.draft is None and s.drafter_faults < MAX_DRAFTER_FAULTS]
         if need:
-            self._guard(need, lambda: self._sync_draft(need, block))
+            self._guard_each(need, lambda part: self._sync_draft(part, block))
         for s in rows:
             if s.draft is None:
                 _placeholder(s, block)
@@ -59,6 +61,9 @@ class Drafting:
                 s.draft_q = s.draft_q[:block]
 
     def _sync_draft(self, rows: list[Sequence], block: int) -> None:
+        rows = [s for s in rows if s.draft is None]  # a retry skips rows already drafted
+        if not rows:
+            return
         for s in rows:
             if not s.pending:  # cache up to date (a hit's draft was dropped): re-read the anchor
                 self.runner.rollback(s.slot, 1)
@@ -67,15 +72,20 @@ class Drafting:
                 self.runner.prefill(s.slot, s.pending[:-1])
                 s.pending = s.pending[-1:]
         packs = [(s.slot, extend_pack(s.pending, self.pack_block(block))) for s in rows]
-        for s, logits in zip(rows, self.runner.run(packs)):
-            s.pending = []
-            _set_draft(s, _checked(logits[0]))
+        logits = self.runner.run(packs)
+        for s in rows:
+            s.pending = []  # committed by the pass, whatever happens to the drafts below
+        for s, lg in zip(rows, logits):
+            _set_draft(s, _checked(lg[0]))
 
     def predraft(self, rows: list[Sequence], block: int) -> None:
         """Pre-draft the next block for the likely outcomes of the verify in flight."""
         rows = [s for s in rows if not s.placeholder]
         if not rows:
             return
+        self._guard_each(rows, lambda part: self._predraft_rows(part, block))
+
+    def _predraft_rows(self, rows: list[Sequence], block: int) -> None:
         for s in rows:
             s.branches = select_branches(
                 s.draft, s.draft_q, self.spec.branch_policy, self._budget(block),
@@ -86,7 +96,7 @@ class Drafting:
                                  self.pack_block(block)))
             for s in rows
         ]
-        self._guard(rows, lambda: self._store_branches(rows, self.runner.run(packs)))
+        self._store_branches(rows, self.runner.run(packs))
 
     def _store_branches(self, rows: list[Sequence], logits: list[torch.Tensor]) -> None:
         for s, lg in zip(rows, logits):
@@ -105,7 +115,19 @@ class Drafting:
 
     # ---- after verify -----------------------------------------------------------------------
     def advance(self, s: Sequence, accepted: int, token: int, block: int) -> bool | None:
-        """Bring the drafter up to date with the verified outcome. -> branch hit/miss/None."""
+        """Bring the drafter up to date with the verified outcome. -> branch hit/miss/None.
+        A fault here costs this request its drafter cache (rebuilt from its tokens), never its
+        tokens and never another request's drafts."""
+        run = list(s.draft or [])[:accepted] + [token]
+        try:
+            return self._follow(s, accepted, token, block)
+        except Exception as e:  # noqa: BLE001 - any drafter failure degrades, never fails
+            self._fault([s], e)
+            s.pending.extend(run)  # the caller appends this cycle's run to s.tokens after us
+            s.draft, s.draft_q = None, None
+            return None
+
+    def _follow(self, s: Sequence, accepted: int, token: int, block: int) -> bool | None:
         hit_index = None
         had_branches = s.branch_logits is not None and bool(s.branches)
         if had_branches:
@@ -131,13 +153,30 @@ class Drafting:
         s.draft, s.branches, s.branch_logits = None, [], None
 
     # ---- faults -----------------------------------------------------------------------------
+    def _guard_each(self, rows: list[Sequence], fn) -> None:
+        """fn(rows) as one batch; if that faults, fn([row]) for each row, so only the rows that
+        fault on their own are charged. Safe to retry: a pass advances the drafter's committed
+        lengths only after it has run."""
+        try:
+            fn(rows)
+        except Exception as e:  # noqa: BLE001 - any drafter failure degrades, never fails
+            if len(rows) == 1:
+                self._fault(rows, e)
+                return
+            log.warning("drafter fault in a batch of %d, retrying per request: %s", len(rows), e)
+            for s in rows:
+                self._guard([s], lambda s=s: fn([s]))
+
     def _guard(self, rows: list[Sequence], fn) -> None:
         try:
             fn()
         except Exception as e:  # noqa: BLE001 - any drafter failure degrades, never fails
-            log.warning("drafter fault on %d request(s): %s", len(rows), e)
-            for s in rows:
-                self._reset(s)
+            self._fault(rows, e)
+
+    def _fault(self, rows: list[Sequence], e: Exception) -> None:
+        log.warning("drafter fault on %d request(s): %s", len(rows), e)
+        for s in rows:
+            self._reset(s)
 
     def _reset(self, s: Sequence) -> None:
         s.drafter_faults += 1
@@ -160,7 +199,7 @@ def _set_draft(s: Sequence, slot_logits: torch.Tensor) -> None:
     if s.params.greedy:
         tokens = slot_logits.argmax(-1).tolist()
     else:
-        tokens = [sample(q[j], s.generator) for j in range(q.shape[0])]
+        tokens = sample_rows(q, s.generator)  # on q's device, one host sync
     s.draft, s.draft_q = tokens[:-1], q
     s.placeholder = False
 

@@ -9,6 +9,7 @@ import torch
 
 from sglang_d3d.engine.api import EventCallback, GenerationRequest
 from sglang_d3d.spec.branches import Branch
+from sglang_d3d.spec.sampling import RequestRandom
 from sglang_d3d.spec.stats import RequestStats
 
 
@@ -19,7 +20,7 @@ class Sequence:
     slot: int = -1
     tokens: list[int] = field(default_factory=list)  # prompt + accepted output
     num_prompt: int = 0
-    generator: torch.Generator | None = None
+    generator: RequestRandom | None = None  # per-device seeded streams (spec/sampling.py)
     stats: RequestStats = field(default_factory=RequestStats)
     submit_time: float = field(default_factory=time.monotonic)
     # Drafter state. `pending`: accepted tokens the drafter cache has not seen yet.

@@ -1,15 +1,14 @@
-"""Per-request verification inside SGLang: SGLang's sampling parameters mapped onto ours, and the
-accept decision made by the same pure functions the embedded engine uses (spec/verify.py).
+"""SGLang's sampling parameters mapped onto ours, the requests D3D cannot verify exactly, and each
+request's random streams. The accept decision itself is spec/verify.py's (`verify_batch` for a
+whole cycle in the worker; `verify_row` is its one-request form).
 """
 
 from __future__ import annotations
 
 import zlib
 
-import torch
-
 from sglang_d3d.config import SamplingParams
-from sglang_d3d.spec.sampling import make_generator
+from sglang_d3d.spec.sampling import RequestRandom, make_generator
 from sglang_d3d.spec.verify import verify_draft as verify_row  # noqa: F401 - re-exported
 
 
@@ -50,7 +49,8 @@ def unsupported_reason(req) -> str | None:
     return f"--speculative-algorithm D3D does not support {', '.join(names)} (request {req.rid})"
 
 
-def request_generator(rid: str, seed: int | None) -> torch.Generator:
+def request_generator(rid: str, seed: int | None) -> RequestRandom:
     """Seeded from the request's seed, else from its id: every tensor-parallel rank runs the
-    same drafter and verification, so their random draws must agree without communication."""
+    same drafter and verification, so their random draws must agree without communication.
+    One generator per device (drafter and target may differ), created on first use."""
     return make_generator(seed if seed is not None else zlib.crc32(rid.encode()))

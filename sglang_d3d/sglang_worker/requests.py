@@ -19,6 +19,7 @@ class RequestTable:
     def __init__(self, drafting: Drafting, num_slots: int, vocab_size: int) -> None:
         self.drafting = drafting
         self.vocab_size = vocab_size
+        self.num_slots = num_slots
         self.free_slots = list(range(num_slots))
         self.rows: dict[str, Sequence] = {}
         self._last_seen: dict[str, int] = {}
@@ -27,16 +28,18 @@ class RequestTable:
     def __len__(self) -> int:
         return len(self.rows)
 
-    def get(self, req) -> Sequence:
-        """The request's state, created on first sight."""
-        self._last_seen[req.rid] = self._step
-        seq = self.rows.get(req.rid)
-        if seq is None:
-            seq = self._create(req)
-        return seq
-
-    def tick(self) -> None:
+    def rows_for(self, reqs) -> list[Sequence]:
+        """The batch's rows in batch order, each created on first sight. The whole batch is
+        marked seen before any row is created: making room for a new request then evicts only
+        requests that left, never a live one later in the same batch (issue 10)."""
         self._step += 1
+        for req in reqs:
+            self._last_seen[req.rid] = self._step
+        return [self._row(req) for req in reqs]
+
+    def _row(self, req) -> Sequence:
+        seq = self.rows.get(req.rid)
+        return seq if seq is not None else self._create(req)
 
     def sync(self, seq: Sequence, req) -> None:
         """Bring seq.tokens up to SGLang's record of the request."""
@@ -83,7 +86,10 @@ class RequestTable:
             if seen < self._step:
                 self.release(rid)
         if not self.free_slots:
-            raise RuntimeError("D3D drafter cache is full: more running requests than slots")
+            raise RuntimeError(
+                f"D3D drafter cache is full: more running requests than its {self.num_slots} "
+                "slots (--max-running-requests sizes it)"
+            )
 
 
 def _ignore(event) -> None:

@@ -15,12 +15,21 @@ from sglang_d3d.sglang_worker.options import PluginOptions
 
 log = logging.getLogger(__name__)
 
-# Attention backends whose TARGET_VERIFY path handles a linear (non-tree) verify block of a
-# dense-attention model, plus torch_native, which the worker adapts (verify_io.py) so the
-# CPU tests can run SGLang itself. MLA- and sparse-only backends cannot run a Llama/Qwen3 target.
-SUPPORTED_ATTENTION_BACKENDS = frozenset(
-    {"flashinfer", "fa3", "triton", "trtllm_mha", "aiter", "torch_native"}
-)
+# Attention backends whose TARGET_VERIFY path takes a linear (non-tree) verify block of a
+# dense-attention model at page size 1, and where it would run. torch_native is adapted by the
+# worker (verify_io.py) so the CPU tests can run SGLang itself. Not here: trtllm_mha (needs a
+# page size of 16-128, D3D writes the verify block at page size 1), and the MLA- and
+# sparse-attention backends (no Llama/Qwen3 target runs on them).
+SUPPORTED_ATTENTION_BACKENDS: dict[str, str] = {
+    "flashinfer": "CUDA",
+    "fa3": "CUDA, Hopper",
+    "triton": "CUDA",
+    "aiter": "ROCm",
+    "torch_native": "CPU, tests only",
+}
+# SGLang's own default (thousands of requests, sized from its KV pool) does not fit: the
+# drafter's cache is dense, one slot per running request (docs/sglang.md, "Memory").
+DEFAULT_MAX_RUNNING_REQUESTS = 32
 DRAFTER_CONFIG_KEYS = ("source_layers", "block_size", "base_model_type", "vocab_size")
 MARK_HINT = (
     "python -c 'from sglang_d3d.sglang_worker.drafter_loading import mark_for_sglang; "
@@ -46,6 +55,9 @@ def resolve_server_args(args) -> None:
 
     One verify block = block_size tokens in a chain: num_draft_tokens = block_size,
     topk = 1, num_steps = block_size - 1 (the relation SGLang's chain code assumes).
+    Without --max-running-requests, D3D declares its own default: the worker sizes the
+    drafter's cache from the resolved limit before SGLang's KV pool takes the remaining memory.
+    CUDA graphs are switched off in spec_algo.py (it needs sglang's graph config types).
     """
     block = args.speculative_num_draft_tokens or _drafter_config(args)["block_size"]
     if args.speculative_num_steps not in (None, block - 1):
@@ -58,16 +70,18 @@ def resolve_server_args(args) -> None:
         # schedule commits them one iteration late.
         log.warning("D3D runs with --disable-overlap-schedule (its drafter overlaps instead)")
         args.disable_overlap_schedule = True
-    if not args.disable_cuda_graph:
-        # SGLang 0.5.23 builds the verify input for CUDA-graph capture only for its builtin
-        # algorithms (decode_cuda_graph_runner.get_spec_info); D3D's verify runs eagerly.
-        log.warning("D3D runs its verify pass without CUDA graphs (--disable-cuda-graph)")
-        args.disable_cuda_graph = True
+    if args.max_running_requests is None:
+        log.warning(
+            "D3D runs with --max-running-requests %d (one drafter cache slot per request); "
+            "set it to change the limit",
+            DEFAULT_MAX_RUNNING_REQUESTS,
+        )
+        args.max_running_requests = DEFAULT_MAX_RUNNING_REQUESTS
 
 
 # ---- checks -----------------------------------------------------------------------------------
 def _check_drafter(args) -> None:
-    cfg = _drafter_config(args)
+    _drafter_config(args)  # raises for a missing, foreign or unmarked drafter
     block = args.speculative_num_draft_tokens
     if block is not None and block < 2:
         raise D3DArgumentError(
@@ -75,15 +89,27 @@ def _check_drafter(args) -> None:
             f"must be >= 2, got {block}"
         )
     target_vocab = _target_vocab_size(args)
-    if target_vocab is not None and target_vocab != cfg["vocab_size"]:
+    if target_vocab is not None:
+        check_vocab(args.speculative_draft_model_path, target_vocab, args.model_path)
+
+
+def check_vocab(drafter_path: str, target_vocab: int, target_name: str) -> None:
+    """Refuse a drafter trained for another vocabulary. Run at start-up for a local target
+    folder, and by the worker once SGLang has loaded the target (a hub id has no local config
+    at argument time)."""
+    cfg = _read_drafter_config(drafter_path)
+    if target_vocab != cfg["vocab_size"]:
         raise D3DArgumentError(
-            f"the D3D drafter at {args.speculative_draft_model_path} was trained for a vocabulary "
-            f"of {cfg['vocab_size']} tokens, the target {args.model_path} has {target_vocab}"
+            f"the D3D drafter at {drafter_path} was trained for a vocabulary of "
+            f"{cfg['vocab_size']} tokens, the target {target_name} has {target_vocab}"
         )
 
 
 def _drafter_config(args) -> dict:
-    path = args.speculative_draft_model_path
+    return _read_drafter_config(args.speculative_draft_model_path)
+
+
+def _read_drafter_config(path: str | None) -> dict:
     if not path:
         raise D3DArgumentError(
             "--speculative-algorithm D3D needs --speculative-draft-model-path: a folder with a "
@@ -112,7 +138,7 @@ def _drafter_config(args) -> dict:
 def _target_vocab_size(args) -> int | None:
     cfg_file = Path(args.model_path or "") / "config.json"
     if not cfg_file.is_file():
-        return None  # a hub id: SGLang resolves it later; the worker re-checks at load
+        return None  # a hub id: SGLang resolves it later; the worker checks at load
     cfg = json.loads(cfg_file.read_text())
     return cfg.get("vocab_size") or cfg.get("text_config", {}).get("vocab_size")
 
@@ -121,9 +147,11 @@ def _check_attention(args) -> None:
     for flag in ("attention_backend", "prefill_attention_backend", "decode_attention_backend"):
         name = getattr(args, flag, None)
         if name is not None and name not in SUPPORTED_ATTENTION_BACKENDS:
+            choices = ", ".join(f"{k} ({v})" for k, v in SUPPORTED_ATTENTION_BACKENDS.items())
             raise D3DArgumentError(
-                f"--{flag.replace('_', '-')} {name} is not supported with D3D: its verify pass "
-                f"needs one of {', '.join(sorted(SUPPORTED_ATTENTION_BACKENDS))}"
+                f"attention backend {name} (--{flag.replace('_', '-')}, given or chosen by "
+                f"SGLang for this GPU and model) is not supported with D3D: its verify pass "
+                f"needs one of {choices}; pass --attention-backend explicitly"
             )
     if args.page_size not in (None, 1):
         raise D3DArgumentError(

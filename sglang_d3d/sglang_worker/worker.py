@@ -6,7 +6,8 @@ One `forward_batch_generation` call is one D3D cycle for every running request:
     draft    synchronous drafts where no pre-drafted branch hit (drafter thread)
     verify   SGLang's target worker, TARGET_VERIFY mode, its KV pool and radix cache   } at the
     predraft the drafter pre-drafts the next block for likely outcomes (async mode)  } same time
-    accept   spec/verify.py per request (greedy, or rejection sampling)
+    accept   spec/verify.py over the whole batch on the target's device (greedy, or
+             rejection sampling); only accepted counts and next tokens reach the host
     follow   the drafter commits the hit branch or falls back (engine/drafting.py)
 
 Prefill batches go to the target worker unchanged; the drafter reads a new prompt in its first
@@ -29,14 +30,16 @@ from sglang_d3d.config import Mode
 from sglang_d3d.engine.drafting import Drafting, draft_cache_len
 from sglang_d3d.engine.overlap import CycleTimes, Timeline
 from sglang_d3d.models.draft_runner import DraftRunner
-from sglang_d3d.sglang_worker.accept import unsupported_reason, verify_row
+from sglang_d3d.sglang_worker.accept import unsupported_reason
 from sglang_d3d.sglang_worker.draft_executor import DraftExecutor
 from sglang_d3d.sglang_worker.draft_input import D3DDraftInput
 from sglang_d3d.sglang_worker.drafter_loading import build_drafter, shared_target_weights
 from sglang_d3d.sglang_worker.options import PluginOptions
 from sglang_d3d.sglang_worker.requests import RequestTable
+from sglang_d3d.sglang_worker.validation import DEFAULT_MAX_RUNNING_REQUESTS, check_vocab
 from sglang_d3d.sglang_worker.verify_io import build_verify_forward_batch, commit_rows
 from sglang_d3d.spec.stats import CycleStats
+from sglang_d3d.spec.verify import verify_batch
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +55,7 @@ class D3DWorker(BaseSpecWorker):
         # Resolved values live in SGLang's runtime context; server_args holds the raw input.
         self.block = int(get_spec().speculative_num_draft_tokens)
         self.vocab_size = int(runner.model_config.vocab_size)
+        check_vocab(get_spec().speculative_draft_model_path, self.vocab_size, get_model().model_path)
         self.device = torch.device(runner.device)
         self.draft_device = _draft_device(self.options, self.device, gpu_id)
         self.drafting = Drafting(self._draft_runner(runner), self.options.spec_config(self.block))
@@ -60,12 +64,14 @@ class D3DWorker(BaseSpecWorker):
         self.executor = DraftExecutor(self.draft_device)
         self.timeline = Timeline(maxlen=10_000)
         self.cycle_listeners: list = []  # fn(request_id, CycleStats), like SpecEngine's
+        cache = self.drafting.runner.cache
         log.info(
-            "D3D worker: block %d, mode %s, drafter on %s, %d slots",
+            "D3D worker: block %d, mode %s, drafter on %s, %d slots (cache %.2f GB)",
             self.block,
             self.options.mode.value,
             self.draft_device,
             num_slots,
+            2 * cache.k.numel() * cache.k.element_size() / 1e9,  # K and V
         )
 
     def _draft_runner(self, runner) -> DraftRunner:
@@ -86,7 +92,9 @@ class D3DWorker(BaseSpecWorker):
         size = draft_cache_len(runner.model_config.context_len, self.block,
                                drafter.cfg.smallest_block,
                                spec.num_outcomes * spec.guesses_per_position)
-        slots = int(get_schedule().max_running_requests or 1)
+        # Allocated now, before SGLang sizes its KV pool from the memory left: the limit is the
+        # one resolve_server_args declared (or the user's), never SGLang's pool-sized default.
+        slots = int(get_schedule().max_running_requests or DEFAULT_MAX_RUNNING_REQUESTS)
         return DraftRunner(drafter, slots, size)
 
     # ---- SGLang's entry point ------------------------------------------------------------
@@ -141,8 +149,7 @@ class D3DWorker(BaseSpecWorker):
 
     # ---- one D3D cycle -------------------------------------------------------------------
     def _cycle(self, batch) -> GenerationBatchResult:
-        self.table.tick()
-        rows = [self.table.get(req) for req in batch.reqs]
+        rows = self.table.rows_for(batch.reqs)
         for seq, req in zip(rows, batch.reqs, strict=True):
             self.table.sync(seq, req)
         ct = CycleTimes(step=len(self.timeline.cycles), batch=len(rows), block=self.block)
@@ -153,11 +160,11 @@ class D3DWorker(BaseSpecWorker):
         predraft = None
         if self.options.mode is Mode.ASYNC:
             predraft = self.executor.submit(self.drafting.predraft, rows, self.block)
-        target_out, can_graph, logits = self._verify(batch, tokens, ct, t0)
+        target_out, can_graph, outcomes = self._verify(batch, rows, tokens, ct, t0)
         if predraft is not None:
             _, p0, p1 = predraft.result()
             ct.predraft_start, ct.predraft_end = p0 - t0, p1 - t0
-        runs = self._accept(rows, logits, ct)
+        runs = self._accept(rows, outcomes, ct)
         out_tokens, accept_lens, new_seq_lens = commit_rows(
             runs, batch.seq_lens, self.block, self.device
         )
@@ -174,25 +181,31 @@ class D3DWorker(BaseSpecWorker):
             new_seq_lens=new_seq_lens,
         )
 
-    def _verify(self, batch, tokens: torch.Tensor, ct: CycleTimes, t0: float):
-        """SGLang's target worker scores the block. -> (result, graph?, logits [bs, B, V])."""
+    def _verify(self, batch, rows, tokens: torch.Tensor, ct: CycleTimes, t0: float):
+        """SGLang's target worker scores the block; acceptance runs on its device.
+        -> (result, graph?, [(drafts accepted, next token)] per request)."""
         v0 = time.perf_counter()
         fb, can_graph = build_verify_forward_batch(batch, self.target_worker, tokens, self.block)
         out = self.target_worker.forward_batch_generation(
             batch=None, forward_batch=fb, is_verify=True
         )
-        logits = out.logits_output.next_token_logits[:, : self.vocab_size].float()
-        logits = logits.view(tokens.shape[0], self.block, -1).cpu()  # waits for the pass
+        logits = out.logits_output.next_token_logits[:, : self.vocab_size]
+        logits = logits.view(tokens.shape[0], self.block, -1)  # [bs, B, V], stays on device
+        n, token = verify_batch(
+            tokens[:, 1:].to(logits.device),
+            logits,
+            [s.params for s in rows],
+            [None if s.placeholder else s.draft_q for s in rows],
+            [s.generator for s in rows],
+        )
+        # The one device -> host copy of the cycle: two ints per request (waits for the pass).
+        outcomes = [(a, t) for a, t in torch.stack([n, token], 1).tolist()]
         ct.verify_start, ct.verify_end = v0 - t0, time.perf_counter() - t0
-        return out, can_graph, logits
+        return out, can_graph, outcomes
 
-    def _accept(self, rows, logits: torch.Tensor, ct: CycleTimes) -> list[list[int]]:
-        """Per request: verify, let the drafter follow the outcome. -> emitted runs."""
+    def _accept(self, rows, outcomes: list[tuple[int, int]], ct: CycleTimes) -> list[list[int]]:
+        """Let the drafter follow each verified outcome. -> emitted runs per request."""
         drafts = [list(s.draft) for s in rows]  # `advance` replaces s.draft
-        outcomes = []
-        for s, d, lg in zip(rows, drafts, logits, strict=True):
-            q = None if s.placeholder else s.draft_q
-            outcomes.append(verify_row(d, q, lg, s.params, s.generator))
 
         def follow():
             return [

@@ -43,15 +43,56 @@ def draft_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     return torch.softmax(logits.float() / temperature, dim=-1)
 
 
-def sample(probs: torch.Tensor, generator: torch.Generator | None) -> int:
+def sample(probs: torch.Tensor, generator: RequestRandom | torch.Generator | None) -> int:
     """One draw from probs [V]."""
-    return int(torch.multinomial(probs, 1, generator=generator).item())
+    g = on_device(generator, probs.device)
+    return int(torch.multinomial(probs, 1, generator=g).item())
 
 
-def make_generator(seed: int | None) -> torch.Generator:
-    g = torch.Generator()
-    if seed is None:
-        g.seed()
-    else:
-        g.manual_seed(seed)
-    return g
+def sample_rows(probs: torch.Tensor, generator: RequestRandom | torch.Generator | None) -> list[int]:
+    """One draw per row of probs [R, V], with one host sync for all rows."""
+    g = on_device(generator, probs.device)
+    return torch.multinomial(probs, 1, generator=g).squeeze(-1).tolist()
+
+
+class RequestRandom:
+    """A request's random streams: one torch.Generator per device, all seeded from the
+    request's seed. CUDA sampling needs a generator on the probabilities' device (a CPU
+    generator handed to torch.multinomial on CUDA tensors raises), and the drafter and the
+    target may sit on different devices. Same seed, same draws per device, so seeded requests
+    are reproducible and tensor-parallel ranks agree."""
+
+    def __init__(self, seed: int) -> None:
+        self.seed = seed
+        self._by_device: dict[torch.device, torch.Generator] = {}
+
+    def on(self, device: torch.device | str) -> torch.Generator:
+        device = _concrete(torch.device(device))
+        g = self._by_device.get(device)
+        if g is None:
+            g = torch.Generator(device=device)
+            g.manual_seed(self.seed)
+            self._by_device[device] = g
+        return g
+
+
+def on_device(
+    generator: RequestRandom | torch.Generator | None, device: torch.device | str
+) -> torch.Generator | None:
+    """The generator to pass to a torch op on `device`. A bare torch.Generator is used as given
+    (the caller chose its device)."""
+    if generator is None or isinstance(generator, torch.Generator):
+        return generator
+    return generator.on(device)
+
+
+def make_generator(seed: int | None) -> RequestRandom:
+    """A request's random streams; an unseeded request gets a fresh random seed."""
+    return RequestRandom(torch.Generator().seed() if seed is None else seed)
+
+
+def _concrete(device: torch.device) -> torch.device:
+    """A bare "cuda" means the current CUDA device: one device, one generator."""
+    if device.type == "cuda" and device.index is None:
+        return torch.device("cuda", torch.cuda.current_device())
+    return device

@@ -6,8 +6,9 @@ DEVICE cpu (default): run in a process of its own with `cpu_harness.subprocess_e
 (sglang.Engine also sets process-wide state: multiprocessing start method, signal handlers).
 DEVICE cuda: SGLang's default attention backend, no harness. Prints one JSON line:
   baseline  greedy output ids of SGLang without speculative decoding, per prompt
-  d3d       the same prompts through `backend.SGLangEngineLoop` (sglang.Engine + D3DWorker):
-            output ids, finish reasons, and SGLang's own speculative counts per request
+  d3d       the same prompts through `backend.SGLangEngineLoop` (sglang.Engine + D3DWorker,
+            submitted together, no --max-running-requests): output ids, finish reasons, and
+            SGLang's own speculative counts per request
   seeded    two runs of the same seeded sampling request (reproducibility)
   refused   what SGLang returned for a request D3D cannot verify exactly
 """
@@ -57,7 +58,12 @@ def run_d3d(target: str, drafter: str, block: int, device: str) -> dict:
         mode=Mode.ASYNC, spec=SpecConfig(block_size=block), target_path=target,
         drafter_path=drafter, device=device, max_batch_size=4, max_context=256,
     )  # fmt: skip
-    loop = build_engine_loop(cfg, max_total_tokens=4096, log_level="error", **_attention(device))
+    # No --max-running-requests: SGLang and D3D resolve the limit themselves, and the four
+    # greedy prompts below run concurrently (issue 10: the drafter used to get one slot).
+    loop = build_engine_loop(
+        cfg, max_total_tokens=4096, log_level="error", max_running_requests=None,
+        **_attention(device),
+    )  # fmt: skip
     loop.start()
     try:
         greedy = SamplingParams(temperature=0.0, max_new_tokens=MAX_NEW)

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# The one-command GPU check (issue 10): the CUDA-path tests, then the scaling benchmark.
+#
+#   bash benchmarks/gpu_check.sh                      # one CUDA GPU, under 8 minutes on an H200
+#   bash benchmarks/gpu_check.sh --device cpu --tiny  # the same script end to end on a CPU
+#
+# Needs torch (with CUDA), transformers, triton and pytest; no network, no sglang, fastapi or
+# flashinfer (the SGLang end-to-end GPU test skips itself when sglang is absent). Models are
+# random-weight, built from configs in the repo (benchmarks/gpu_shapes.py). Writes one JSON file
+# (OUT, default benchmarks/results/gpu_check.json) and prints a table. Extra arguments go to
+# gpu_scale.py (e.g. --shapes qwen3-8b qwen3-32b).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python}
+OUT=${OUT:-benchmarks/results/gpu_check.json}
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
+
+echo "== 1/2 pytest -m gpu (streams, generators, on-device verification)"
+# Named files only: collecting the whole suite would import fastapi and sglang.
+# A failing test does not stop the timings; its exit status is saved in the JSON and returned.
+rc=0
+"$PY" -m pytest -q -p no:cacheprovider -m gpu \
+  tests/test_spec_verify_batch.py tests/test_drafting_isolation.py \
+  tests/test_draft_executor.py tests/test_sglang_gpu.py || rc=$?
+
+echo "== 2/2 gpu_scale.py"
+"$PY" benchmarks/gpu_scale.py --out "$OUT" --pytest-rc "$rc" "$@"
+exit "$rc"

@@ -1,0 +1,100 @@
+"""gpu_scale.py's projection and printed table.
+
+PROJECTION, not a measurement: the accepted lengths and branch hit rates come from `d3d bench`
+runs on CPU (SmolLM2-135M target, the project's trained drafter); the pass times come from the
+GPU run. Per shape, with tau the mean accepted length, h the branch hit rate and k the branch
+budget of that CPU run:
+
+    cycle      = h * async_cycle(k) + (1 - h) * (async_cycle(k) + draft(1))
+                 (a miss adds a synchronous draft, about one single-branch pass)
+    projection = tau * ar_step / cycle
+
+It assumes the CPU acceptance carries over to each shape's family and size, which it need not.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+RESULTS = Path(__file__).resolve().parent / "results"
+DEFAULT_SOURCES = ("bench_gsm8k20_step450.json", "bench_mtbench_step600.json")
+
+
+def acceptance_sources(paths: list[str] | None) -> list[dict]:
+    """The async rows of CPU `d3d bench` result files (missing files are skipped)."""
+    files = [Path(p) for p in paths] if paths else [RESULTS / f for f in DEFAULT_SOURCES]
+    out = []
+    for f in files:
+        if not f.is_file():
+            continue
+        run = json.loads(f.read_text())
+        row = run.get("modes", {}).get("async")
+        if row is None:
+            continue
+        out.append(
+            {
+                "source": f.name,
+                "dataset": run.get("dataset"),
+                "drafter": run.get("drafter"),
+                "branch_budget": run.get("branch_budget", 4),
+                "mean_accepted_length": row["mean_accepted_length"],
+                "branch_hit_rate": row.get("branch_hit_rate") or 0.0,
+            }
+        )
+    return out
+
+
+def project(shape: dict, acc: dict) -> dict:
+    """One shape's projected speedup over its AR step, from one CPU acceptance source."""
+    cycles = shape["cycle"]
+    k = min(cycles, key=lambda b: abs(b - acc["branch_budget"]))  # nearest measured budget
+    hit = cycles[k]["async_cycle_ms"]
+    miss = hit + shape["draft_ms"][min(shape["draft_ms"])]
+    h = acc["branch_hit_rate"]
+    cycle = h * hit + (1 - h) * miss
+    return {
+        "label": "PROJECTION (CPU acceptance x GPU pass times), not a measured speedup",
+        "source": acc["source"],
+        "dataset": acc["dataset"],
+        "mean_accepted_length": acc["mean_accepted_length"],
+        "branch_hit_rate": h,
+        "branches": k,
+        "projected_cycle_ms": cycle,
+        "projected_speedup": acc["mean_accepted_length"] * shape["ar_step_ms"] / cycle,
+    }
+
+
+def projections(shapes: dict, sources: list[dict]) -> dict:
+    return {name: [project(s, acc) for acc in sources] for name, s in shapes.items()}
+
+
+def print_table(result: dict) -> None:
+    env = result["environment"]
+    print(f"\n{env.get('gpu', env['device'])}, {env['dtype']}, torch {env['torch']}")
+    head = (
+        f"{'shape':<22}{'AR':>7}{'v4':>7}{'v8':>7}{'v16':>7}{'d1':>7}{'d4':>7}{'d17':>7}"
+        f"{'c/max1':>8}{'c/max4':>8}{'c/max17':>8}{'b2b/max4':>9}"
+    )
+    print(head + "\n" + "-" * len(head))
+    for s in result["shapes"].values():
+        v, d, c = s["verify_ms"], s["draft_ms"], s["cycle"]
+        row = f"{s['shape']['name']:<22}{s['ar_step_ms']:>7.1f}"
+        row += "".join(f"{v[b]:>7.1f}" for b in sorted(v))
+        row += "".join(f"{d[k]:>7.1f}" for k in sorted(d))
+        row += "".join(f"{c[k]['cycle_over_max']:>8.2f}" for k in sorted(c))
+        row += f"{c[_near(c, 4)]['back_to_back_over_max']:>9.2f}"
+        print(row)
+    print("ms; v = target verify at block B, d = drafter pass with k branches, c/max = async")
+    print("cycle / max(draft, verify) at block 16 (1.0 = full overlap), b2b = back to back.")
+    for name, rows in result["projection"].items():
+        for p in rows:
+            print(
+                f"PROJECTION {name}: {p['projected_speedup']:.2f}x over AR "
+                f"(tau {p['mean_accepted_length']:.2f}, hit rate {p['branch_hit_rate']:.2f}, "
+                f"from {p['source']}; not measured)"
+            )
+
+
+def _near(d: dict, k: int) -> int:
+    return min(d, key=lambda b: abs(b - k))

@@ -1,0 +1,43 @@
+"""benchmarks/gpu_scale.py runs end to end on CPU (--device cpu --tiny), and its projection is
+the documented formula. The GPU numbers themselves come from benchmarks/gpu_check.sh."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+
+import gpu_report  # noqa: E402
+import gpu_scale  # noqa: E402
+
+
+def test_the_whole_check_runs_on_cpu_with_tiny_shapes(tmp_path):
+    out = tmp_path / "gpu_scale.json"
+    gpu_scale.main(["--device", "cpu", "--tiny", "--shapes", "qwen3-8b", "--out", str(out)])
+    saved = json.loads(out.read_text())
+    shape = saved["shapes"]["qwen3-8b"]
+    assert shape["shape"]["family"] == "qwen3" and shape["ar_step_ms"] > 0
+    assert sorted(shape["verify_ms"]) == ["16", "4", "8"]
+    assert sorted(shape["draft_ms"]) == ["1", "17", "4"]
+    for c in shape["cycle"].values():
+        assert c["async_cycle_ms"] > 0 and c["cycle_over_max"] > 0
+    (proj, *_) = saved["projection"]["qwen3-8b"]
+    assert "PROJECTION" in proj["label"] and proj["projected_speedup"] > 0
+
+
+def test_projection_is_the_documented_formula():
+    shape = {
+        "ar_step_ms": 10.0,
+        "draft_ms": {1: 4.0, 4: 6.0},
+        "cycle": {1: {"async_cycle_ms": 11.0}, 4: {"async_cycle_ms": 12.0}},
+    }
+    acc = dict(source="x.json", dataset="d", branch_budget=4, mean_accepted_length=2.0,
+               branch_hit_rate=0.25)  # fmt: skip
+    p = gpu_report.project(shape, acc)
+    # cycle = 0.25 * 12 + 0.75 * (12 + 4) = 15; speedup = 2.0 * 10 / 15
+    assert p["branches"] == 4 and p["projected_cycle_ms"] == pytest.approx(15.0)
+    assert p["projected_speedup"] == pytest.approx(20.0 / 15.0)

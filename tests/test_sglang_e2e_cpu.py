@@ -77,11 +77,11 @@ def _embedded(pair, prompts):
     from sglang_d3d.engine.engine import SpecEngine
     from sglang_d3d.models.decoder import Decoder
     from sglang_d3d.models.loading import load_hf_model
-    from sglang_d3d.sglang_worker.drafter_loading import _from_pretrained
+    from sglang_d3d.models.drafter import D3DDrafter
 
     torch.set_grad_enabled(False)
     target = Decoder.from_hf(load_hf_model(Path(pair[0])))
-    drafter = _from_pretrained(Path(pair[1]), target)
+    drafter = D3DDrafter.from_pretrained(Path(pair[1]), target)  # ignores the HF keys SGLang needs
     cfg = EngineConfig(
         mode=Mode.ASYNC, spec=SpecConfig(block_size=BLOCK), max_batch_size=4, max_context=256
     )

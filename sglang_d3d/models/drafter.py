@@ -42,14 +42,18 @@ class DrafterFormatError(ValueError):
     """A drafter checkpoint this version cannot use (old layout, other target, bad keys)."""
 
 
-def target_fingerprint(target: Decoder) -> str:
-    """Identifies the target's weights independently of dtype (values rounded to bf16), so a
-    drafter trained against the fp32 target also loads against the same target in bf16. Reads
-    only tensors every loader materialises (embedding rows, final norm)."""
-    h = hashlib.sha256(str((target.hf_config.model_type, target.num_layers)).encode())
-    for w in (target.embed_tokens.weight[:64], target.norm.weight):
+def fingerprint(model_type: str, num_layers: int, embed: torch.Tensor, norm: torch.Tensor) -> str:
+    """Identifies a target by its family, depth, first 64 embedding rows and final norm, with
+    values rounded to bf16 so the fp32 and bf16 loads of one target agree."""
+    h = hashlib.sha256(str((model_type, num_layers)).encode())
+    for w in (embed[:64], norm):
         h.update(w.detach().to(torch.bfloat16).view(torch.int16).cpu().numpy().tobytes())
     return h.hexdigest()[:16]
+
+
+def target_fingerprint(target: Decoder) -> str:
+    return fingerprint(target.hf_config.model_type, target.num_layers,
+                       target.embed_tokens.weight, target.norm.weight)
 
 
 @dataclass(frozen=True)
@@ -118,13 +122,17 @@ class D3DDrafter(nn.Module):
         return cls(cfg, target, seed)
 
     @classmethod
-    def from_pretrained(cls, path: str | Path, target: Decoder) -> D3DDrafter:
+    def from_pretrained(cls, path: str | Path, target: Decoder,
+                        target_print: str | None = None) -> D3DDrafter:
+        """target_print: the target's fingerprint where `target` does not hold its real
+        weights yet (SGLang shares tensors it loads later); default: computed from `target`."""
         path = Path(path)
         cfg = read_config(path)
-        if cfg.target_fingerprint != target_fingerprint(target):
+        have = target_print or target_fingerprint(target)
+        if cfg.target_fingerprint != have:
             raise DrafterFormatError(
                 f"drafter at {path} was trained for another target (fingerprint "
-                f"{cfg.target_fingerprint}, this target {target_fingerprint(target)})"
+                f"{cfg.target_fingerprint}, this target {have})"
             )
         drafter = cls(cfg, target)
         drafter.load_own_state(load_file(str(path / "model.safetensors")))

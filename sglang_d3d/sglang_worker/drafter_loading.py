@@ -12,8 +12,6 @@ can be shared (same device, tensor parallel size 1), else read from the safetens
 from __future__ import annotations
 
 import json
-import tempfile
-from dataclasses import fields
 from pathlib import Path
 
 import torch
@@ -21,7 +19,7 @@ from safetensors import safe_open
 from torch import nn
 
 from sglang_d3d.models.decoder import Decoder
-from sglang_d3d.models.drafter import D3DDrafter, DrafterConfig
+from sglang_d3d.models.drafter import D3DDrafter, fingerprint
 
 EMBED_KEY = "model.embed_tokens.weight"
 HEAD_KEY = "lm_head.weight"
@@ -46,13 +44,17 @@ def build_drafter(
     hf.model.norm.to_empty(device=device)
     wanted = tuple(f"model.layers.{i}." for i in source_layers) + ("model.norm.",)
     _copy_into(hf, read_tensors(target_path, lambda k: k.startswith(wanted)))
+    # From the files: SGLang's shared tensors may not hold their weights yet at this point.
+    file_embed = read_tensors(target_path, lambda k: k == EMBED_KEY)[EMBED_KEY]
+    target_print = fingerprint(hf_cfg.model_type, hf_cfg.num_hidden_layers, file_embed,
+                               hf.model.norm.weight)
     hf.model.rotary_emb = type(hf.model.rotary_emb)(config=hf_cfg).to(device)
     if embed is None or head is None:
         embed, head = read_embed_and_head(target_path, hf_cfg)
     hf.model.embed_tokens = _frozen_embedding(embed.to(device, dtype))
     hf.lm_head = _frozen_head(head.to(device, dtype))
-    drafter = _from_pretrained(Path(drafter_path), Decoder.from_hf(hf))
-    return drafter.to(device).eval()
+    drafter = D3DDrafter.from_pretrained(Path(drafter_path), Decoder.from_hf(hf), target_print)
+    return drafter.eval()
 
 
 def mark_for_sglang(drafter_dir: str | Path, target_dir: str | Path) -> None:
@@ -64,20 +66,6 @@ def mark_for_sglang(drafter_dir: str | Path, target_dir: str | Path) -> None:
     cfg = json.loads(cfg_file.read_text())
     cfg["model_type"] = json.loads((Path(target_dir) / "config.json").read_text())["model_type"]
     cfg_file.write_text(json.dumps(cfg, indent=2) + "\n")
-
-
-def _from_pretrained(path: Path, target: Decoder) -> D3DDrafter:
-    """D3DDrafter.from_pretrained, tolerating the HF keys `mark_for_sglang` adds (the drafter's
-    own loader takes exactly DrafterConfig's fields)."""
-    cfg = json.loads((path / "config.json").read_text())
-    known = {f.name for f in fields(DrafterConfig)}
-    if set(cfg) <= known:
-        return D3DDrafter.from_pretrained(path, target)
-    with tempfile.TemporaryDirectory(prefix="d3d-drafter-") as tmp:
-        view = Path(tmp)
-        (view / "config.json").write_text(json.dumps({k: cfg[k] for k in cfg if k in known}))
-        (view / "model.safetensors").symlink_to((path / "model.safetensors").resolve())
-        return D3DDrafter.from_pretrained(view, target)
 
 
 def read_tensors(target_path: str | Path, want) -> dict[str, torch.Tensor]:

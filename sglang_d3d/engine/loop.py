@@ -44,6 +44,21 @@ class EngineLoop:
         with self._wake:
             self._wake.notify()
 
+    def submit_all(self, items: list[tuple[GenerationRequest, EventCallback]]) -> None:
+        """Several requests at once, or none (SpecEngine.submit_all): the `n` choices."""
+        if self._draining:
+            raise RuntimeError("the engine is shutting down")
+        for req, cb in items:
+            self._callbacks[req.request_id] = cb
+        try:
+            self.engine.submit_all(items)
+        except Exception:
+            for req, _ in items:
+                self._callbacks.pop(req.request_id, None)
+            raise
+        with self._wake:
+            self._wake.notify()
+
     def abort(self, request_id: str) -> None:
         self.engine.abort(request_id)
         with self._wake:

@@ -19,6 +19,8 @@ log = logging.getLogger(__name__)
 
 
 class EngineLoop:
+    supports_logprobs = True  # TokenEvent.logprobs when GenerationRequest.logprobs is set
+
     def __init__(self, engine: SpecEngine, tokenizer=None) -> None:
         self.engine = engine
         self.tokenizer = tokenizer

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import threading
 from collections.abc import Callable
@@ -60,6 +61,9 @@ class EngineHolder:
             for fn in self._listeners:
                 engine.add_cycle_listener(fn)
             engine.start()
+            # Everything loaded so far (model, imports) lives as long as the server: keep it
+            # out of garbage collections, whose pauses would otherwise walk it all (heap.py).
+            gc.freeze()
         except Exception as e:  # noqa: BLE001 - reported on /health and in the log
             log.exception("loading the engine failed")
             self._error = f"{type(e).__name__}: {e}"

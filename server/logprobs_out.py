@@ -95,9 +95,17 @@ def _byte_level_map(tokenizer) -> dict[str, int] | None:
     kinds = [decoder.get("type")] + [d.get("type") for d in decoder.get("decoders", [])]
     if "ByteLevel" not in kinds:
         return None
-    from transformers.models.gpt2.tokenization_gpt2 import bytes_to_unicode
+    return {c: b for b, c in byte_level_alphabet().items()}
 
-    return {c: b for b, c in bytes_to_unicode().items()}
+
+def byte_level_alphabet() -> dict[int, str]:
+    """GPT-2's byte -> character table: printable Latin-1 bytes stand for themselves, and the
+    other 68 bytes take the characters from U+0100 up, in byte order."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(0xA1, 0xAC + 1), *range(0xAE, 0xFF + 1)]
+    table = {b: chr(b) for b in printable}
+    others = [b for b in range(256) if b not in table]
+    table.update({b: chr(256 + i) for i, b in enumerate(others)})
+    return table
 
 
 def _floor(x: float) -> float:

@@ -18,6 +18,7 @@ import json
 from collections.abc import Sequence
 
 from server.errors import bad_request
+from server.heap import release
 from server.protocol import ChatMessage, CompletionRequest, ToolCall
 
 
@@ -34,6 +35,8 @@ def chat_prompt_ids(tokenizer, messages: Sequence[ChatMessage]) -> list[int]:
         text = tokenizer.apply_chat_template(turns, add_generation_prompt=True, tokenize=False)
     except Exception as e:  # noqa: BLE001 - templates raise on e.g. non-alternating roles
         raise bad_request(f"messages do not fit the chat template: {e}", "messages") from e
+    finally:
+        release(turns)
     # The template already holds the special tokens it wants (BOS, role markers).
     return encode(tokenizer, text, "messages", add_special_tokens=False)
 

@@ -23,6 +23,7 @@ from server.body import parse_body, read_body
 from server.engine_client import EngineHolder
 from server.errors import APIError, bad_request
 from server.generation import Generation, start_all, usage_of
+from server.heap import PAUSE_ABOVE_BYTES, GcPause, release
 from server.logprobs_out import TokenTexts
 from server.metrics import MetricsRecorder
 from server.protocol import SamplingFields
@@ -42,6 +43,7 @@ class ServerState:
     cfg: ServerConfig
     holder: EngineHolder
     recorder: MetricsRecorder
+    gc: GcPause = field(default_factory=GcPause)
     _names: TokenTexts | None = None
     _names_lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -65,11 +67,17 @@ class Endpoint:
 
 @dataclass
 class Prepared:
-    body: Any
+    """What serving a request needs; the parsed body itself (maybe 100k messages) is dropped."""
+
     engine: Any
     prompt_ids: list[int]
     params: list[SamplingParams]  # one per sequence generated
     names: TokenTexts | None
+    n: int  # choices returned (fewer than len(params) with best_of)
+    stops: list[str]
+    num_logprobs: int | None
+    stream: bool
+    include_usage: bool
 
 
 def check_model(cfg: ServerConfig, model: str | None) -> None:
@@ -84,7 +92,11 @@ def check_model(cfg: ServerConfig, model: str | None) -> None:
 
 def prepare(state: ServerState, ep: Endpoint, raw: bytes) -> Prepared:
     """Body bytes -> everything the engine needs. Runs on a worker thread; raises APIError."""
-    body = parse_body(raw, ep.model)
+    with state.gc.paused(len(raw) > PAUSE_ABOVE_BYTES):
+        return _prepare(state, ep, parse_body(raw, ep.model))
+
+
+def _prepare(state: ServerState, ep: Endpoint, body: Any) -> Prepared:
     check_model(state.cfg, body.model)
     check_supported(body)
     if body.num_sequences > state.cfg.engine.max_queue:
@@ -106,7 +118,12 @@ def prepare(state: ServerState, ep: Endpoint, raw: bytes) -> Prepared:
     except ValueError as e:
         raise bad_request(str(e)) from e
     names = state.token_texts(engine.tokenizer) if body.num_logprobs is not None else None
-    return Prepared(body, engine, ids, choice_params(params, body.num_sequences), names)
+    if isinstance(getattr(body, "messages", None), list):
+        release(body.messages)  # not needed any more; freed in slices, not in one go
+    return Prepared(
+        engine, ids, choice_params(params, body.num_sequences), names, body.n,
+        body.stop_strings(), body.num_logprobs, body.stream, body.include_usage,
+    )  # fmt: skip
 
 
 def choice_params(params: SamplingParams, n: int) -> list[SamplingParams]:
@@ -121,18 +138,18 @@ async def serve(state: ServerState, request: Request, ep: Endpoint) -> Any:
     arrival = time.monotonic()
     raw = await read_body(request, state.cfg.max_body_bytes)
     p = await asyncio.to_thread(prepare, state, ep, raw)
-    body = p.body
+    del raw
     # best_of ranks its sequences by their log-probability, reported or not.
-    score = body.num_sequences > body.n
+    score = len(p.params) > p.n
     gens = [
-        Generation(p.engine, state.recorder, p.prompt_ids, params, body.stop_strings(), arrival,
-                   body.num_logprobs, i, score)
+        Generation(p.engine, state.recorder, p.prompt_ids, params, p.stops, arrival,
+                   p.num_logprobs, i, score)
         for i, params in enumerate(p.params)
     ]  # fmt: skip
     start_all(gens, state.cfg.retry_after)
     h = Header(ep.fmt.id_prefix + gens[0].request_id, state.cfg.model_name)
-    if body.stream:
-        events = sse_events(gens, ep.fmt, h, body.include_usage, p.names, state.recorder.on_error)
+    if p.stream:
+        events = sse_events(gens, ep.fmt, h, p.include_usage, p.names, state.recorder.on_error)
         return EventStreamResponse(events, lambda: [g.close() for g in gens])
     pieces = await until_disconnected(request, collect_all(gens))
     if pieces is None:
@@ -142,7 +159,7 @@ async def serve(state: ServerState, request: Request, ep: Endpoint) -> Any:
                piece.scored if g.num_logprobs is not None else None)
         for g, piece in zip(gens, pieces)
     ]  # fmt: skip
-    answers = best_answers(answers, [g.mean_logprob for g in gens], body.n)
+    answers = best_answers(answers, [g.mean_logprob for g in gens], p.n)
     return ep.fmt.whole(h, answers, usage_of(gens), gens[0].d3d_stats(), p.names)
 
 

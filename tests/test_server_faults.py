@@ -55,11 +55,17 @@ def wait_until(cond, timeout: float = 10.0) -> bool:
 
 
 def finished_count(url: str, reason: str) -> float:
+    return metric(url, "d3d:request_success_total", finish_reason=reason)
+
+
+def metric(url: str, name: str, **labels: str) -> float:
+    """Sum of the samples called `name` whose labels include `labels`."""
+    total = 0.0
     for fam in text_string_to_metric_families(httpx.get(f"{url}/metrics").text):
         for s in fam.samples:
-            if s.name == "d3d:request_success_total" and s.labels["finish_reason"] == reason:
-                return s.value
-    return 0.0
+            if s.name == name and labels.items() <= s.labels.items():
+                total += s.value
+    return total
 
 
 def engine_of(srv: ServerThread):
@@ -129,6 +135,9 @@ def test_full_queue_gets_503_with_retry_after(pair):
                 assert r.json()["choices"][0]["finish_reason"] == "length"
         assert wait_until(lambda: idle(srv))
         assert completion(srv.url).status_code == 200  # serving again once the queue drained
+        refused = codes.count(503)
+        assert metric(srv.url, "d3d:request_rejected_total", reason="queue_full") == refused
+        assert metric(srv.url, "d3d:request_errors_total", status="503") == refused
 
 
 # ---- clients that hang up ---------------------------------------------------------------------
@@ -222,6 +231,9 @@ def test_a_failing_request_fails_alone(pair):
         assert lines[-1] == "data: [DONE]"
         assert httpx.get(f"{srv.url}/health").status_code == 200
         assert wait_until(lambda: idle(srv))
+        # one failure answered with a 500, one reported inside its stream; neither is a refusal
+        assert metric(srv.url, "d3d:request_errors_total", type="internal_server_error") == 2
+        assert metric(srv.url, "d3d:request_rejected_total") == 0
 
 
 # ---- shutdown ---------------------------------------------------------------------------------

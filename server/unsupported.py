@@ -35,8 +35,11 @@ SHARED: tuple[Check, ...] = (
     ("service_tier", lambda v: v in (None, "auto", "default"), "there is one service tier"),
 )
 CHAT: tuple[Check, ...] = (
-    ("response_format", lambda v: v is None or v == {"type": "text"},
-     "structured output (json_object, json_schema) is not supported; only {\"type\": \"text\"}"),
+    (
+        "response_format",
+        lambda v: v is None or v == {"type": "text"},
+        'structured output (json_object, json_schema) is not supported; only {"type": "text"}',
+    ),
     ("audio", _absent, "audio output is not supported"),
     ("modalities", lambda v: v in (None, ["text"]), "only the text modality is supported"),
     ("prediction", _absent, "predicted outputs are not supported"),
@@ -72,7 +75,7 @@ def _check_tools(body: ChatCompletionRequest) -> None:
     history is fine, and so are tools with tool_choice "none": the model answers in text."""
     if body.tool_choice not in (None, "none", "auto"):
         raise bad_request(
-            "`tool_choice` other than \"none\" is not supported: this server does not produce "
+            '`tool_choice` other than "none" is not supported: this server does not produce '
             "tool calls",
             "tool_choice",
         )
@@ -80,7 +83,7 @@ def _check_tools(body: ChatCompletionRequest) -> None:
         if getattr(body, name) and body.tool_choice != "none":
             raise bad_request(
                 f"`{name}` is not supported: this server does not produce tool calls (send "
-                "`tool_choice: \"none\"` to have the model answer in text)",
+                '`tool_choice: "none"` to have the model answer in text)',
                 name,
             )
 

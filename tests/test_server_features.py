@@ -199,7 +199,9 @@ def test_tokenizer_failures_are_400s(servers, monkeypatch):
         raise TypeError("TextEncodeInput must be Union[...]")
 
     monkeypatch.setattr(type(tok), "__call__", refuse)
-    for path, body in [("/v1/completions", {"prompt": "w5"}),
-                       ("/v1/chat/completions", {"messages": [{"role": "user", "content": "w5"}]})]:
+    for path, body in [
+        ("/v1/completions", {"prompt": "w5"}),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "w5"}]}),
+    ]:
         r = httpx.post(servers["async"].url + path, json=body)
         assert r.status_code == 400 and "tokenizer refused" in r.json()["error"]["message"]

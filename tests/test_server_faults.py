@@ -161,6 +161,21 @@ def test_disconnect_mid_stream_aborts_the_request(slow_srv):
     assert finished_count(url, "abort") == before + 1
 
 
+@pytest.mark.parametrize("stream", [True, False])
+def test_disconnect_aborts_every_choice_of_an_n_request(slow_srv, stream):
+    url, before = slow_srv.url, finished_count(slow_srv.url, "abort")
+    body = {"prompt": "w5 w6", "max_tokens": 240, "temperature": 1.0, "n": 2, "stream": stream}
+    if stream:
+        with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=30) as r:
+            assert next(r.iter_lines()).startswith("data: ")
+            assert engine_of(slow_srv).num_running == 2  # both choices, one slot each
+    else:
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(f"{url}/v1/completions", json=body, timeout=0.5)
+    assert wait_until(lambda: idle(slow_srv), 2.0)
+    assert finished_count(url, "abort") == before + 2
+
+
 def test_disconnect_while_waiting_in_the_queue_aborts_too(slow_srv):
     url, engine = slow_srv.url, engine_of(slow_srv)
     before = finished_count(url, "abort")

@@ -140,8 +140,9 @@ class SpecEngine:
     def _prefill(self, seq: Sequence, prefilled: dict) -> TokenEvent:
         """Prompt -> first token, on every core: time to first token is the target's prefill
         alone. The drafter reads the prompt in its first (synchronous) draft, right after.
-        A prompt already prefilled this step (another choice of an `n` > 1 request) is copied
-        from that slot instead; each choice still draws its own first token."""
+        A prompt already prefilled this step (another choice of an `n` > 1 request, or any
+        request with the same prompt) is copied from that slot instead; each still draws its
+        own first token."""
         t0 = time.perf_counter()
         seq.stats.queue_time = max(0.0, time.monotonic() - seq.submit_time)
         key = tuple(seq.tokens)
@@ -153,7 +154,8 @@ class SpecEngine:
                 self.target.prefill, seq.slot, seq.tokens, threads=self._alone_threads
             )
             logits, _, _ = fut.result()  # [V]
-            prefilled[key] = (seq.slot, logits)
+            # A copy: the [V] row is a view that would keep the prompt's [T, V] logits alive.
+            prefilled[key] = (seq.slot, logits.clone())
         token = sample(target_probs(logits, seq.params), seq.generator)
         seq.stats.prefill_time = time.perf_counter() - t0
         if self.drafting is not None:

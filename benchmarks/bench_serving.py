@@ -11,11 +11,17 @@ For each mode (a server started per mode, or one already running at --url), each
   with speculation ITL is per cycle, not per token; TPOT is the per-token figure);
 - mean accepted length and branch hit rate, from the server's Prometheus counters over the run.
 
+Each load runs in request variants (--variants): `plain`; `logprobs` (logprobs with
+--top-logprobs alternatives per token); and `n` (--n choices per request, sharing one prefill).
+Their cost is reported against the plain requests of the same mode, dataset and concurrency:
+output tokens/s, TTFT and per-sequence TPOT, each as a ratio to plain.
+
 Latencies are given as mean, p50 and p99 in milliseconds. Results are printed as a table and
-saved as JSON (one row per mode x dataset x concurrency).
+saved as JSON (one row per mode x dataset x concurrency x variant, and the cost ratios).
 
     python benchmarks/bench_serving.py --modes ar async --num-prompts 64
     python benchmarks/bench_serving.py --url http://localhost:8000 --modes async
+    python benchmarks/bench_serving.py --variants plain logprobs n --n 4 --top-logprobs 20
 """
 
 from __future__ import annotations
@@ -41,6 +47,7 @@ from sglang_d3d.prompts import NAMED, datasets_dir
 
 DATASETS = tuple(NAMED)  # gsm8k (test split), mt_bench
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "bench_serving.json"
+VARIANTS = ("plain", "logprobs", "n")
 
 
 # ---- prompts ----------------------------------------------------------------------------------
@@ -63,18 +70,21 @@ class RequestResult:
     latency: float = 0.0
     ttft: float = 0.0
     itl: list[float] = field(default_factory=list)
-    output_tokens: int = 0
+    output_tokens: int = 0  # every choice's
+    sequences: int = 1  # choices generated (n)
     error: str = ""
 
     @property
     def tpot(self) -> float | None:
-        if self.output_tokens < 2:
+        """Time per output token of one sequence (choices are generated side by side)."""
+        per_sequence = self.output_tokens / self.sequences
+        if per_sequence < 2:
             return None
-        return (self.latency - self.ttft) / (self.output_tokens - 1)
+        return (self.latency - self.ttft) / (per_sequence - 1)
 
 
 async def stream_one(client: httpx.AsyncClient, url: str, body: dict) -> RequestResult:
-    res, start = RequestResult(ok=False), time.perf_counter()
+    res, start = RequestResult(ok=False, sequences=body.get("n", 1)), time.perf_counter()
     last = None
     try:
         async with client.stream("POST", f"{url}/v1/chat/completions", json=body) as r:
@@ -100,18 +110,21 @@ async def stream_one(client: httpx.AsyncClient, url: str, body: dict) -> Request
     return res
 
 
-async def run_load(url: str, model: str, prompts: list[str], concurrency: int, args) -> tuple:
+async def run_load(
+    url: str, model: str, prompts: list[str], concurrency: int, variant: str, args
+) -> tuple:
     """All prompts through `concurrency` workers; returns (results, wall seconds)."""
     queue: asyncio.Queue[str] = asyncio.Queue()
     for p in prompts:
         queue.put_nowait(p)
     results: list[RequestResult] = []
     limits = httpx.Limits(max_connections=concurrency + 4)
-    async with httpx.AsyncClient(timeout=args.request_timeout, limits=limits) as client:
+    headers = auth_headers(args.api_key)
+    async with httpx.AsyncClient(timeout=args.request_timeout, limits=limits, headers=headers) as client:
 
         async def worker() -> None:
             while not queue.empty():
-                body = request_body(model, queue.get_nowait(), args)
+                body = request_body(model, queue.get_nowait(), args, variant)
                 results.append(await stream_one(client, url, body))
 
         start = time.perf_counter()
@@ -119,8 +132,8 @@ async def run_load(url: str, model: str, prompts: list[str], concurrency: int, a
         return results, time.perf_counter() - start
 
 
-def request_body(model: str, prompt: str, args) -> dict:
-    return {
+def request_body(model: str, prompt: str, args, variant: str = "plain") -> dict:
+    body = {
         "model": model,
         "messages": [{"role": "user", "content": prompt}],
         "max_tokens": args.max_tokens,
@@ -129,12 +142,21 @@ def request_body(model: str, prompt: str, args) -> dict:
         "stream": True,
         "stream_options": {"include_usage": True},
     }
+    if variant == "logprobs":
+        body |= {"logprobs": True, "top_logprobs": args.top_logprobs}
+    elif variant == "n":
+        body["n"] = args.n
+    return body
 
 
 # ---- server-side speculation stats ------------------------------------------------------------
 
 
-def scrape(url: str) -> dict[str, float]:
+def auth_headers(api_key: str | None) -> dict[str, str]:
+    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
+
+
+def scrape(url: str, headers: dict | None = None) -> dict[str, float]:
     """Totals of the counters this benchmark derives its speculation figures from."""
     wanted = {
         "d3d:spec_accepted_length_sum",
@@ -143,7 +165,7 @@ def scrape(url: str) -> dict[str, float]:
         "d3d:spec_branch_misses_total",
     }
     out = dict.fromkeys(wanted, 0.0)
-    text = httpx.get(f"{url}/metrics", timeout=30).text
+    text = httpx.get(f"{url}/metrics", timeout=30, headers=headers).text
     for fam in text_string_to_metric_families(text):
         for s in fam.samples:
             if s.name in wanted:
@@ -192,16 +214,50 @@ def summarize(results: list[RequestResult], wall: float) -> dict:
     }
 
 
+def variant_costs(rows: list[dict]) -> list[dict]:
+    """Each non-plain row against the plain row of its mode, dataset and concurrency."""
+    key = lambda r: (r["mode"], r["dataset"], r["concurrency"])  # noqa: E731
+    plain = {key(r): r for r in rows if r["variant"] == "plain"}
+    costs = []
+    for r in rows:
+        base = plain.get(key(r))
+        if r["variant"] == "plain" or base is None:
+            continue
+        costs.append({
+            "mode": r["mode"], "dataset": r["dataset"], "concurrency": r["concurrency"],
+            "variant": r["variant"],
+            "output_throughput_ratio": _ratio(r["output_throughput"], base["output_throughput"]),
+            "ttft_mean_ratio": _ratio(r["ttft_ms"]["mean"], base["ttft_ms"]["mean"]),
+            "tpot_mean_ratio": _ratio(r["tpot_ms"]["mean"], base["tpot_ms"]["mean"]),
+        })  # fmt: skip
+    return costs
+
+
+def _ratio(x: float | None, base: float | None) -> float | None:
+    return None if x is None or not base else x / base
+
+
+def print_costs(costs: list[dict]) -> None:
+    print(f"{'mode':6} {'dataset':9} {'conc':>4} {'variant':8} "
+          f"{'tok/s vs plain':>14} {'TTFT vs plain':>13} {'TPOT vs plain':>13}")  # fmt: skip
+    for c in costs:
+        print(
+            f"{c['mode']:6} {c['dataset']:9} {c['concurrency']:>4} {c['variant']:8} "
+            f"{_num(c['output_throughput_ratio'], 2):>14} {_num(c['ttft_mean_ratio'], 2):>13} "
+            f"{_num(c['tpot_mean_ratio'], 2):>13}"
+        )
+
+
 def print_table(rows: list[dict], header: bool = True) -> None:
     if header:
         print(
-            f"{'mode':6} {'dataset':9} {'conc':>4} {'req/s':>7} {'tok/s':>8} "
+            f"{'mode':6} {'dataset':9} {'conc':>4} {'variant':8} {'req/s':>7} {'tok/s':>8} "
             f"{'TTFT mean/p50/p99 ms':>22} {'TPOT mean/p50/p99 ms':>22} "
             f"{'ITL mean/p50/p99 ms':>22} {'acc_len':>7} {'hit':>5} {'fail':>4}"
         )
     for r in rows:
         print(
-            f"{r['mode']:6} {r['dataset']:9} {r['concurrency']:>4} "
+            f"{r['mode']:6} {r['dataset']:9} {r['concurrency']:>4} {r['variant']:8} "
             f"{r['request_throughput']:7.2f} {r['output_throughput']:8.1f} "
             f"{_trio(r['ttft_ms']):>22} {_trio(r['tpot_ms']):>22} {_trio(r['itl_ms']):>22} "
             f"{_num(r['mean_accepted_length'], 2):>7} {_num(r['branch_hit_rate'], 2):>5} "
@@ -269,13 +325,14 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def served_model(url: str) -> str:
-    return httpx.get(f"{url}/v1/models", timeout=30).json()["data"][0]["id"]
+def served_model(url: str, headers: dict | None = None) -> str:
+    return httpx.get(f"{url}/v1/models", timeout=30, headers=headers).json()["data"][0]["id"]
 
 
-def served_mode(url: str) -> str:
+def served_mode(url: str, headers: dict | None = None) -> str:
     """The `mode` label the server puts on its metrics (ar | sync | async)."""
-    for fam in text_string_to_metric_families(httpx.get(f"{url}/metrics", timeout=30).text):
+    text = httpx.get(f"{url}/metrics", timeout=30, headers=headers).text
+    for fam in text_string_to_metric_families(text):
         for s in fam.samples:
             if "mode" in s.labels:
                 return s.labels["mode"]
@@ -286,24 +343,27 @@ def served_mode(url: str) -> str:
 
 
 def bench_mode(url: str, mode: str, args) -> list[dict]:
-    model = served_model(url)
+    headers = auth_headers(args.api_key)
+    model = served_model(url, headers)
     warm = request_body(model, "Hello!", args) | {"max_tokens": 8}
-    asyncio.run(run_load_once(url, warm))
+    asyncio.run(run_load_once(url, warm, headers))
     rows = []
     for dataset in args.datasets:
         prompts = load_prompts(dataset, datasets_dir() / NAMED[dataset], args.num_prompts, args.seed)
         for conc in args.concurrency:
-            before = scrape(url)
-            results, wall = asyncio.run(run_load(url, model, prompts, conc, args))
-            row = {"mode": mode, "dataset": dataset, "concurrency": conc, "model": model}
-            row |= summarize(results, wall) | spec_figures(before, scrape(url))
-            print_table([row], header=not rows)
-            rows.append(row)
+            for variant in args.variants:
+                before = scrape(url, headers)
+                results, wall = asyncio.run(run_load(url, model, prompts, conc, variant, args))
+                row = {"mode": mode, "dataset": dataset, "concurrency": conc,
+                       "variant": variant, "model": model}  # fmt: skip
+                row |= summarize(results, wall) | spec_figures(before, scrape(url, headers))
+                print_table([row], header=not rows)
+                rows.append(row)
     return rows
 
 
-async def run_load_once(url: str, body: dict) -> None:
-    async with httpx.AsyncClient(timeout=600) as client:
+async def run_load_once(url: str, body: dict, headers: dict) -> None:
+    async with httpx.AsyncClient(timeout=600, headers=headers) as client:
         await stream_one(client, url, body)
 
 
@@ -317,9 +377,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS),
+                   help="request kinds per load; logprobs and n are compared against plain")
+    p.add_argument("--n", type=int, default=2, help="choices per request in the n variant")
+    p.add_argument("--top-logprobs", type=int, default=5, help="alternatives per token (0-20)")
     p.add_argument("--request-timeout", type=float, default=600.0)
     p.add_argument("--server-timeout", type=float, default=900.0, help="seconds to become healthy")
     p.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    p.add_argument("--api-key", default=os.environ.get("D3D_API_KEY", "").split(",")[0] or None,
+                   help="for a server that requires one (default: the first of $D3D_API_KEY)")
     p.add_argument(
         "--server-args",
         default="",
@@ -333,7 +399,7 @@ def main(argv: list[str] | None = None) -> int:
     rows: list[dict] = []
     if args.url:  # one running server, one mode: it says which
         url = args.url.rstrip("/")
-        rows = bench_mode(url, served_mode(url), args)
+        rows = bench_mode(url, served_mode(url, auth_headers(args.api_key)), args)
     for mode in [] if args.url else args.modes:
         server = ServerProcess(mode, args.server_args.split(), args.out.parent, args.server_timeout)
         try:
@@ -342,8 +408,13 @@ def main(argv: list[str] | None = None) -> int:
             server.stop()
     print()
     print_table(rows)
+    costs = variant_costs(rows)
+    if costs:
+        print()
+        print_costs(costs)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    payload = {"config": {k: str(v) for k, v in vars(args).items()}, "results": rows}
+    payload = {"config": {k: str(v) for k, v in vars(args).items()}, "results": rows,
+               "costs": costs}  # fmt: skip
     args.out.write_text(json.dumps(payload, indent=2))
     print(f"\nsaved {args.out}")
     return 0

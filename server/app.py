@@ -19,6 +19,8 @@ from server.backends import engine_factory
 from server.engine_client import EngineFactory, EngineHolder
 from server.errors import install_error_handlers
 from server.metrics import MetricsRecorder
+from server.openapi import add_request_schemas
+from server.protocol import ChatCompletionRequest, CompletionRequest
 from server.routes import router
 from server.serving import ServerState
 
@@ -53,6 +55,7 @@ def create_app(
         lifespan=lifespan,
     )
     app.state.d3d = state
-    install_error_handlers(app)
+    install_error_handlers(app, recorder.on_error)
     app.include_router(router)
+    add_request_schemas(app, [ChatCompletionRequest, CompletionRequest])
     return app

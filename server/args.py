@@ -11,6 +11,7 @@ import enum
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from server.auth import ENV_VAR, keys_from_env
 from sglang_d3d.cli_args import add_engine_args, engine_config
 from sglang_d3d.config import EngineConfig
 from sglang_d3d.models.loading import DEFAULT_TARGET_NAME
@@ -27,18 +28,25 @@ class Backend(str, enum.Enum):
 class ServerConfig:
     engine: EngineConfig = field(default_factory=EngineConfig)
     backend: Backend = Backend.EMBEDDED
-    host: str = "0.0.0.0"
+    host: str = "127.0.0.1"  # this machine only; the Helm chart and images bind 0.0.0.0
     port: int = 8000
     served_model_name: str | None = None  # None: the target folder's name
     drain_timeout: float = 30.0  # seconds in-flight requests get to finish on shutdown
     retry_after: int = 1  # seconds, sent with 503 (queue full, still loading)
     log_level: str = "info"
+    api_keys: tuple[str, ...] = ()  # empty: /v1/* is open
+    metrics_need_key: bool = False  # /metrics asks for an API key too
+    max_body_bytes: int = 8 * 1024 * 1024  # larger request bodies get 413
 
     def __post_init__(self) -> None:
         if not 0 <= self.port < 65536:
             raise ValueError("port must be in [0, 65535]")
         if self.drain_timeout < 0:
             raise ValueError("drain_timeout must be >= 0")
+        if self.max_body_bytes < 1:
+            raise ValueError("max_body_bytes must be >= 1")
+        if self.metrics_need_key and not self.api_keys:
+            raise ValueError("--metrics-need-key needs an API key (--api-key or D3D_API_KEY)")
 
     @property
     def model_name(self) -> str:
@@ -72,6 +80,13 @@ def _add_server_args(p: argparse.ArgumentParser) -> None:
                    metavar="|".join(Backend))
     g.add_argument("--drain-timeout", type=float, default=d.drain_timeout)
     g.add_argument("--log-level", default=d.log_level)
+    g.add_argument("--api-key", action="append", default=[], metavar="KEY",
+                   help=f"require `Authorization: Bearer KEY` on /v1/* (repeatable; also the "
+                   f"comma-separated environment variable {ENV_VAR})")
+    g.add_argument("--metrics-need-key", action="store_true",
+                   help="/metrics requires an API key too (default: open, like /health)")
+    g.add_argument("--max-body-bytes", type=int, default=d.max_body_bytes,
+                   help="larger request bodies are refused with 413 (default: 8 MiB)")
 
 
 def config_from_args(ns: argparse.Namespace) -> ServerConfig:
@@ -83,6 +98,9 @@ def config_from_args(ns: argparse.Namespace) -> ServerConfig:
         served_model_name=ns.served_model_name,
         drain_timeout=ns.drain_timeout,
         log_level=ns.log_level,
+        api_keys=tuple(dict.fromkeys([*ns.api_key, *keys_from_env()])),
+        metrics_need_key=ns.metrics_need_key,
+        max_body_bytes=ns.max_body_bytes,
     )
 
 

@@ -21,6 +21,7 @@ class TextStream:
         self._backend = tokenizer.backend_tokenizer  # the Rust tokenizer DecodeStream drives
         self._decoder = DecodeStream(ids=list(prompt_ids[-PRIME_TOKENS:]), skip_special_tokens=True)
         self._stops = StopMatcher(stops)
+        self.decoded = 0  # characters decoded so far, stop strings aside: the next token's offset
 
     @property
     def stopped(self) -> bool:
@@ -30,6 +31,7 @@ class TextStream:
     def add(self, token_id: int) -> str:
         """Text that became final with this token (possibly empty)."""
         piece = self._decoder.step(self._backend, token_id)
+        self.decoded += len(piece or "")
         return self._stops.feed(piece) if piece else ""
 
     def finish(self) -> str:

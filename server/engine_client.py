@@ -7,6 +7,8 @@ that serves the request, so the HTTP code only ever awaits a queue.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import gc
 import logging
 import threading
 from collections.abc import Callable
@@ -59,6 +61,9 @@ class EngineHolder:
             for fn in self._listeners:
                 engine.add_cycle_listener(fn)
             engine.start()
+            # Everything loaded so far (model, imports) lives as long as the server: keep it
+            # out of garbage collections, whose pauses would otherwise walk it all (heap.py).
+            gc.freeze()
         except Exception as e:  # noqa: BLE001 - reported on /health and in the log
             log.exception("loading the engine failed")
             self._error = f"{type(e).__name__}: {e}"
@@ -116,18 +121,8 @@ class RequestStream:
             pass
 
     def submit(self, request: GenerationRequest, retry_after: int) -> None:
-        try:
+        with engine_errors(retry_after):
             self._engine.submit(request, self.on_event)
-        except QueueFullError as e:
-            raise unavailable(f"the server is at capacity: {e}", "queue_full", retry_after) from e
-        except RequestTooLongError as e:
-            raise bad_request(str(e), param="max_tokens", code="context_length_exceeded") from e
-        except ValueError as e:
-            raise bad_request(str(e)) from e
-        except RuntimeError as e:  # e.g. the engine is draining for shutdown
-            raise unavailable(
-                f"the server cannot take requests: {e}", "unavailable", retry_after
-            ) from e
 
     async def next(self) -> TokenEvent:
         event = await self._queue.get()
@@ -151,3 +146,31 @@ class RequestStream:
         if not self.finished and not self._aborted:
             self._aborted = True
             self._engine.abort(self.request_id)
+
+
+def submit_streams(
+    engine: Any, items: list[tuple[RequestStream, GenerationRequest]], retry_after: int
+) -> None:
+    """Submit the choices of one request together: all are queued or none (the engine shares
+    their prompt's prefill). A backend without `submit_all` gets them one by one."""
+    if len(items) == 1 or not hasattr(engine, "submit_all"):
+        for stream, req in items:
+            stream.submit(req, retry_after)
+        return
+    with engine_errors(retry_after):
+        engine.submit_all([(req, stream.on_event) for stream, req in items])
+
+
+@contextlib.contextmanager
+def engine_errors(retry_after: int):
+    """The engine's refusals as HTTP errors: queue full 503, too long 400, draining 503."""
+    try:
+        yield
+    except QueueFullError as e:
+        raise unavailable(f"the server is at capacity: {e}", "queue_full", retry_after) from e
+    except RequestTooLongError as e:
+        raise bad_request(str(e), param="max_tokens", code="context_length_exceeded") from e
+    except ValueError as e:
+        raise bad_request(str(e)) from e
+    except RuntimeError as e:  # e.g. the engine is draining for shutdown
+        raise unavailable(f"the server cannot take requests: {e}", "unavailable", retry_after) from e

@@ -1,12 +1,17 @@
 """Every error leaves the server in OpenAI's shape: {"error": {"message", "type", "param", "code"}}.
 
 `APIError` is raised by request handling; the handlers installed here turn it, FastAPI's
-validation errors, unknown routes and unexpected exceptions into that shape.
+validation errors, unknown routes and unexpected exceptions into that shape, and count each in
+the metrics (`rejection_reason`). Error bodies are ASCII-escaped JSON: a message may quote
+client text, and client text may hold a lone surrogate that UTF-8 cannot encode.
 """
 
 from __future__ import annotations
 
+import json
 import logging
+from collections.abc import Callable
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -19,6 +24,33 @@ INVALID_REQUEST = "invalid_request_error"
 NOT_FOUND = "not_found_error"
 UNAVAILABLE = "service_unavailable_error"
 INTERNAL = "internal_server_error"
+
+ErrorListener = Callable[[int, str, "str | None"], None]  # (status, error type, code)
+
+
+class ErrorResponse(JSONResponse):
+    """JSON with non-ASCII escaped, so that any message can be encoded."""
+
+    def render(self, content: Any) -> bytes:
+        return json.dumps(content, ensure_ascii=True, separators=(",", ":")).encode("ascii")
+
+
+def rejection_reason(status: int, code: str | None) -> str | None:
+    """Why a request was refused before generation, for d3d:request_rejected_total{reason};
+    None for failures that are not refusals (500s)."""
+    if status == 413:
+        return "body_too_large"
+    if status == 401:
+        return "unauthorized"
+    if code == "queue_full":
+        return "queue_full"
+    if code == "context_length_exceeded":
+        return "too_long"
+    if status == 503:
+        return "unavailable"  # loading, failed to load, or draining for shutdown
+    if 400 <= status < 500:
+        return "bad_request"
+    return None
 
 
 class APIError(Exception):
@@ -39,7 +71,7 @@ class APIError(Exception):
         return error_body(self.message, self.type, self.param, self.code)
 
     def response(self) -> JSONResponse:
-        return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
+        return ErrorResponse(self.body(), status_code=self.status, headers=self.headers)
 
 
 def error_body(message: str, type: str, param: str | None = None, code: str | None = None) -> dict:
@@ -90,23 +122,30 @@ def _union_location(errors: list[dict]) -> tuple[list[str], list[str]]:
     return prefix, msgs
 
 
-def install_error_handlers(app: FastAPI) -> None:
+def install_error_handlers(app: FastAPI, on_error: ErrorListener | None = None) -> None:
+    """on_error(status, type, code) is told of every error response (for the metrics)."""
+
+    def respond(exc: APIError) -> JSONResponse:
+        if on_error is not None:
+            on_error(exc.status, exc.type, exc.code)
+        return exc.response()
+
     @app.exception_handler(APIError)
     async def _api_error(_: Request, exc: APIError) -> JSONResponse:
-        return exc.response()
+        return respond(exc)
 
     @app.exception_handler(RequestValidationError)
     async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
-        return validation_error(exc).response()
+        return respond(validation_error(exc))
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
         kind = NOT_FOUND if exc.status_code == 404 else INVALID_REQUEST
-        body = error_body(str(exc.detail), kind, code=str(exc.status_code))
-        return JSONResponse(body, status_code=exc.status_code, headers=exc.headers)
+        err = APIError(exc.status_code, str(exc.detail), kind, None, str(exc.status_code))
+        err.headers = exc.headers
+        return respond(err)
 
     @app.exception_handler(Exception)
     async def _internal(_: Request, exc: Exception) -> JSONResponse:
         log.exception("unhandled error while serving a request")
-        body = error_body(f"internal error: {type(exc).__name__}: {exc}", INTERNAL)
-        return JSONResponse(body, status_code=500)
+        return respond(APIError(500, f"internal error: {type(exc).__name__}: {exc}", INTERNAL))

@@ -9,21 +9,38 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from server.detokenize import TextStream
-from server.engine_client import RequestStream
+from server.engine_client import RequestStream, submit_streams
 from server.errors import INTERNAL, APIError
+from server.logprobs_out import ScoredToken
 from server.metrics import MetricsRecorder
 from server.protocol import D3DStats, Usage
 from sglang_d3d.config import SamplingParams
-from sglang_d3d.engine.api import GenerationRequest
+from sglang_d3d.engine.api import GenerationRequest, TokenEvent
+from sglang_d3d.spec.logprobs import TokenLogprob
 from sglang_d3d.spec.stats import RequestStats
 
 ABORT_DRAIN_TIMEOUT = 5.0  # seconds to wait for an aborted request's final event (its stats)
 
 
+@dataclass
+class Piece:
+    """What one engine event adds to a choice: final text, and its tokens' log-probabilities
+    (if asked for; a token's text may still be held back for a possible stop string)."""
+
+    text: str = ""
+    scored: list[ScoredToken] = field(default_factory=list)
+
+    def __bool__(self) -> bool:
+        return bool(self.text or self.scored)
+
+
 class Generation:
+    """One sequence (one choice) of a request through the engine."""
+
     def __init__(
         self,
         engine: Any,
@@ -32,26 +49,43 @@ class Generation:
         params: SamplingParams,
         stops: Sequence[str],
         arrival: float | None = None,  # time.monotonic() when the request came in
+        num_logprobs: int | None = None,  # None: none; k: each token's and k alternatives
+        index: int = 0,  # the choice's index in the response
+        score: bool = False,  # sum the tokens' log-probabilities even if not reported (best_of)
     ) -> None:
         self.request_id = uuid.uuid4().hex
         self.arrival = time.monotonic() if arrival is None else arrival
+        self.index, self.num_logprobs = index, num_logprobs
+        self._engine_logprobs = 0 if num_logprobs is None and score else num_logprobs
         self._engine, self._recorder = engine, recorder
         self._prompt_ids, self._params = prompt_ids, params
         self._text = TextStream(engine.tokenizer, prompt_ids, stops)
         self._stream: RequestStream | None = None
         self.completion_tokens = 0
+        self.logprob_sum = 0.0  # of the tokens in the answer (best_of ranks by the mean)
         self.finish_reason: str | None = None
         self.stats: RequestStats | None = None
 
     def start(self, retry_after: int) -> None:
         """Submit to the engine; raises APIError (queue full, too long) before any response."""
-        stream = RequestStream(self._engine, self.request_id)
-        req = GenerationRequest(self.request_id, self._prompt_ids, self._params, self.arrival)
-        stream.submit(req, retry_after)
-        self._stream = stream
-        self._tracker = self._recorder.track(self.arrival, len(self._prompt_ids))
+        start_all([self], retry_after)
 
-    async def pieces(self) -> AsyncIterator[str]:
+    def _request(self) -> GenerationRequest:
+        return GenerationRequest(
+            self.request_id, self._prompt_ids, self._params, self.arrival, self._engine_logprobs
+        )
+
+    def _started(self, stream: RequestStream) -> None:
+        self._stream = stream
+        # The choices of one request share one prompt: it is counted once.
+        prompt = len(self._prompt_ids) if self.index == 0 else 0
+        self._tracker = self._recorder.track(self.arrival, prompt)
+
+    @property
+    def mean_logprob(self) -> float:
+        return self.logprob_sum / max(1, self.completion_tokens)
+
+    async def pieces(self) -> AsyncIterator[Piece]:
         """Text as it becomes final, one piece per engine event.
 
         Raises APIError(500) if the engine failed this request."""
@@ -59,29 +93,38 @@ class Generation:
         try:
             while self.finish_reason is None:
                 event = await self._stream.next()
-                if text := self._consume(event.token_ids):
-                    yield text
+                if piece := self._consume(event):
+                    yield piece
                 if self._text.stopped:
                     stats = event.stats if event.finished else await self._abort_and_drain()
                     self.finish_reason, self.stats = "stop", stats
                 elif event.finished:
                     self._end(event.finish_reason, event.stats, event.error)
                     if tail := self._text.finish():
-                        yield tail
+                        yield Piece(tail)
         finally:
             self.close()
 
-    def _consume(self, token_ids: list[int]) -> str:
-        """The text one engine event adds (an event holds a cycle's accepted tokens)."""
-        pieces, used = [], 0
-        for tok in token_ids:
+    def _consume(self, event: TokenEvent) -> Piece:
+        """What one engine event adds (an event holds a cycle's accepted tokens)."""
+        piece, used = Piece(), 0
+        logprobs: list[TokenLogprob | None] = list(event.logprobs or [])
+        logprobs += [None] * (len(event.token_ids) - len(logprobs))
+        texts = []
+        for tok, lp in zip(event.token_ids, logprobs):
             if self._text.stopped:
                 break  # tokens after a stop string are not part of the answer
             used += 1
-            pieces.append(self._text.add(tok))
+            offset = self._text.decoded
+            texts.append(self._text.add(tok))
+            if lp is not None:
+                self.logprob_sum += lp.logprob
+                if self.num_logprobs is not None:
+                    piece.scored.append(ScoredToken(lp, offset))
+        piece.text = "".join(texts)
         self.completion_tokens += used
         self._tracker.on_tokens(used)
-        return "".join(pieces)
+        return piece
 
     async def _abort_and_drain(self) -> RequestStats | None:
         """A stop string matched: end the request in the engine and keep its stats."""
@@ -104,14 +147,21 @@ class Generation:
         self._stream.abort()
         self._tracker.finish(self.finish_reason or "abort", self.stats)
 
-    async def text(self) -> str:
-        return "".join([piece async for piece in self.pieces()])
+    async def collect(self) -> Piece:
+        """The whole answer: its text and every token's log-probabilities."""
+        whole = Piece()
+        async for piece in self.pieces():
+            whole.text += piece.text
+            whole.scored += piece.scored
+        return whole
+
+    @property
+    def prompt_tokens(self) -> int:
+        return len(self._prompt_ids)
 
     @property
     def usage(self) -> Usage:
-        prompt = len(self._prompt_ids)
-        done = self.completion_tokens
-        return Usage(prompt_tokens=prompt, completion_tokens=done, total_tokens=prompt + done)
+        return usage_of([self])
 
     def d3d_stats(self) -> D3DStats | None:
         s = self.stats
@@ -126,3 +176,19 @@ class Generation:
             queue_time=s.queue_time,
             prefill_time=s.prefill_time,
         )
+
+
+def start_all(gens: list[Generation], retry_after: int) -> None:
+    """Submit a request's choices together (all or none; they share the prompt's prefill)."""
+    engine = gens[0]._engine
+    streams = [RequestStream(engine, g.request_id) for g in gens]
+    submit_streams(engine, [(st, g._request()) for st, g in zip(streams, gens)], retry_after)
+    for st, g in zip(streams, gens):
+        g._started(st)
+
+
+def usage_of(gens: Sequence[Generation]) -> Usage:
+    """OpenAI counts the prompt once and the completion tokens of every choice generated."""
+    prompt = gens[0].prompt_tokens
+    done = sum(g.completion_tokens for g in gens)
+    return Usage(prompt_tokens=prompt, completion_tokens=done, total_tokens=prompt + done)

@@ -32,6 +32,13 @@ Branch hit rate (async mode: share of cycles whose pre-drafted branch matched)::
 Overlap fraction over a window::
 
     rate(d3d:spec_overlap_seconds_total[5m]) / rate(d3d:spec_cycle_seconds_total[5m])
+
+Share of requests refused (any reason), and error responses per second by type::
+
+    sum(rate(d3d:request_rejected_total[5m])) by (model_name)
+      / (sum(rate(d3d:request_rejected_total[5m])) by (model_name)
+         + sum(rate(d3d:request_success_total[5m])) by (model_name))
+    sum(rate(d3d:request_errors_total[5m])) by (type)
 """
 
 from __future__ import annotations
@@ -41,6 +48,7 @@ import time
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from server.errors import rejection_reason
 from sglang_d3d.spec.stats import CycleStats, RequestStats
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
@@ -52,6 +60,10 @@ LATENCY_BUCKETS = (
 STEP_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 LENGTH_BUCKETS = tuple(range(1, 17)) + (20, 24, 32, 48, 64)
 FRACTION_BUCKETS = tuple(i / 10 for i in range(11))
+# Every refusal has a reason (server/errors.py rejection_reason); all start at zero.
+REJECT_REASONS = (
+    "queue_full", "too_long", "bad_request", "body_too_large", "unauthorized", "unavailable",
+)  # fmt: skip
 
 
 class MetricsRecorder:
@@ -115,6 +127,16 @@ class MetricsRecorder:
         self.request_success = c(
             "request_success", "Finished requests by finish reason.", ("finish_reason",)
         )
+        self.request_rejected = c(
+            "request_rejected", "Requests refused before generation, by reason.", ("reason",)
+        )
+        for reason in REJECT_REASONS:
+            self.request_rejected.labels(**self._labels, reason=reason)
+        self.request_errors = c(
+            "request_errors",
+            "Error responses (and errors sent inside a stream) by OpenAI error type and status.",
+            ("type", "status"),
+        )
 
     # ---- feeding ----
 
@@ -138,6 +160,13 @@ class MetricsRecorder:
             self.branch_hits.inc()
         elif c.branch_hit is False:
             self.branch_misses.inc()
+
+    def on_error(self, status: int, type: str, code: str | None) -> None:
+        """An error response: counted by type, and as a rejection when it is one."""
+        self.request_errors.labels(**self._labels, type=type, status=str(status)).inc()
+        reason = rejection_reason(status, code)
+        if reason is not None:
+            self.request_rejected.labels(**self._labels, reason=reason).inc()
 
     def track(self, arrival: float, prompt_tokens: int) -> RequestTracker:
         """Start timing an admitted request (arrival: time.monotonic() at receipt)."""

@@ -1,27 +1,82 @@
-"""Request -> prompt token ids: the chat template for messages, plain encoding for prompts."""
+"""Request -> prompt token ids: the chat template for messages, plain encoding for prompts.
+
+Runs on a worker thread (tokenizing megabytes takes seconds). Text the tokenizer cannot take,
+such as a lone UTF-16 surrogate that JSON's `\\ud800` escape lets through, is a 400 naming the
+field, never a 500.
+
+Tool history: `tool` messages and assistant `tool_calls` are passed to the chat template as
+Hugging Face templates expect them. A template that does not mention `tool_calls` (SmolLM2's
+ChatML template among them) would drop the calls or fail on the empty content, so for those the
+calls are written into the assistant's content, one `<tool_call>{"name": ..., "arguments": ...}
+</tool_call>` block each (the Hermes convention ChatML tool-use models are trained on); `tool`
+messages render as a ChatML `tool` turn.
+"""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 
 from server.errors import bad_request
-from server.protocol import ChatMessage, CompletionRequest
+from server.heap import release
+from server.protocol import ChatMessage, CompletionRequest, ToolCall
 
 
 def chat_prompt_ids(tokenizer, messages: Sequence[ChatMessage]) -> list[int]:
-    if not getattr(tokenizer, "chat_template", None):
+    template = getattr(tokenizer, "chat_template", None)
+    if not template:
         raise bad_request("this model has no chat template; use /v1/completions", "messages")
-    # "developer" is OpenAI's newer name for the system role; templates know only "system".
-    turns = [
-        {"role": "system" if m.role == "developer" else m.role, "content": m.text()}
-        for m in messages
-    ]
+    for i, m in enumerate(messages):
+        check_text(m.text(), f"messages.{i}.content")
+        for call in m.tool_calls or []:
+            check_text(call.function.name + call.function.arguments, f"messages.{i}.tool_calls")
+    turns = render_turns(messages, structured_tools="tool_calls" in template)
     try:
         text = tokenizer.apply_chat_template(turns, add_generation_prompt=True, tokenize=False)
     except Exception as e:  # noqa: BLE001 - templates raise on e.g. non-alternating roles
         raise bad_request(f"messages do not fit the chat template: {e}", "messages") from e
+    finally:
+        release(turns)
     # The template already holds the special tokens it wants (BOS, role markers).
-    return tokenizer(text, add_special_tokens=False)["input_ids"]
+    return encode(tokenizer, text, "messages", add_special_tokens=False)
+
+
+def render_turns(messages: Sequence[ChatMessage], structured_tools: bool) -> list[dict]:
+    """Messages as the dicts a Hugging Face chat template reads."""
+    return [_turn(m, structured_tools) for m in messages]
+
+
+def _turn(m: ChatMessage, structured_tools: bool) -> dict:
+    # "developer" is OpenAI's newer name for the system role; templates know only "system".
+    turn: dict = {"role": "system" if m.role == "developer" else m.role, "content": m.text()}
+    if m.role == "tool":
+        turn["tool_call_id"] = m.tool_call_id
+        if m.name:
+            turn["name"] = m.name
+    if m.tool_calls:
+        if structured_tools:
+            turn["tool_calls"] = [_structured(c) for c in m.tool_calls]
+        else:
+            blocks = [f"<tool_call>\n{_call_json(c)}\n</tool_call>" for c in m.tool_calls]
+            turn["content"] = "\n".join(([turn["content"]] if turn["content"] else []) + blocks)
+    return turn
+
+
+def _arguments(call: ToolCall):
+    """Templates format arguments with `tojson`, so they want an object, not JSON text."""
+    try:
+        return json.loads(call.function.arguments)
+    except ValueError:
+        return call.function.arguments
+
+
+def _structured(call: ToolCall) -> dict:
+    fn = {"name": call.function.name, "arguments": _arguments(call)}
+    return {"id": call.id, "type": "function", "function": fn}
+
+
+def _call_json(call: ToolCall) -> str:
+    return json.dumps({"name": call.function.name, "arguments": _arguments(call)})
 
 
 def completion_prompt_ids(tokenizer, req: CompletionRequest) -> list[int]:
@@ -33,13 +88,36 @@ def completion_prompt_ids(tokenizer, req: CompletionRequest) -> list[int]:
     if isinstance(prompt, str):
         if not prompt:
             raise bad_request("prompt is empty", "prompt")
-        ids = tokenizer(prompt)["input_ids"]
+        check_text(prompt, "prompt")
+        ids = encode(tokenizer, prompt, "prompt")
     else:
         ids = list(prompt)
         check_token_ids(ids, len(tokenizer))
     if not ids:
         raise bad_request("prompt is empty", "prompt")
     return ids
+
+
+def check_text(text: str, param: str) -> None:
+    """Refuse text that is not valid Unicode (a lone surrogate) before a tokenizer sees it."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise bad_request(
+            f"{param} is not valid Unicode: a lone UTF-16 surrogate "
+            f"({text[e.start]!a}) at character {e.start}",
+            param,
+            "invalid_text",
+        ) from e
+
+
+def encode(tokenizer, text: str, param: str, add_special_tokens: bool = True) -> list[int]:
+    try:
+        return tokenizer(text, add_special_tokens=add_special_tokens)["input_ids"]
+    except Exception as e:  # noqa: BLE001 - whatever the tokenizer refuses is the client's input
+        raise bad_request(
+            f"the tokenizer refused {param}: {type(e).__name__}: {e}", param, "invalid_text"
+        ) from e
 
 
 def check_token_ids(ids: Sequence[int], vocab_size: int) -> None:

@@ -1,8 +1,11 @@
 """Request and response bodies in OpenAI's shapes (the subset this server supports).
 
-Scalars are strict: `"max_tokens": "5"` or `"stream": 1` is a 400, not a silent coercion.
-Unknown request fields are ignored, as OpenAI's own server and vLLM do. Responses carry one
-extra field, `d3d`, with the request's speculative stats; OpenAI clients ignore it.
+Scalars are strict: `"max_tokens": "5"` or `"stream": 1` is a 400, not a silent coercion, and
+floats must be finite (JSON's NaN and Infinity get a message of their own). Known OpenAI fields
+the server cannot honour are declared loosely here and refused by `server/unsupported.py` when
+set to anything but their neutral value; unknown fields are ignored, as OpenAI's own server and
+vLLM do. Responses carry one extra field, `d3d`, with the request's speculative stats; OpenAI
+clients ignore it.
 """
 
 from __future__ import annotations
@@ -10,11 +13,15 @@ from __future__ import annotations
 import time
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import BaseModel, Field, model_serializer
+from pydantic import BaseModel, Field, model_serializer, model_validator
+
+from server.logprobs_out import ChatLogprobs, CompletionLogprobs
 
 StrictInt = Annotated[int, Field(strict=True)]
 StrictBool = Annotated[bool, Field(strict=True)]
 StrictStr = Annotated[str, Field(strict=True)]
+Finite = Annotated[float, Field(strict=True, allow_inf_nan=False)]
+TopLogprobs = Annotated[StrictInt, Field(ge=0, le=20)]
 Seed = Annotated[int, Field(strict=True, ge=0, le=2**63 - 1)]
 StopList = Annotated[list[StrictStr], Field(max_length=16)]
 TokenIds = Annotated[list[Annotated[int, Field(strict=True, ge=0)]], Field(min_length=1)]
@@ -31,14 +38,22 @@ class SamplingFields(BaseModel):
 
     model: StrictStr | None = None  # None: the served model
     max_tokens: Annotated[StrictInt, Field(ge=1)] | None = None
-    temperature: Annotated[float, Field(strict=True, ge=0, le=2)] | None = None
-    top_p: Annotated[float, Field(strict=True, gt=0, le=1)] | None = None
+    temperature: Annotated[Finite, Field(ge=0, le=2)] | None = None
+    top_p: Annotated[Finite, Field(gt=0, le=1)] | None = None
     top_k: Annotated[StrictInt, Field(ge=-1)] | None = None  # -1 or 0: disabled
     seed: Seed | None = None
     stop: StrictStr | StopList | None = None
     n: Annotated[StrictInt, Field(ge=1, le=128)] = 1
     stream: StrictBool = False
     stream_options: StreamOptions | None = None
+    # Known OpenAI fields honoured only at their neutral value (server/unsupported.py).
+    frequency_penalty: Finite | None = None
+    presence_penalty: Finite | None = None
+    logit_bias: dict[str, Any] | None = None
+    user: StrictStr | None = None  # an end-user id for abuse monitoring: accepted, not stored
+    store: StrictBool | None = None
+    metadata: dict[str, Any] | None = None
+    service_tier: StrictStr | None = None
 
     def stop_strings(self) -> list[str]:
         stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
@@ -54,12 +69,38 @@ class TextPart(BaseModel):
     text: StrictStr
 
 
+class FunctionCall(BaseModel):
+    name: StrictStr
+    arguments: StrictStr  # JSON text, as the model wrote it
+
+
+class ToolCall(BaseModel):
+    id: StrictStr
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class ChatMessage(BaseModel):
-    role: Literal["system", "developer", "user", "assistant"]
-    content: StrictStr | Annotated[list[TextPart], Field(min_length=1)]
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    # None only for an assistant turn that made tool calls.
+    content: StrictStr | Annotated[list[TextPart], Field(min_length=1)] | None = None
     name: StrictStr | None = None
+    tool_calls: list[ToolCall] | None = None  # assistant turns only
+    tool_call_id: StrictStr | None = None  # tool turns only: the call this answers
+
+    @model_validator(mode="after")
+    def _check_roles(self) -> ChatMessage:
+        if self.tool_calls is not None and self.role != "assistant":
+            raise ValueError("only assistant messages carry tool_calls")
+        if self.role == "tool" and self.tool_call_id is None:
+            raise ValueError("a tool message needs the tool_call_id it answers")
+        if self.content is None and not (self.role == "assistant" and self.tool_calls):
+            raise ValueError("content is required (only an assistant turn with tool_calls may omit it)")
+        return self
 
     def text(self) -> str:
+        if self.content is None:
+            return ""
         if isinstance(self.content, str):
             return self.content
         return "".join(part.text for part in self.content)
@@ -68,6 +109,30 @@ class ChatMessage(BaseModel):
 class ChatCompletionRequest(SamplingFields):
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
     max_completion_tokens: Annotated[StrictInt, Field(ge=1)] | None = None  # newer alias
+    logprobs: StrictBool | None = None
+    top_logprobs: TopLogprobs | None = None
+    # Known OpenAI fields honoured only at their neutral value (server/unsupported.py).
+    tools: list[Any] | None = None
+    tool_choice: Any = None
+    parallel_tool_calls: StrictBool | None = None
+    functions: list[Any] | None = None
+    function_call: Any = None
+    response_format: Any = None
+    audio: Any = None
+    modalities: list[Any] | None = None
+    prediction: Any = None
+    web_search_options: Any = None
+    reasoning_effort: Any = None
+    verbosity: Any = None
+
+    @property
+    def num_logprobs(self) -> int | None:
+        """Alternatives per token for the engine; None: no log-probabilities."""
+        return (self.top_logprobs or 0) if self.logprobs else None
+
+    @property
+    def num_sequences(self) -> int:
+        return self.n
 
     @property
     def output_limit(self) -> int | None:
@@ -77,6 +142,19 @@ class ChatCompletionRequest(SamplingFields):
 class CompletionRequest(SamplingFields):
     # A string, token ids, or a batch of one of either (batches of more are refused: n=1 only).
     prompt: StrictStr | TokenIds | list[StrictStr] | list[TokenIds]
+    logprobs: TopLogprobs | None = None  # alternatives per token (OpenAI allows up to 5)
+    best_of: Annotated[StrictInt, Field(ge=1, le=128)] | None = None
+    echo: StrictBool | None = None
+    suffix: StrictStr | None = None
+
+    @property
+    def num_logprobs(self) -> int | None:
+        return self.logprobs
+
+    @property
+    def num_sequences(self) -> int:
+        """Sequences generated: best_of of them, of which the n best are returned."""
+        return max(self.n, self.best_of or self.n)
 
     @property
     def output_limit(self) -> int:
@@ -127,7 +205,7 @@ class ChatChoice(BaseModel):
     index: int = 0
     message: AssistantMessage
     finish_reason: FinishReason | None
-    logprobs: None = None
+    logprobs: ChatLogprobs | None = None
 
 
 def _now() -> int:
@@ -154,7 +232,7 @@ class ChatChunkChoice(BaseModel):
     index: int = 0
     delta: DeltaMessage
     finish_reason: FinishReason | None = None
-    logprobs: None = None
+    logprobs: ChatLogprobs | None = None
 
 
 class ChatCompletionChunk(_OmitNone):
@@ -172,7 +250,7 @@ class CompletionChoice(BaseModel):
     index: int = 0
     text: str
     finish_reason: FinishReason | None = None
-    logprobs: None = None
+    logprobs: CompletionLogprobs | None = None
 
 
 class CompletionResponse(BaseModel):

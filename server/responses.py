@@ -1,7 +1,9 @@
 """Response bodies for the two endpoints, whole or as stream chunks.
 
-Chat and completions differ only in where the text goes (message/delta vs text), so each is a
-small "format" with the same four builders; the serving code never branches on the endpoint.
+Chat and completions differ only in where the text goes (message/delta vs text) and in the
+shape of their log-probabilities, so each is a small "format" with the same builders; the
+serving code never branches on the endpoint. A response holds one choice per `n`, each with its
+index; stream chunks carry one choice each.
 """
 
 from __future__ import annotations
@@ -11,6 +13,14 @@ from dataclasses import dataclass, field
 
 from pydantic import BaseModel
 
+from server.logprobs_out import (
+    ChatLogprobs,
+    CompletionLogprobs,
+    ScoredToken,
+    TokenTexts,
+    chat_logprobs,
+    completion_logprobs,
+)
 from server.protocol import (
     AssistantMessage,
     ChatChoice,
@@ -38,24 +48,50 @@ class Header:
         return {"id": self.id, "model": self.model, "created": self.created}
 
 
+@dataclass
+class Answer:
+    """One finished choice. scored: its tokens' log-probabilities; None if not asked for."""
+
+    index: int
+    text: str
+    finish: str | None
+    scored: list[ScoredToken] | None = None
+
+
 class ChatFormat:
     id_prefix = "chatcmpl-"
 
-    def whole(self, h: Header, text: str, finish: str, usage: Usage, d3d: D3DStats | None):
-        choice = ChatChoice(message=AssistantMessage(content=text), finish_reason=finish)
-        return ChatCompletionResponse(**h.fields(), choices=[choice], usage=usage, d3d=d3d)
+    def logprobs(self, scored, names: TokenTexts) -> ChatLogprobs | None:
+        return None if scored is None else chat_logprobs(scored, names)
 
-    def opening(self, h: Header) -> list[BaseModel]:
-        # OpenAI's first chunk announces the role with empty content.
+    def whole(self, h: Header, answers: list[Answer], usage: Usage, d3d, names: TokenTexts):
+        choices = [
+            ChatChoice(
+                index=a.index,
+                message=AssistantMessage(content=a.text),
+                finish_reason=a.finish,
+                logprobs=self.logprobs(a.scored, names),
+            )
+            for a in answers
+        ]
+        return ChatCompletionResponse(**h.fields(), choices=choices, usage=usage, d3d=d3d)
+
+    def opening(self, h: Header, n: int) -> list[BaseModel]:
+        # OpenAI's first chunk of each choice announces the role with empty content.
         delta = DeltaMessage(role="assistant", content="")
-        return [ChatCompletionChunk(**h.fields(), choices=[ChatChunkChoice(delta=delta)])]
+        return [
+            ChatCompletionChunk(**h.fields(), choices=[ChatChunkChoice(index=i, delta=delta)])
+            for i in range(n)
+        ]
 
-    def text(self, h: Header, text: str) -> BaseModel:
-        choice = ChatChunkChoice(delta=DeltaMessage(content=text))
+    def text(self, h: Header, a: Answer, names: TokenTexts) -> BaseModel:
+        delta = DeltaMessage(content=a.text)
+        lp = self.logprobs(a.scored, names)
+        choice = ChatChunkChoice(index=a.index, delta=delta, logprobs=lp)
         return ChatCompletionChunk(**h.fields(), choices=[choice])
 
-    def last(self, h: Header, finish: str, d3d: D3DStats | None) -> BaseModel:
-        choice = ChatChunkChoice(delta=DeltaMessage(), finish_reason=finish)
+    def last(self, h: Header, index: int, finish: str, d3d: D3DStats | None) -> BaseModel:
+        choice = ChatChunkChoice(index=index, delta=DeltaMessage(), finish_reason=finish)
         return ChatCompletionChunk(**h.fields(), choices=[choice], d3d=d3d)
 
     def usage(self, h: Header, usage: Usage) -> BaseModel:
@@ -65,18 +101,31 @@ class ChatFormat:
 class CompletionFormat:
     id_prefix = "cmpl-"
 
-    def whole(self, h: Header, text: str, finish: str, usage: Usage, d3d: D3DStats | None):
-        choice = CompletionChoice(text=text, finish_reason=finish)
-        return CompletionResponse(**h.fields(), choices=[choice], usage=usage, d3d=d3d)
+    def logprobs(self, scored, names: TokenTexts) -> CompletionLogprobs | None:
+        return None if scored is None else completion_logprobs(scored, names)
 
-    def opening(self, h: Header) -> list[BaseModel]:
+    def whole(self, h: Header, answers: list[Answer], usage: Usage, d3d, names: TokenTexts):
+        choices = [
+            CompletionChoice(
+                index=a.index,
+                text=a.text,
+                finish_reason=a.finish,
+                logprobs=self.logprobs(a.scored, names),
+            )
+            for a in answers
+        ]
+        return CompletionResponse(**h.fields(), choices=choices, usage=usage, d3d=d3d)
+
+    def opening(self, h: Header, n: int) -> list[BaseModel]:
         return []
 
-    def text(self, h: Header, text: str) -> BaseModel:
-        return CompletionChunk(**h.fields(), choices=[CompletionChoice(text=text)])
+    def text(self, h: Header, a: Answer, names: TokenTexts) -> BaseModel:
+        lp = self.logprobs(a.scored, names)
+        choice = CompletionChoice(index=a.index, text=a.text, logprobs=lp)
+        return CompletionChunk(**h.fields(), choices=[choice])
 
-    def last(self, h: Header, finish: str, d3d: D3DStats | None) -> BaseModel:
-        choice = CompletionChoice(text="", finish_reason=finish)
+    def last(self, h: Header, index: int, finish: str, d3d: D3DStats | None) -> BaseModel:
+        choice = CompletionChoice(index=index, text="", finish_reason=finish)
         return CompletionChunk(**h.fields(), choices=[choice], d3d=d3d)
 
     def usage(self, h: Header, usage: Usage) -> BaseModel:

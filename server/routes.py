@@ -1,12 +1,18 @@
-"""The HTTP endpoints. Each is a few lines: the shared flow lives in serving.py."""
+"""The HTTP endpoints. Each is a few lines: the shared flow lives in serving.py.
+
+The generation endpoints read their bodies themselves (serving.py parses them off the event
+loop), so their request schemas are added to the OpenAPI document by `server/openapi.py`.
+"""
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, Response
 
+from server.auth import check_api_key
 from server.errors import UNAVAILABLE, error_body
 from server.metrics import CONTENT_TYPE
+from server.openapi import request_body
 from server.prompts import chat_prompt_ids, completion_prompt_ids
 from server.protocol import (
     ChatCompletionRequest,
@@ -18,54 +24,52 @@ from server.protocol import (
     ModelList,
 )
 from server.responses import ChatFormat, CompletionFormat
-from server.serving import ServerState, serve
+from server.serving import Endpoint, ServerState, serve
 
 _ERROR = {"description": "OpenAI error object: {error: {message, type, param, code}}"}
 GENERATION_RESPONSES = {
     200: {"content": {"text/event-stream": {}}, "description": "JSON, or SSE when stream=true"},
     400: _ERROR,
+    401: _ERROR,
     404: _ERROR,
+    413: _ERROR,
     500: _ERROR,
     503: _ERROR,
 }
-CHAT, COMPLETION = ChatFormat(), CompletionFormat()
+CHAT = Endpoint(
+    ChatCompletionRequest, ChatFormat(), lambda tok, b: chat_prompt_ids(tok, b.messages), "messages"
+)
+COMPLETION = Endpoint(CompletionRequest, CompletionFormat(), completion_prompt_ids, "prompt")
 
-router = APIRouter()
+router = APIRouter()  # open: /health, and /metrics unless --metrics-need-key
+v1 = APIRouter(prefix="/v1", dependencies=[Depends(check_api_key)])
 
 
 def _state(request: Request) -> ServerState:
     return request.app.state.d3d
 
 
-@router.post(
-    "/v1/chat/completions", response_model=ChatCompletionResponse, responses=GENERATION_RESPONSES
+@v1.post(
+    "/chat/completions",
+    response_model=ChatCompletionResponse,
+    responses=GENERATION_RESPONSES,
+    openapi_extra=request_body(ChatCompletionRequest),
 )
-async def chat_completions(body: ChatCompletionRequest, request: Request):
-    return await serve(
-        _state(request),
-        request,
-        body,
-        CHAT,
-        lambda tok: chat_prompt_ids(tok, body.messages),
-        body.output_limit,  # None: up to the context length, as OpenAI's chat API
-        "messages",
-    )
+async def chat_completions(request: Request):
+    return await serve(_state(request), request, CHAT)
 
 
-@router.post("/v1/completions", response_model=CompletionResponse, responses=GENERATION_RESPONSES)
-async def completions(body: CompletionRequest, request: Request):
-    return await serve(
-        _state(request),
-        request,
-        body,
-        COMPLETION,
-        lambda tok: completion_prompt_ids(tok, body),
-        body.output_limit,
-        "prompt",
-    )
+@v1.post(
+    "/completions",
+    response_model=CompletionResponse,
+    responses=GENERATION_RESPONSES,
+    openapi_extra=request_body(CompletionRequest),
+)
+async def completions(request: Request):
+    return await serve(_state(request), request, COMPLETION)
 
 
-@router.get("/v1/models", response_model=ModelList)
+@v1.get("/models", response_model=ModelList, responses={401: _ERROR})
 async def models(request: Request) -> ModelList:
     cfg = _state(request).cfg
     return ModelList(data=[ModelCard(id=cfg.model_name, max_model_len=cfg.engine.max_context)])
@@ -83,10 +87,15 @@ async def health(request: Request):
     return JSONResponse(body, status_code=503)
 
 
-@router.get("/metrics", response_class=Response)
+@router.get("/metrics", response_class=Response, responses={401: _ERROR})
 async def metrics(request: Request) -> Response:
     state = _state(request)
+    if state.cfg.metrics_need_key:
+        check_api_key(request)
     if state.holder.ready:
         engine = state.holder.get()
         state.recorder.set_queue_sizes(engine.num_running, engine.num_waiting)
     return Response(state.recorder.render(), media_type=CONTENT_TYPE)
+
+
+router.include_router(v1)

@@ -1,28 +1,41 @@
-"""The request flow both generation endpoints share: validate, submit, then stream or collect."""
+"""The request flow both generation endpoints share: read, prepare (off the event loop),
+submit the choices, then stream or collect.
+
+Everything that costs time in proportion to the request (JSON parsing, validation, the chat
+template, tokenization) runs in `prepare` on a worker thread, so a 10 MB body delays nobody
+else's tokens and /health stays quick.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
 from fastapi import Request
 from starlette.responses import Response
 
 from server.args import ServerConfig
+from server.body import parse_body, read_body
 from server.engine_client import EngineHolder
 from server.errors import APIError, bad_request
-from server.generation import Generation
+from server.generation import Generation, start_all, usage_of
+from server.heap import PAUSE_ABOVE_BYTES, GcPause, release
+from server.logprobs_out import TokenTexts
 from server.metrics import MetricsRecorder
 from server.protocol import SamplingFields
-from server.responses import Header, ResponseFormat
+from server.responses import Answer, Header, ResponseFormat
 from server.sampling import output_budget, sampling_params
 from server.streaming import EventStreamResponse, sse_events
+from server.unsupported import check_supported
+from sglang_d3d.config import SamplingParams
 
 T = TypeVar("T")
 CLIENT_CLOSED = 499  # nginx's code for "client closed the request"; nobody reads it
+SEED_MAX = 2**63
 
 
 @dataclass
@@ -30,6 +43,41 @@ class ServerState:
     cfg: ServerConfig
     holder: EngineHolder
     recorder: MetricsRecorder
+    gc: GcPause = field(default_factory=GcPause)
+    _names: TokenTexts | None = None
+    _names_lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def token_texts(self, tokenizer) -> TokenTexts:
+        """Token names for log-probabilities, built once (call off the event loop)."""
+        with self._names_lock:
+            if self._names is None:
+                self._names = TokenTexts(tokenizer)
+            return self._names
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """What differs between /v1/chat/completions and /v1/completions."""
+
+    model: type[SamplingFields]
+    fmt: ResponseFormat
+    prompt_ids: Callable[[Any, Any], list[int]]  # (tokenizer, body) -> ids; raises APIError(400)
+    prompt_param: str
+
+
+@dataclass
+class Prepared:
+    """What serving a request needs; the parsed body itself (maybe 100k messages) is dropped."""
+
+    engine: Any
+    prompt_ids: list[int]
+    params: list[SamplingParams]  # one per sequence generated
+    names: TokenTexts | None
+    n: int  # choices returned (fewer than len(params) with best_of)
+    stops: list[str]
+    num_logprobs: int | None
+    stream: bool
+    include_usage: bool
 
 
 def check_model(cfg: ServerConfig, model: str | None) -> None:
@@ -42,35 +90,96 @@ def check_model(cfg: ServerConfig, model: str | None) -> None:
         )
 
 
-async def serve(
-    state: ServerState,
-    request: Request,
-    body: SamplingFields,
-    fmt: ResponseFormat,
-    prompt_ids: Callable[[Any], list[int]],  # tokenizer -> ids; raises APIError(400)
-    output_limit: int | None,
-    prompt_param: str,
-) -> Any:
-    arrival = time.monotonic()
+def prepare(state: ServerState, ep: Endpoint, raw: bytes) -> Prepared:
+    """Body bytes -> everything the engine needs. Runs on a worker thread; raises APIError."""
+    with state.gc.paused(len(raw) > PAUSE_ABOVE_BYTES):
+        return _prepare(state, ep, parse_body(raw, ep.model))
+
+
+def _prepare(state: ServerState, ep: Endpoint, body: Any) -> Prepared:
     check_model(state.cfg, body.model)
-    if body.n != 1:
-        raise bad_request("only n=1 is supported", "n")
+    check_supported(body)
+    if body.num_sequences > state.cfg.engine.max_queue:
+        raise bad_request(
+            f"n (or best_of) = {body.num_sequences} exceeds this server's queue "
+            f"({state.cfg.engine.max_queue})",
+            "n",
+        )
     engine = state.holder.get()
-    ids = prompt_ids(engine.tokenizer)
-    max_new = output_budget(output_limit, len(ids), state.cfg.engine.max_context, prompt_param)
+    if not getattr(engine, "supports_logprobs", False):
+        if body.num_logprobs is not None:
+            raise bad_request("this backend does not report log-probabilities", "logprobs")
+        if body.num_sequences > body.n:
+            raise bad_request("best_of needs log-probabilities, which this backend lacks", "best_of")
+    ids = ep.prompt_ids(engine.tokenizer, body)
+    max_new = output_budget(body.output_limit, len(ids), state.cfg.engine.max_context, ep.prompt_param)
     try:
         params = sampling_params(body, max_new, engine.tokenizer)
     except ValueError as e:
         raise bad_request(str(e)) from e
-    gen = Generation(engine, state.recorder, ids, params, body.stop_strings(), arrival)
-    gen.start(state.cfg.retry_after)
-    h = Header(fmt.id_prefix + gen.request_id, state.cfg.model_name)
-    if body.stream:
-        return EventStreamResponse(sse_events(gen, fmt, h, body.include_usage), gen.close)
-    text = await until_disconnected(request, gen.text())
-    if text is None:
+    names = state.token_texts(engine.tokenizer) if body.num_logprobs is not None else None
+    if isinstance(getattr(body, "messages", None), list):
+        release(body.messages)  # not needed any more; freed in slices, not in one go
+    return Prepared(
+        engine, ids, choice_params(params, body.num_sequences), names, body.n,
+        body.stop_strings(), body.num_logprobs, body.stream, body.include_usage,
+    )  # fmt: skip
+
+
+def choice_params(params: SamplingParams, n: int) -> list[SamplingParams]:
+    """One SamplingParams per choice. With a seed, choice i draws from seed + i: reproducible,
+    and the choices differ from one another."""
+    if params.seed is None:
+        return [params] * n
+    return [replace(params, seed=(params.seed + i) % SEED_MAX) for i in range(n)]
+
+
+async def serve(state: ServerState, request: Request, ep: Endpoint) -> Any:
+    arrival = time.monotonic()
+    raw = await read_body(request, state.cfg.max_body_bytes)
+    p = await asyncio.to_thread(prepare, state, ep, raw)
+    del raw
+    # best_of ranks its sequences by their log-probability, reported or not.
+    score = len(p.params) > p.n
+    gens = [
+        Generation(p.engine, state.recorder, p.prompt_ids, params, p.stops, arrival,
+                   p.num_logprobs, i, score)
+        for i, params in enumerate(p.params)
+    ]  # fmt: skip
+    start_all(gens, state.cfg.retry_after)
+    h = Header(ep.fmt.id_prefix + gens[0].request_id, state.cfg.model_name)
+    if p.stream:
+        events = sse_events(gens, ep.fmt, h, p.include_usage, p.names, state.recorder.on_error)
+        return EventStreamResponse(events, lambda: [g.close() for g in gens])
+    pieces = await until_disconnected(request, collect_all(gens))
+    if pieces is None:
         return Response(status_code=CLIENT_CLOSED)
-    return fmt.whole(h, text, gen.finish_reason, gen.usage, gen.d3d_stats())
+    answers = [
+        Answer(g.index, piece.text, g.finish_reason,
+               piece.scored if g.num_logprobs is not None else None)
+        for g, piece in zip(gens, pieces)
+    ]  # fmt: skip
+    answers = best_answers(answers, [g.mean_logprob for g in gens], p.n)
+    return ep.fmt.whole(h, answers, usage_of(gens), gens[0].d3d_stats(), p.names)
+
+
+def best_answers(answers: list[Answer], scores: list[float], n: int) -> list[Answer]:
+    """best_of: the n answers with the highest log-probability per token, re-indexed 0..n-1
+    (OpenAI's rule); all of them, in order, when none are to be dropped."""
+    if len(answers) <= n:
+        return answers
+    order = sorted(range(len(answers)), key=lambda i: -scores[i])[:n]
+    return [replace(answers[i], index=k) for k, i in enumerate(order)]
+
+
+async def collect_all(gens: list[Generation]) -> list:
+    """Every choice's whole answer; if one fails, the others are stopped too."""
+    tasks = [asyncio.ensure_future(g.collect()) for g in gens]
+    try:
+        return await asyncio.gather(*tasks)
+    finally:
+        for t in tasks:
+            t.cancel()
 
 
 async def until_disconnected(request: Request, work: Awaitable[T]) -> T | None:

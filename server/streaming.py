@@ -1,21 +1,24 @@
 """Server-sent events: one `data: {json}` per chunk, ending with `data: [DONE]`.
 
-The response object aborts the request in the engine however the stream ends (finished, client
+With `n` > 1 the choices' chunks interleave as their tokens arrive, each naming its index. The
+response object aborts the requests in the engine however the stream ends (finished, client
 gone, server stopping), so a departed client never keeps KV cache busy.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 
 from pydantic import BaseModel
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from server.errors import APIError
-from server.generation import Generation
-from server.responses import Header, ResponseFormat
+from server.errors import APIError, ErrorListener
+from server.generation import Generation, Piece, usage_of
+from server.logprobs_out import TokenTexts
+from server.responses import Answer, Header, ResponseFormat
 
 DONE = "data: [DONE]\n\n"
 
@@ -29,20 +32,63 @@ def sse(payload: BaseModel | dict) -> str:
 
 
 async def sse_events(
-    gen: Generation, fmt: ResponseFormat, h: Header, include_usage: bool
+    gens: Sequence[Generation],
+    fmt: ResponseFormat,
+    h: Header,
+    include_usage: bool,
+    names: TokenTexts | None,
+    on_error: ErrorListener | None = None,
 ) -> AsyncIterator[str]:
-    for chunk in fmt.opening(h):
+    for chunk in fmt.opening(h, len(gens)):
         yield sse(chunk)
     try:
-        async for piece in gen.pieces():
-            yield sse(fmt.text(h, piece))
-        yield sse(fmt.last(h, gen.finish_reason, gen.d3d_stats()))
+        async for i, piece in merged(gens):
+            g = gens[i]
+            if piece is None:
+                yield sse(fmt.last(h, i, g.finish_reason, g.d3d_stats()))
+                continue
+            scored = piece.scored if g.num_logprobs is not None else None
+            yield sse(fmt.text(h, Answer(i, piece.text, None, scored), names))
         if include_usage:
-            yield sse(fmt.usage(h, gen.usage))
+            yield sse(fmt.usage(h, usage_of(gens)))
     except APIError as e:
         # The 200 and earlier chunks are already out: report the failure in-band, as OpenAI does.
+        if on_error is not None:
+            on_error(e.status, e.type, e.code)
         yield sse(e.body())
     yield DONE
+
+
+async def merged(gens: Sequence[Generation]) -> AsyncIterator[tuple[int, Piece | None]]:
+    """(choice index, piece) as each arrives; (index, None) when that choice has finished."""
+    if len(gens) == 1:
+        async for piece in gens[0].pieces():
+            yield 0, piece
+        yield 0, None
+        return
+    queue: asyncio.Queue = asyncio.Queue()
+
+    async def pump(i: int, g: Generation) -> None:
+        try:
+            async for piece in g.pieces():
+                queue.put_nowait((i, piece, None))
+            queue.put_nowait((i, None, None))
+        except APIError as e:
+            queue.put_nowait((i, None, e))
+
+    tasks = [asyncio.ensure_future(pump(i, g)) for i, g in enumerate(gens)]
+    try:
+        for _ in range(len(gens)):
+            while True:
+                i, piece, error = await queue.get()
+                if error is not None:
+                    raise error
+                yield i, piece
+                if piece is None:
+                    break
+    finally:
+        for t in tasks:
+            t.cancel()
 
 
 class EventStreamResponse(StreamingResponse):

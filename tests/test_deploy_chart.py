@@ -159,6 +159,38 @@ def test_args_are_accepted_by_d3d_serve(chart, case):
     assert cfg.engine.spec.block_size == merged["server"]["spec"]["blockSize"]
     assert cfg.engine.max_batch_size == merged["server"]["maxConcurrency"]
     assert cfg.model_name == merged["server"]["servedModelName"]
+    assert cfg.max_body_bytes == merged["server"]["maxBodyBytes"]
+    assert cfg.host == "0.0.0.0"  # the server's own default is 127.0.0.1; a pod must listen
+    assert cfg.api_keys == ()  # keys come from the Secret through the environment, never args
+
+
+def api_key_env(c: dict) -> dict | None:
+    return next((e for e in c.get("env", []) if e["name"] == "D3D_API_KEY"), None)
+
+
+def test_api_key_comes_from_a_secret(chart, monkeypatch):
+    assert api_key_env(server_container(manifests(chart, {}))) is None  # no Secret, no keys
+    c = server_container(manifests(chart, values_of("values-two-gpu")))
+    ref = api_key_env(c)["valueFrom"]["secretKeyRef"]
+    assert ref == {"name": "d3d-api-keys", "key": "api-key"}
+    # The server reads the variable the pod gets (several keys, comma-separated).
+    monkeypatch.setenv("D3D_API_KEY", "k1,k2")
+    assert parse_args(c["args"][1:]).api_keys == ("k1", "k2")
+    assert "--metrics-need-key" not in c["args"]
+
+
+def test_closed_metrics_are_scraped_with_the_key(chart):
+    values = {**values_of("values-two-gpu")}
+    values["server"] = {**values["server"], "metricsNeedKey": True}
+    docs = manifests(chart, values)
+    c = server_container(docs)
+    assert "--metrics-need-key" in c["args"]
+    (endpoint,) = one(docs, "ServiceMonitor")["spec"]["endpoints"]
+    assert endpoint["authorization"] == {
+        "type": "Bearer", "credentials": {"name": "d3d-api-keys", "key": "api-key"}
+    }
+    # The probes stay on the open /health.
+    assert c["livenessProbe"]["httpGet"]["path"] == "/health"
 
 
 @pytest.mark.parametrize("case", list(CASES))
@@ -286,6 +318,9 @@ BAD_VALUES = {
     "pvc without target": {"models": {"source": "pvc", "pvc": {"existingClaim": "m"}}},
     "absolute model path": {"models": {"source": "pvc", "target": "/t", "pvc": {"create": True}}},
     "bad quantity": {"cache": {"sizeLimit": "lots"}},
+    "secret name not a DNS name": {"server": {"apiKeySecret": {"name": "My Keys", "key": "k"}}},
+    "api key inline": {"server": {"apiKeySecret": {"name": "s", "key": "k", "value": "sk-1"}}},
+    "body limit zero": {"server": {"maxBodyBytes": 0}},
 }
 
 
@@ -303,6 +338,7 @@ def test_schema_refuses_invalid_values(chart, values):
         ({"server": {"draftDevice": "cuda:1"}, "gpu": {"count": 1}}, "needs gpu.count > 1"),
         ({"server": {"draftDevice": "cuda"}}, "needs gpu.count > 0"),
         ({"server": {"backend": "sglang"}}, "backend=sglang runs on CUDA"),
+        ({"server": {"metricsNeedKey": True}}, "metricsNeedKey needs server.apiKeySecret.name"),
         (
             {"autoscaling": {"enabled": True, "minReplicas": 5, "maxReplicas": 2}},
             "minReplicas must not exceed",

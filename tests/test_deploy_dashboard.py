@@ -218,6 +218,9 @@ def complete(url: str, i: int) -> None:
     body = {"model": MODEL_NAME, "prompt": prompt, "max_tokens": 24 + 8 * (i % 3), "temperature": 0}
     r = requests.post(f"{url}/v1/completions", json=body, timeout=120)
     assert r.status_code == 200, f"{url} request {i}: {r.text}"
+    if i % WAVE == 0:  # one refusal per wave, for the refusal and error panels
+        bad = requests.post(f"{url}/v1/completions", json={**body, "temperature": -1}, timeout=30)
+        assert bad.status_code == 400, bad.text
 
 
 def instant(prom: str, query: str) -> dict[str, float]:

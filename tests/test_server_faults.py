@@ -55,11 +55,17 @@ def wait_until(cond, timeout: float = 10.0) -> bool:
 
 
 def finished_count(url: str, reason: str) -> float:
+    return metric(url, "d3d:request_success_total", finish_reason=reason)
+
+
+def metric(url: str, name: str, **labels: str) -> float:
+    """Sum of the samples called `name` whose labels include `labels`."""
+    total = 0.0
     for fam in text_string_to_metric_families(httpx.get(f"{url}/metrics").text):
         for s in fam.samples:
-            if s.name == "d3d:request_success_total" and s.labels["finish_reason"] == reason:
-                return s.value
-    return 0.0
+            if s.name == name and labels.items() <= s.labels.items():
+                total += s.value
+    return total
 
 
 def engine_of(srv: ServerThread):
@@ -129,6 +135,9 @@ def test_full_queue_gets_503_with_retry_after(pair):
                 assert r.json()["choices"][0]["finish_reason"] == "length"
         assert wait_until(lambda: idle(srv))
         assert completion(srv.url).status_code == 200  # serving again once the queue drained
+        refused = codes.count(503)
+        assert metric(srv.url, "d3d:request_rejected_total", reason="queue_full") == refused
+        assert metric(srv.url, "d3d:request_errors_total", status="503") == refused
 
 
 # ---- clients that hang up ---------------------------------------------------------------------
@@ -150,6 +159,21 @@ def test_disconnect_mid_stream_aborts_the_request(slow_srv):
     # 240 tokens take >= 60 cycles = 2.4 s at this speed; an abort frees the slot before that.
     assert wait_until(lambda: idle(slow_srv), 2.0)
     assert finished_count(url, "abort") == before + 1
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_disconnect_aborts_every_choice_of_an_n_request(slow_srv, stream):
+    url, before = slow_srv.url, finished_count(slow_srv.url, "abort")
+    body = {"prompt": "w5 w6", "max_tokens": 240, "temperature": 1.0, "n": 2, "stream": stream}
+    if stream:
+        with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=30) as r:
+            assert next(r.iter_lines()).startswith("data: ")
+            assert engine_of(slow_srv).num_running == 2  # both choices, one slot each
+    else:
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(f"{url}/v1/completions", json=body, timeout=0.5)
+    assert wait_until(lambda: idle(slow_srv), 2.0)
+    assert finished_count(url, "abort") == before + 2
 
 
 def test_disconnect_while_waiting_in_the_queue_aborts_too(slow_srv):
@@ -222,6 +246,9 @@ def test_a_failing_request_fails_alone(pair):
         assert lines[-1] == "data: [DONE]"
         assert httpx.get(f"{srv.url}/health").status_code == 200
         assert wait_until(lambda: idle(srv))
+        # one failure answered with a 500, one reported inside its stream; neither is a refusal
+        assert metric(srv.url, "d3d:request_errors_total", type="internal_server_error") == 2
+        assert metric(srv.url, "d3d:request_rejected_total") == 0
 
 
 # ---- shutdown ---------------------------------------------------------------------------------

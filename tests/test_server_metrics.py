@@ -35,6 +35,8 @@ COUNTERS = [
     "prompt_tokens",
     "generation_tokens",
     "request_success",
+    "request_rejected",
+    "request_errors",
 ]
 GAUGES = ["num_requests_running", "num_requests_waiting"]
 
@@ -154,3 +156,25 @@ def test_counters_move_with_requests(srv):
     assert delta("d3d:e2e_request_latency_seconds_count") == len(rs)
     assert delta("d3d:request_queue_time_seconds_count") == len(rs)
     assert delta("d3d:spec_cycle_seconds_total") > 0
+
+
+@pytest.mark.slow
+def test_every_refusal_is_counted_by_reason(srv):
+    url = f"{srv.url}/v1/completions"
+    before = samples(scrape(srv))
+    sends = {
+        "too_long": {"prompt": "w5", "max_tokens": 10_000},
+        "bad_request": {"prompt": "w5", "temperature": -1},
+    }
+    for body in sends.values():
+        assert httpx.post(url, json=body).status_code == 400
+    huge = b'{"prompt": "' + b"w5 " * (3 * 1024 * 1024) + b'"}'  # over the 8 MiB default
+    r = httpx.post(url, content=huge, headers={"content-type": "application/json"})
+    assert r.status_code == 413 and r.json()["error"]["code"] == "body_too_large"
+    after = samples(scrape(srv))
+    for reason in ("too_long", "bad_request", "body_too_large"):
+        d = value(after, "d3d:request_rejected_total", reason=reason)
+        assert d - value(before, "d3d:request_rejected_total", reason=reason) == 1, reason
+    assert value(after, "d3d:request_rejected_total", reason="queue_full") == 0  # yet
+    errors = value(after, "d3d:request_errors_total", type="invalid_request_error")
+    assert errors - value(before, "d3d:request_errors_total", type="invalid_request_error") == 3

@@ -101,6 +101,24 @@ def load_panels() -> list[dict]:
     ]
 
 
+def refusal_panels() -> list[dict]:
+    """Requests that got no answer: refusals before generation (a reason each), and every
+    error response by OpenAI error type and HTTP status."""
+    rejected = target(
+        f"sum by (mode, reason) ({rate('d3d:request_rejected_total')})", "{{mode}} {{reason}}"
+    )
+    errors = target(
+        f"sum by (mode, type, status) ({rate('d3d:request_errors_total')})",
+        "{{mode}} {{status}} {{type}}",
+    )
+    return [
+        panel("Refused requests by reason", [rejected], "reqps",
+              description="queue_full (503), too_long, bad_request, body_too_large (413), "
+              "unauthorized (401), unavailable (loading or draining)."),
+        panel("Error responses by type", [errors], "reqps"),
+    ]  # fmt: skip
+
+
 def speculation_panels() -> list[dict]:
     # No histogram_quantile here: it interpolates linearly inside a bucket starting from 0, so
     # integer lengths that are all 1 would read as p50 = 0.5. Means are exact.
@@ -284,6 +302,7 @@ def dashboard() -> dict:
     rows = [
         ("Latency", latency_panels()),
         ("Throughput and load", load_panels()),
+        ("Refusals and errors", refusal_panels()),
         ("Speculation quality", speculation_panels()),
         ("Draft / verify timing", timing_panels()),
         ("async vs ar", mode_panels()),

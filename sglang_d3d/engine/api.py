@@ -11,6 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from sglang_d3d.config import SamplingParams
+from sglang_d3d.spec.logprobs import TokenLogprob
 from sglang_d3d.spec.stats import RequestStats
 
 
@@ -28,6 +29,9 @@ class GenerationRequest:
     prompt_ids: list[int]
     params: SamplingParams
     arrival_time: float = 0.0  # time.monotonic() when the server received it
+    # None: no log-probabilities; k >= 0: each token's log-probability and its k likeliest
+    # alternatives (spec/logprobs.py), in TokenEvent.logprobs.
+    logprobs: int | None = None
 
 
 @dataclass
@@ -40,6 +44,7 @@ class TokenEvent:
     finish_reason: str | None = None  # "stop" | "length" | "abort" | "error"
     error: str | None = None  # set when finish_reason == "error"
     stats: RequestStats | None = None  # set on the final event
+    logprobs: list[TokenLogprob] | None = None  # one per token_ids entry, if the request asked
 
 
 EventCallback = Callable[[TokenEvent], None]

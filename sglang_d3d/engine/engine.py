@@ -22,6 +22,7 @@ from sglang_d3d.models.decoder import Decoder
 from sglang_d3d.models.draft_runner import DraftRunner
 from sglang_d3d.models.drafter import D3DDrafter
 from sglang_d3d.models.target import TargetRunner
+from sglang_d3d.spec.logprobs import token_logprobs
 from sglang_d3d.spec.sampling import make_generator, sample, target_probs
 from sglang_d3d.spec.stats import CycleStats
 from sglang_d3d.spec.verify import verify_draft
@@ -74,6 +75,14 @@ class SpecEngine:
 
     # ---- requests ---------------------------------------------------------------------------
     def submit(self, req: GenerationRequest, on_event: EventCallback) -> None:
+        self.scheduler.add(self._sequence(req, on_event))
+
+    def submit_all(self, items: list[tuple[GenerationRequest, EventCallback]]) -> None:
+        """Queue several requests at once, or none (a full queue refuses them all). Requests
+        with the same prompt admitted in one step share one prefill (`n` > 1 choices)."""
+        self.scheduler.add_all([self._sequence(req, cb) for req, cb in items])
+
+    def _sequence(self, req: GenerationRequest, on_event: EventCallback) -> Sequence:
         if not req.prompt_ids:
             raise ValueError("the prompt is empty")
         if any(t < 0 or t >= self.vocab_size for t in req.prompt_ids):
@@ -92,7 +101,7 @@ class SpecEngine:
         if req.arrival_time:
             seq.submit_time = req.arrival_time
         seq.generator = make_generator(req.params.seed)
-        self.scheduler.add(seq)
+        return seq
 
     def abort(self, request_id: str) -> None:
         self.scheduler.abort(request_id)
@@ -103,8 +112,9 @@ class SpecEngine:
         for seq in self.scheduler.take_aborted():
             events.append(self._finish(seq, "abort"))
         admitted = self.scheduler.admit()
+        prefilled: dict[tuple[int, ...], tuple[int, torch.Tensor]] = {}  # prompt -> (slot, logits)
         for seq in admitted:
-            events.append(self._isolated(seq, self._prefill, seq))
+            events.append(self._isolated(seq, self._prefill, seq, prefilled))
         rows = [s for s in self.scheduler.running if s.finish_reason is None]
         if rows and not admitted:  # new first tokens go out now; decoding resumes next step
             events.extend(self._cycle(rows, self.plan(len(rows))))
@@ -128,21 +138,31 @@ class SpecEngine:
         return Plan(block, self.cfg.mode is Mode.ASYNC)
 
     # ---- prefill ----------------------------------------------------------------------------
-    def _prefill(self, seq: Sequence) -> TokenEvent:
+    def _prefill(self, seq: Sequence, prefilled: dict) -> TokenEvent:
         """Prompt -> first token, on every core: time to first token is the target's prefill
-        alone. The drafter reads the prompt in its first (synchronous) draft, right after."""
+        alone. The drafter reads the prompt in its first (synchronous) draft, right after.
+        A prompt already prefilled this step (another choice of an `n` > 1 request, or any
+        request with the same prompt) is copied from that slot instead; each still draws its
+        own first token."""
         t0 = time.perf_counter()
         seq.stats.queue_time = max(0.0, time.monotonic() - seq.submit_time)
-        fut = self.worker.submit(
-            self.target.prefill, seq.slot, seq.tokens, threads=self._alone_threads
-        )
-        logits, _, _ = fut.result()
+        key = tuple(seq.tokens)
+        if key in prefilled:
+            src, logits = prefilled[key]
+            self.worker.submit(self.target.fork, src, seq.slot).result()
+        else:
+            fut = self.worker.submit(
+                self.target.prefill, seq.slot, seq.tokens, threads=self._alone_threads
+            )
+            logits, _, _ = fut.result()  # [V]
+            # A copy: the [V] row is a view that would keep the prompt's [T, V] logits alive.
+            prefilled[key] = (seq.slot, logits.clone())
         token = sample(target_probs(logits, seq.params), seq.generator)
         seq.stats.prefill_time = time.perf_counter() - t0
         if self.drafting is not None:
             self.drafting.runner.reset(seq.slot)  # the slot may hold a finished request's tokens
             seq.pending = seq.tokens + [token]
-        return self._emit(seq, [token])
+        return self._emit(seq, [token], logits.unsqueeze(0))
 
     # ---- one speculative cycle --------------------------------------------------------------
     def _cycle(self, rows: list[Sequence], plan: Plan) -> list[TokenEvent]:
@@ -197,7 +217,7 @@ class SpecEngine:
         ct.hits += hit is True
         ct.misses += hit is False
         s.last_cycle = (len(draft), n, hit)
-        return self._emit(s, draft[:n] + [token])
+        return self._emit(s, draft[:n] + [token], logits[: n + 1])
 
     def _verify(self, s: Sequence, draft: list[int], logits: torch.Tensor) -> tuple[int, int]:
         q = None if s.placeholder else s.draft_q
@@ -216,8 +236,9 @@ class SpecEngine:
                 fn(s.request_id, c)
 
     # ---- output -----------------------------------------------------------------------------
-    def _emit(self, s: Sequence, new: list[int]) -> TokenEvent:
-        """Append accepted tokens, cut at a stop token or the length limit."""
+    def _emit(self, s: Sequence, new: list[int], logits: torch.Tensor) -> TokenEvent:
+        """Append accepted tokens, cut at a stop token or the length limit. logits [>=T, V]:
+        row j is the target's verify row that scored new[j] (for log-probabilities)."""
         stops = self.eos_token_ids.union(s.params.stop_token_ids)
         out, reason = [], None
         for t in new[: s.remaining]:
@@ -229,15 +250,17 @@ class SpecEngine:
             reason = "length"
         s.tokens.extend(out)
         s.stats.generated_tokens = s.num_generated
+        k = s.req.logprobs
+        lp = None if k is None else token_logprobs(logits[: len(out)], out, k)
         if reason is not None:
-            return self._finish(s, reason, out)
-        return TokenEvent(s.request_id, out)
+            return self._finish(s, reason, out, logprobs=lp)
+        return TokenEvent(s.request_id, out, logprobs=lp)
 
-    def _finish(self, s: Sequence, reason: str, out=None, error=None) -> TokenEvent:
+    def _finish(self, s: Sequence, reason: str, out=None, error=None, logprobs=None) -> TokenEvent:
         s.finish_reason = reason
         if s.slot >= 0 and reason == "abort":  # aborted sequences leave the schedule at once
             self.target.free(s.slot)
-        return TokenEvent(s.request_id, out or [], True, reason, error, s.stats)
+        return TokenEvent(s.request_id, out or [], True, reason, error, s.stats, logprobs)
 
     def fail_running(self, message: str) -> list[TokenEvent]:
         """A batched pass failed for everyone in it: end those requests, keep serving."""

@@ -19,6 +19,8 @@ log = logging.getLogger(__name__)
 
 
 class EngineLoop:
+    supports_logprobs = True  # TokenEvent.logprobs when GenerationRequest.logprobs is set
+
     def __init__(self, engine: SpecEngine, tokenizer=None) -> None:
         self.engine = engine
         self.tokenizer = tokenizer
@@ -40,6 +42,21 @@ class EngineLoop:
             self.engine.submit(req, on_event)
         except Exception:
             self._callbacks.pop(req.request_id, None)
+            raise
+        with self._wake:
+            self._wake.notify()
+
+    def submit_all(self, items: list[tuple[GenerationRequest, EventCallback]]) -> None:
+        """Several requests at once, or none (SpecEngine.submit_all): the `n` choices."""
+        if self._draining:
+            raise RuntimeError("the engine is shutting down")
+        for req, cb in items:
+            self._callbacks[req.request_id] = cb
+        try:
+            self.engine.submit_all(items)
+        except Exception:
+            for req, _ in items:
+                self._callbacks.pop(req.request_id, None)
             raise
         with self._wake:
             self._wake.notify()

@@ -28,6 +28,16 @@ class Scheduler:
                 raise QueueFullError(f"waiting queue is full ({self.max_queue} requests)")
             self.waiting.append(seq)
 
+    def add_all(self, seqs: list[Sequence]) -> None:
+        """All or none: the choices of one request are queued together (and so, with free
+        slots, admitted in the same step, where they share their prefill)."""
+        with self._lock:
+            if len(self.waiting) + len(seqs) > self.max_queue:
+                raise QueueFullError(
+                    f"waiting queue cannot take {len(seqs)} more ({self.max_queue} requests)"
+                )
+            self.waiting.extend(seqs)
+
     def abort(self, request_id: str) -> None:
         with self._lock:
             self._aborts.add(request_id)

@@ -56,6 +56,11 @@ class KVCache:
         self.k[:, slot, d] = self.k[:, slot, s]
         self.v[:, slot, d] = self.v[:, slot, s]
 
+    def copy_slot(self, src: int, dst: int, length: int) -> None:
+        """dst's first `length` entries become src's, all layers."""
+        self.k[:, dst, :length] = self.k[:, src, :length]
+        self.v[:, dst, :length] = self.v[:, src, :length]
+
 
 def slot_selector(slots: list[int]) -> torch.Tensor | slice:
     """A contiguous run of slots reads as a view (no copy) — the common batch-of-one case."""

@@ -50,3 +50,10 @@ class TargetRunner:
 
     def free(self, slot: int) -> None:
         self.lengths[slot] = 0
+
+    @torch.inference_mode()
+    def fork(self, src: int, dst: int) -> None:
+        """dst starts as a copy of src's committed tokens (choices of one prompt share its
+        prefill)."""
+        self.cache.copy_slot(src, dst, self.lengths[src])
+        self.lengths[dst] = self.lengths[src]

@@ -57,8 +57,8 @@ app.kubernetes.io/component: server
 
 {{/*
 Checks the schema cannot express: the drafter's device must be one of the GPUs requested,
-the sglang backend needs a GPU (server/args.py: CUDA only), and the autoscaler's bounds must be
-ordered.
+the sglang backend needs a GPU (server/args.py: CUDA only), a closed /metrics needs an API key,
+and the autoscaler's bounds must be ordered.
 */}}
 {{- define "sglang-d3d.validate" -}}
 {{- $gpus := int .Values.gpu.count }}
@@ -72,6 +72,9 @@ ordered.
 {{- end }}
 {{- if and (eq .Values.server.backend "sglang") (eq $gpus 0) }}
 {{- fail "server.backend=sglang runs on CUDA: set gpu.count >= 1 (or use backend embedded on CPU)" }}
+{{- end }}
+{{- if and .Values.server.metricsNeedKey (not .Values.server.apiKeySecret.name) }}
+{{- fail "server.metricsNeedKey needs server.apiKeySecret.name: a key to scrape /metrics with" }}
 {{- end }}
 {{- if and .Values.autoscaling.enabled (gt (int .Values.autoscaling.minReplicas) (int .Values.autoscaling.maxReplicas)) }}
 {{- fail "autoscaling.minReplicas must not exceed autoscaling.maxReplicas" }}
@@ -111,6 +114,11 @@ ordered.
 - {{ .Values.server.spec.branchBudget | quote }}
 - --guesses-per-position
 - {{ .Values.server.spec.guessesPerPosition | quote }}
+- --max-body-bytes
+- {{ .Values.server.maxBodyBytes | int64 | quote }}
+{{- if .Values.server.metricsNeedKey }}
+- --metrics-need-key
+{{- end }}
 {{- if ne .Values.models.source "builtin" }}
 - --target
 - {{ printf "%s/%s" (trimSuffix "/" .Values.models.mountPath) .Values.models.target | quote }}

@@ -1,0 +1,97 @@
+"""Known OpenAI fields this server cannot honour: a 400 naming the field, never a silent answer
+that ignored it (issue 13). A field set to its neutral value (a zero penalty, `tool_choice:
+"none"`, `response_format: {"type": "text"}`, ...) asks for nothing and is accepted, so that
+clients which always send their defaults keep working. README "Server" lists the fields.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from server.errors import bad_request
+from server.protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
+
+Check = tuple[str, Callable[[Any], bool], str]  # (field, is it neutral?, what we cannot do)
+
+
+def _absent(v: Any) -> bool:
+    return v is None
+
+
+def _zero(v: Any) -> bool:
+    return v is None or v == 0
+
+
+def _empty(v: Any) -> bool:
+    return not v
+
+
+SHARED: tuple[Check, ...] = (
+    ("frequency_penalty", _zero, "repetition penalties are not supported"),
+    ("presence_penalty", _zero, "repetition penalties are not supported"),
+    ("logit_bias", _empty, "logit_bias is not supported"),
+    ("store", lambda v: not v, "this server stores no completions"),
+    ("service_tier", lambda v: v in (None, "auto", "default"), "there is one service tier"),
+)
+CHAT: tuple[Check, ...] = (
+    (
+        "response_format",
+        lambda v: v is None or v == {"type": "text"},
+        'structured output (json_object, json_schema) is not supported; only {"type": "text"}',
+    ),
+    ("audio", _absent, "audio output is not supported"),
+    ("modalities", lambda v: v in (None, ["text"]), "only the text modality is supported"),
+    ("prediction", _absent, "predicted outputs are not supported"),
+    ("web_search_options", _absent, "web search is not supported"),
+    ("reasoning_effort", _absent, "this model has no reasoning-effort setting"),
+    ("verbosity", _absent, "this model has no verbosity setting"),
+    ("function_call", lambda v: v in (None, "none"), "function calling is not supported"),
+)
+COMPLETION: tuple[Check, ...] = (
+    ("echo", lambda v: not v, "echo is not supported"),
+    ("suffix", _empty, "suffix (insertion) is not supported"),
+)
+
+
+def check_supported(body: SamplingFields) -> None:
+    """Raise a 400 for the first field asking for something this server cannot do."""
+    checks = SHARED + (CHAT if isinstance(body, ChatCompletionRequest) else COMPLETION)
+    for name, neutral, why in checks:
+        if not neutral(getattr(body, name)):
+            raise bad_request(f"`{name}` is not supported by this server: {why}", name)
+    if isinstance(body, ChatCompletionRequest):
+        _check_tools(body)
+        if body.top_logprobs is not None and not body.logprobs:
+            raise bad_request("`top_logprobs` needs `logprobs: true`", "top_logprobs")
+    if isinstance(body, CompletionRequest):
+        _check_best_of(body)
+    if body.stream_options is not None and not body.stream:
+        raise bad_request("`stream_options` is only allowed with `stream: true`", "stream_options")
+
+
+def _check_tools(body: ChatCompletionRequest) -> None:
+    """Tools the model may call cannot be honoured (the server parses no tool calls), but tool
+    history is fine, and so are tools with tool_choice "none": the model answers in text."""
+    if body.tool_choice not in (None, "none", "auto"):
+        raise bad_request(
+            '`tool_choice` other than "none" is not supported: this server does not produce '
+            "tool calls",
+            "tool_choice",
+        )
+    for name in ("tools", "functions"):
+        if getattr(body, name) and body.tool_choice != "none":
+            raise bad_request(
+                f"`{name}` is not supported: this server does not produce tool calls (send "
+                '`tool_choice: "none"` to have the model answer in text)',
+                name,
+            )
+
+
+def _check_best_of(body: CompletionRequest) -> None:
+    if body.best_of is None:
+        return
+    if body.best_of < body.n:
+        raise bad_request("`best_of` must be at least `n`", "best_of")
+    if body.stream and body.best_of > body.n:
+        raise bad_request("`best_of` greater than `n` cannot be streamed", "best_of")

@@ -76,8 +76,8 @@ def _embedded(pair, prompts):
     from sglang_d3d.engine.api import GenerationRequest
     from sglang_d3d.engine.engine import SpecEngine
     from sglang_d3d.models.decoder import Decoder
-    from sglang_d3d.models.loading import load_hf_model
     from sglang_d3d.models.drafter import D3DDrafter
+    from sglang_d3d.models.loading import load_hf_model
 
     torch.set_grad_enabled(False)
     target = Decoder.from_hf(load_hf_model(Path(pair[0])))

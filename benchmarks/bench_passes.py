@@ -1,0 +1,141 @@
+"""How long one forward pass takes, target and drafter, at 1 and 2 intra-op threads.
+
+Target (`TargetRunner`): an AR step (B=1) and verify passes of B tokens after a CTX-token
+context, plus prefill throughput. Drafter (`DraftRunner`, a full-depth drafter built from the
+target, anchor layout): the synchronous draft of one block and the pre-draft pass with 1 and 4
+branches. Median of REPS after a warm-up. Goals of issue 12 are printed under the table.
+
+    /work/bg/quiet .venv/bin/python benchmarks/bench_passes.py --json benchmarks/results/passes.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from sglang_d3d.models import loading
+from sglang_d3d.models.decoder import Decoder
+from sglang_d3d.models.draft_runner import DraftRunner
+from sglang_d3d.models.drafter import D3DDrafter
+from sglang_d3d.models.packing import branch_pack, extend_pack
+from sglang_d3d.models.target import TargetRunner
+
+VERIFY_SIZES = (4, 8, 16)
+BRANCHES = (1, 4)
+
+
+def main() -> None:
+    a = _args()
+    torch.set_grad_enabled(False)
+    hf = loading.load_hf_model(loading.resolve_target_path(a.target))
+    target = Decoder.from_hf(hf)
+    drafter = None if a.no_drafter else D3DDrafter.init_from_target(
+        target, list(range(target.num_layers)), a.block, block_layout="anchor"
+    ).eval()
+    rows: dict[str, dict[int, float]] = {}
+    for th in a.threads:
+        torch.set_num_threads(th)
+        for name, ms in _target_passes(target, a).items():
+            rows.setdefault(name, {})[th] = ms
+        if drafter is not None:
+            for name, ms in _drafter_passes(drafter, a).items():
+                rows.setdefault(name, {})[th] = ms
+    _print_table(rows, a.threads)
+    goals = _goals(rows)
+    for line in goals["lines"]:
+        print(line)
+    if a.json:
+        out = {"args": vars(a), "torch": torch.__version__, "ms": rows, "goals": goals["values"]}
+        Path(a.json).write_text(json.dumps(out, indent=1) + "\n")
+
+
+def _args():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--target", default=None, help="HF model folder (default: the default target)")
+    p.add_argument("--ctx", type=int, default=200)
+    p.add_argument("--reps", type=int, default=7)
+    p.add_argument("--threads", type=int, nargs="+", default=[1, 2])
+    p.add_argument("--block", type=int, default=16, help="drafter block size")
+    p.add_argument("--prefill", type=int, default=512, help="prompt length of the prefill row")
+    p.add_argument("--no-drafter", action="store_true")
+    p.add_argument("--json", default=None, help="write the numbers here")
+    return p.parse_args()
+
+
+def _median_ms(fn, reps: int) -> float:
+    fn()  # warm-up (first-call allocations, compiled kernels)
+    ts = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        ts.append(time.perf_counter() - t0)
+    return round(1e3 * statistics.median(ts), 1)
+
+
+def _target_passes(target: Decoder, a) -> dict[str, float]:
+    runner = TargetRunner(target, 1, max(a.ctx + 64, a.prefill + 1))
+    ctx = list(range(1000, 1000 + a.ctx))
+    res = {}
+    runner.prefill(0, ctx)
+    for b in (1, *VERIFY_SIZES):
+        block = torch.arange(5, 5 + b).unsqueeze(0)  # [1, B]
+        name = "target AR step, B=1" if b == 1 else f"target verify, B={b}"
+        res[name] = _median_ms(lambda blk=block: runner.forward_block([0], blk), a.reps)
+    prompt = list(range(2000, 2000 + a.prefill))
+    ms = _median_ms(lambda: runner.prefill(0, prompt), max(1, a.reps // 3))
+    res[f"target prefill {a.prefill} tokens"] = ms
+    res[f"target prefill {a.prefill}: tok/s"] = round(a.prefill / (ms / 1e3), 1)
+    return res
+
+
+def _drafter_passes(drafter: D3DDrafter, a) -> dict[str, float]:
+    g = a.block - 1  # drafts under verification
+    runner = DraftRunner(drafter, 1, a.ctx + g + max(BRANCHES) * (a.block + 1) + 8)
+    runner.run([(0, extend_pack(list(range(1000, 1000 + a.ctx)), 0))])
+
+    def sync_draft():  # one new accepted token + a block of masks; then undo the commit
+        runner.run([(0, extend_pack([7], a.block))])
+        runner.rollback(0, 1)
+
+    res = {f"drafter sync draft, block {a.block}": _median_ms(sync_draft, a.reps)}
+    for k in BRANCHES:
+        pack = branch_pack(list(range(5, 5 + g)), [(i, 7) for i in range(k)], a.block)
+        name = f"drafter pre-draft, {k} branch{'es' if k > 1 else ''}"
+        res[name] = _median_ms(lambda p=pack: runner.run([(0, p)]), a.reps)
+    return res
+
+
+def _print_table(rows: dict[str, dict[int, float]], threads: list[int]) -> None:
+    print("| pass | " + " | ".join(f"{t} thread{'s' if t > 1 else ''}" for t in threads) + " |")
+    print("|---|" + "---|" * len(threads))
+    for name, by_t in rows.items():
+        unit = "" if "tok/s" in name else " ms"
+        cells = [f"{by_t[t]}{unit}" if t in by_t else "-" for t in threads]
+        print(f"| {name} | " + " | ".join(cells) + " |")
+
+
+def _goals(rows) -> dict:
+    ar = rows.get("target AR step, B=1", {})
+    v16 = rows.get("target verify, B=16", {})
+    values, lines = {}, []
+    if 1 in ar:
+        values["ar_1thread_ms"] = ar[1]
+        lines.append(f"goal AR step <= 60 ms (1 thread): {ar[1]} ms -> {'met' if ar[1] <= 60 else 'NOT met'}")
+    for t in sorted(set(ar) & set(v16)):
+        r = round(v16[t] / ar[t], 2)
+        values[f"verify16_over_ar_{t}thread"] = r
+        lines.append(f"goal verify B=16 <= 1.5 x AR ({t} thread(s)): {r}x -> {'met' if r <= 1.5 else 'NOT met'}")
+    pre = next((v for k, v in rows.items() if k.endswith("tok/s")), {})
+    if 2 in pre:
+        values["prefill_2thread_tok_s"] = pre[2]
+        lines.append(f"goal prefill >= 300 tok/s (2 threads): {pre[2]} -> {'met' if pre[2] >= 300 else 'NOT met'}")
+    return {"values": values, "lines": lines}
+
+
+if __name__ == "__main__":
+    main()

@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from sglang_d3d.models.fused import FusedLayer, FusedModel
 from sglang_d3d.models.kv_cache import KVCache, slot_selector
 
 
@@ -65,13 +66,18 @@ class Batch:
             self.row_spans = (last + 1).tolist()
 
 
-def attention(layer, x: torch.Tensor, cos, sin, b: Batch, li: int, spec: DecoderSpec):
-    """x: [N, T, H] -> [N, T, H]. `layer` is an HF decoder layer (self_attn submodules)."""
+def attention(
+    layer, x: torch.Tensor, cos, sin, b: Batch, li: int, spec: DecoderSpec,
+    fused: FusedLayer | None = None,
+):
+    """x: [N, T, H] -> [N, T, H]. `layer` is an HF decoder layer (self_attn submodules);
+    `fused`: the same layer's projections fused and packed (target inference only)."""
     a = layer.self_attn
     n, t, _ = x.shape
-    q = a.q_proj(x).view(n, t, spec.num_heads, spec.head_dim)
-    k = a.k_proj(x).view(n, t, spec.num_kv_heads, spec.head_dim)
-    v = a.v_proj(x).view(n, t, spec.num_kv_heads, spec.head_dim)
+    q, k, v = _project_qkv(a, x, spec, fused)
+    q = q.view(n, t, spec.num_heads, spec.head_dim)
+    k = k.view(n, t, spec.num_kv_heads, spec.head_dim)
+    v = v.view(n, t, spec.num_kv_heads, spec.head_dim)
     if hasattr(a, "q_norm"):  # Qwen3 normalises q and k per head before RoPE
         q, k = a.q_norm(q), a.k_norm(k)
     q, k = _rope(q.transpose(1, 2), cos, sin), _rope(k.transpose(1, 2), cos, sin)
@@ -87,7 +93,16 @@ def attention(layer, x: torch.Tensor, cos, sin, b: Batch, li: int, spec: Decoder
         slot_idx = torch.tensor(b.slots, device=x.device).unsqueeze(1).expand(n, t)
         b.cache.write(li, slot_idx, b.write_at, k.transpose(1, 2), v.transpose(1, 2))
         out = _cached_attention(q, b, li)
-    return a.o_proj(out.transpose(1, 2).reshape(n, t, -1))
+    out = out.transpose(1, 2).reshape(n, t, -1)
+    return a.o_proj(out) if fused is None else fused.o(out)
+
+
+def _project_qkv(a, x: torch.Tensor, spec: DecoderSpec, fused: FusedLayer | None):
+    """x [N, T, H] -> q [N, T, Hq*D], k and v [N, T, Hkv*D]."""
+    if fused is None:
+        return a.q_proj(x), a.k_proj(x), a.v_proj(x)
+    kv = spec.num_kv_heads * spec.head_dim
+    return fused.qkv(x).split([spec.num_heads * spec.head_dim, kv, kv], dim=-1)
 
 
 def _sdpa(q, k, v, mask):
@@ -118,13 +133,19 @@ def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor
     return x * cos + rotated * sin
 
 
-def run_layers(layers, rotary, h: torch.Tensor, b: Batch, spec: DecoderSpec) -> torch.Tensor:
-    """h: [N, T, H] embeddings -> [N, T, H] hidden states before the final norm."""
+def run_layers(
+    layers, rotary, h: torch.Tensor, b: Batch, spec: DecoderSpec,
+    fused: tuple[FusedLayer, ...] | None = None,
+) -> torch.Tensor:
+    """h: [N, T, H] embeddings -> [N, T, H] hidden states before the final norm. `fused`:
+    packed projections of the same layers, used in place of the HF modules' own."""
     b.prepare()
     cos, sin = rotary(h, b.positions)
     for li, layer in enumerate(layers):
-        h = h + attention(layer, layer.input_layernorm(h), cos, sin, b, li, spec)
-        h = h + layer.mlp(layer.post_attention_layernorm(h))
+        f = None if fused is None else fused[li]
+        h = h + attention(layer, layer.input_layernorm(h), cos, sin, b, li, spec, f)
+        x = layer.post_attention_layernorm(h)
+        h = h + (layer.mlp(x) if f is None else f.mlp(x))
     return h
 
 
@@ -141,6 +162,7 @@ class Decoder(nn.Module):
         self.norm = inner.norm
         self.rotary = inner.rotary_emb
         self.lm_head = hf_model.lm_head
+        self._fused: FusedModel | None = None  # built on the first fast pass
 
     @classmethod
     def from_hf(cls, hf_model) -> Decoder:
@@ -164,7 +186,23 @@ class Decoder(nn.Module):
             self.num_layers, num_slots, max_len, s.num_kv_heads, s.head_dim, self.dtype, self.device
         )
 
-    def forward(self, input_ids: torch.Tensor, b: Batch) -> torch.Tensor:
-        """input_ids [N, T] -> logits [N, T, V]."""
-        h = run_layers(self.layers, self.rotary, self.embed_tokens(input_ids), b, self.spec)
-        return self.lm_head(self.norm(h))
+    def fused(self) -> FusedModel:
+        """Fused, packed projections for inference passes (built once, on first use)."""
+        if self._fused is None:
+            self._fused = FusedModel.from_decoder(self)
+        return self._fused
+
+    def forward(
+        self, input_ids: torch.Tensor, b: Batch, fast: bool = False, last_only: bool = False
+    ) -> torch.Tensor:
+        """input_ids [N, T] -> logits [N, T, V] ([N, 1, V] with `last_only`: a prefill needs
+        the last position's alone, and the LM head over every prompt token would cost more
+        than the layers of a short prompt). `fast`: use the fused projections (inference:
+        no gradients reach the HF modules through them)."""
+        f = self.fused() if fast else None
+        h = self.embed_tokens(input_ids)
+        h = run_layers(self.layers, self.rotary, h, b, self.spec, None if f is None else f.layers)
+        if last_only:
+            h = h[:, -1:]
+        h = self.norm(h)
+        return self.lm_head(h) if f is None else f.lm_head(h)

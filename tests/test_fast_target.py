@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import reference_greedy
 
 from sglang_d3d.models.cpu_linear import PackedLinear, fuse, probe
 from sglang_d3d.models.decoder import Decoder
 from sglang_d3d.models.target import TargetRunner
 from sglang_d3d.testing import tiny_hf_model
-from tests.conftest import reference_greedy
 
 
 def _linears(dtype, bias: bool):

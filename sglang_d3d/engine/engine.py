@@ -16,7 +16,7 @@ from sglang_d3d.engine.adaptive import BlockController, Plan
 from sglang_d3d.engine.api import EventCallback, GenerationRequest, RequestTooLongError, TokenEvent
 from sglang_d3d.engine.drafting import Drafting
 from sglang_d3d.engine.overlap import CycleTimes, TargetWorker, Timeline, intra_op_threads
-from sglang_d3d.engine.scheduler import Scheduler
+from sglang_d3d.engine.scheduler import Scheduler, plan_chunks
 from sglang_d3d.engine.sequence import Sequence
 from sglang_d3d.models.decoder import Decoder
 from sglang_d3d.models.draft_runner import DraftRunner
@@ -101,11 +101,16 @@ class SpecEngine:
         events: list[TokenEvent] = []
         for seq in self.scheduler.take_aborted():
             events.append(self._finish(seq, "abort"))
-        admitted = self.scheduler.admit()
-        for seq in admitted:
-            events.append(self._isolated(seq, self._prefill, seq))
-        rows = [s for s in self.scheduler.running if s.finish_reason is None]
-        if rows and not admitted:  # new first tokens go out now; decoding resumes next step
+        self.scheduler.admit()
+        live = [s for s in self.scheduler.running if s.finish_reason is None]
+        rows = [s for s in live if not s.in_prefill]
+        prefilling = [s for s in live if s.in_prefill]
+        started = False
+        if prefilling:
+            budget = self.cfg.prefill_chunk if rows else self.cfg.max_prefill_tokens
+            events.extend(self._prefill_step(prefilling, budget))
+            started = any(not s.in_prefill for s in prefilling)
+        if rows and not started:  # new first tokens go out now; decoding resumes next step
             events.extend(self._cycle(rows, self.plan(len(rows))))
         for seq in [s for s in self.scheduler.running if s.finish_reason is not None]:
             self.scheduler.release(seq)
@@ -127,17 +132,39 @@ class SpecEngine:
         return Plan(block, self.cfg.mode is Mode.ASYNC)
 
     # ---- prefill ----------------------------------------------------------------------------
-    def _prefill(self, seq: Sequence) -> TokenEvent:
-        """Prompt -> first token, on every core: time to first token is the target's prefill
-        alone. The drafter reads the prompt in its first (synchronous) draft, right after."""
+    def _prefill_step(self, seqs: list[Sequence], budget: int) -> list[TokenEvent]:
+        """Prefill the next chunks of the prompts still prefilling (FIFO, `budget` tokens in
+        all) in one packed pass. A failed pass is retried chunk by chunk, so a bad request
+        fails alone."""
+        work = list(zip(seqs, plan_chunks([s.num_prompt - s.prefilled for s in seqs], budget)))
+        try:
+            return self._prefill_pass(work)
+        except Exception as e:  # noqa: BLE001 - one request's failure must not stop the others
+            if len(work) > 1:
+                return [ev for w in work for ev in self._prefill_step([w[0]], w[1])]
+            return [self._finish(work[0][0], "error", error=f"{type(e).__name__}: {e}")]
+
+    def _prefill_pass(self, work: list[tuple[Sequence, int]]) -> list[TokenEvent]:
+        """On every core: time to first token is the target's prefill alone. The drafter
+        reads the prompt in its first (synchronous) draft, right after."""
         t0 = time.perf_counter()
-        seq.stats.queue_time = max(0.0, time.monotonic() - seq.submit_time)
-        fut = self.worker.submit(
-            self.target.prefill, seq.slot, seq.tokens, threads=self._alone_threads
-        )
-        logits, _, _ = fut.result()
+        for s, _ in work:
+            if s.prefilled == 0:
+                s.prefill_start = t0
+                s.stats.queue_time = max(0.0, time.monotonic() - s.submit_time)
+        chunks = [(s.slot, s.prefilled, s.tokens[s.prefilled : s.prefilled + n]) for s, n in work]
+        fut = self.worker.submit(self.target.prefill_chunks, chunks, threads=self._alone_threads)
+        logits, _, _ = fut.result()  # [len(work), V]
+        events = []
+        for i, (s, n) in enumerate(work):
+            s.prefilled += n
+            if not s.in_prefill:
+                events.append(self._isolated(s, self._first_token, s, logits[i]))
+        return events
+
+    def _first_token(self, seq: Sequence, logits: torch.Tensor) -> TokenEvent:
         token = sample(target_probs(logits, seq.params), seq.generator)
-        seq.stats.prefill_time = time.perf_counter() - t0
+        seq.stats.prefill_time = time.perf_counter() - seq.prefill_start
         if self.drafting is not None:
             self.drafting.runner.reset(seq.slot)  # the slot may hold a finished request's tokens
             seq.pending = seq.tokens + [token]

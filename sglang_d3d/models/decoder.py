@@ -41,15 +41,37 @@ class DecoderSpec:
         )
 
 
+@dataclass(frozen=True)
+class Segment:
+    """One request's run of tokens inside a packed row (several prompts' prefill chunks in
+    one pass): inputs [offset, offset + length) of row 0 go to cache row `slot` at indices
+    [start, start + length), causally after the `start` entries already there."""
+
+    slot: int
+    offset: int
+    start: int
+    length: int
+
+    @property
+    def end(self) -> int:
+        return self.start + self.length
+
+    def mask(self) -> torch.Tensor | None:
+        """[length, end] bool; None when the chunk starts the prompt (plain causal square)."""
+        if self.start == 0:
+            return None
+        return torch.arange(self.end).unsqueeze(0) <= (self.start + torch.arange(self.length)).unsqueeze(1)
+
+
 @dataclass
 class Batch:
     """Where a forward pass reads and writes in the cache. `cache=None`: no cache, and the
     mask is over the T input tokens themselves (training)."""
 
     positions: torch.Tensor  # [N, T] RoPE positions
-    mask: torch.Tensor  # [N, T, S] bool, True = may attend; S = span of cache indices read
+    mask: torch.Tensor | None  # [N, T, S] bool, True = may attend; S = span of cache indices read
     cache: KVCache | None = None
-    slots: list[int] | None = None  # [N] cache rows
+    slots: list[int] | None = None  # [N] cache rows (packed: one per segment)
     write_at: torch.Tensor | None = None  # [N, T] cache index of each input token
     row_spans: list[int] | None = None  # per row: cache indices it reads (set by run_layers)
     # Training only: per layer (keys, values) [N, Hkv, P, D] of a frozen prefix the T inputs
@@ -57,10 +79,27 @@ class Batch:
     # mask blocks with gradients while the clean prefix runs once without (training/objective.py).
     past: list[tuple[torch.Tensor, torch.Tensor]] | None = None
     record: list[tuple[torch.Tensor, torch.Tensor]] | None = None  # if set, each layer appends its (k, v)
+    # Packed prefill (N = 1): the row holds several requests' chunks; `mask` is unused, each
+    # segment attends causally over its own cache row (masks built once in `prepare`).
+    segments: list[Segment] | None = None
+    slot_index: torch.Tensor | None = None  # [N, T] cache row of each input (set by prepare)
+    segment_masks: list[torch.Tensor | None] | None = None
 
     def prepare(self) -> None:
         """Per-row key spans, so rows of different lengths read only their own keys."""
-        if self.cache is not None and self.row_spans is None:
+        if self.cache is None:
+            return
+        if self.segments is not None:
+            self.slot_index = torch.cat([torch.full((s.length,), s.slot) for s in self.segments])
+            self.slot_index = self.slot_index.unsqueeze(0).to(self.positions.device)
+            self.segment_masks = [
+                None if m is None else m.to(self.positions.device)
+                for m in (s.mask() for s in self.segments)
+            ]
+            return
+        n, t = self.positions.shape
+        self.slot_index = torch.tensor(self.slots, device=self.positions.device).unsqueeze(1).expand(n, t)
+        if self.row_spans is None:
             seen = self.mask.any(1)  # [N, S]
             last = seen.shape[1] - 1 - seen.flip(-1).int().argmax(-1)
             self.row_spans = (last + 1).tolist()
@@ -90,9 +129,8 @@ def attention(
     elif b.cache is None:
         out = _sdpa(q, k, v, b.mask)
     else:
-        slot_idx = torch.tensor(b.slots, device=x.device).unsqueeze(1).expand(n, t)
-        b.cache.write(li, slot_idx, b.write_at, k.transpose(1, 2), v.transpose(1, 2))
-        out = _cached_attention(q, b, li)
+        b.cache.write(li, b.slot_index, b.write_at, k.transpose(1, 2), v.transpose(1, 2))
+        out = _cached_attention(q, b, li) if b.segments is None else _segment_attention(q, b, li)
     out = out.transpose(1, 2).reshape(n, t, -1)
     return a.o_proj(out) if fused is None else fused.o(out)
 
@@ -123,6 +161,19 @@ def _cached_attention(q: torch.Tensor, b: Batch, li: int) -> torch.Tensor:
         keys, values = b.cache.read(li, slice(slot, slot + 1), span)
         outs.append(_sdpa(q[r : r + 1], keys, values, b.mask[r : r + 1, :, :span]))
     return torch.cat(outs)
+
+
+def _segment_attention(q: torch.Tensor, b: Batch, li: int) -> torch.Tensor:
+    """q [1, Hq, T, D] of a packed row -> [1, Hq, T, D], each segment over its own slot."""
+    outs = []
+    for s, m in zip(b.segments, b.segment_masks):
+        keys, values = b.cache.read(li, slice(s.slot, s.slot + 1), s.end)
+        qs = q[:, :, s.offset : s.offset + s.length]
+        if m is None:  # causal square: the kernel skips the masked half
+            outs.append(F.scaled_dot_product_attention(qs, keys, values, is_causal=True, enable_gqa=True))
+        else:
+            outs.append(_sdpa(qs, keys, values, m.unsqueeze(0)))
+    return torch.cat(outs, 2)
 
 
 def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -193,16 +244,17 @@ class Decoder(nn.Module):
         return self._fused
 
     def forward(
-        self, input_ids: torch.Tensor, b: Batch, fast: bool = False, last_only: bool = False
+        self, input_ids: torch.Tensor, b: Batch, fast: bool = False,
+        pick: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """input_ids [N, T] -> logits [N, T, V] ([N, 1, V] with `last_only`: a prefill needs
-        the last position's alone, and the LM head over every prompt token would cost more
-        than the layers of a short prompt). `fast`: use the fused projections (inference:
-        no gradients reach the HF modules through them)."""
+        """input_ids [N, T] -> logits [N, T, V], or [N, P, V] at the positions `pick` [N, P]
+        only (a prefill needs one position per prompt, and the LM head over every prompt
+        token costs more than the layers of a short prompt). `fast`: the fused projections
+        (inference: no gradients reach the HF modules through them)."""
         f = self.fused() if fast else None
         h = self.embed_tokens(input_ids)
         h = run_layers(self.layers, self.rotary, h, b, self.spec, None if f is None else f.layers)
-        if last_only:
-            h = h[:, -1:]
+        if pick is not None:
+            h = h.gather(1, pick.to(h.device).unsqueeze(-1).expand(-1, -1, h.shape[-1]))
         h = self.norm(h)
         return self.lm_head(h) if f is None else f.lm_head(h)

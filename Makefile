@@ -16,5 +16,5 @@ lint:
 # from source for this CPU (about 10 minutes on two cores); it is a benchmark extra only.
 bench-peers:
 	bash scripts/setup.sh dev
-	CMAKE_ARGS="-DGGML_NATIVE=ON -DLLAMA_CURL=OFF" .venv/bin/python -m pip install -q '.[peers]'
+	CMAKE_ARGS="-DGGML_NATIVE=ON -DLLAMA_CURL=OFF" .venv/bin/python -m pip install -q -e '.[peers]'
 	.venv/bin/python benchmarks/bench_peers.py --out benchmarks/results/peers.json

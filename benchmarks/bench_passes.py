@@ -66,36 +66,61 @@ def _args():
     p.add_argument("--block", type=int, default=16, help="drafter block size")
     p.add_argument("--prefill", type=int, default=512, help="prompt length of the prefill row")
     p.add_argument("--no-drafter", action="store_true")
+    p.add_argument("--plain", action="store_true",
+                   help="also time the plain runner (HF modules, MKL), interleaved, for comparison")
     p.add_argument("--json", default=None, help="write the numbers here")
     return p.parse_args()
 
 
-def _time_ms(fn, reps: int) -> tuple[float, float]:
-    """(median, min) of `reps` timed calls after a warm-up (first-call allocations, weight
+def _time_ms(fns: dict, reps: int) -> dict[str, tuple[float, float]]:
+    """name -> (median, min) ms of `reps` calls of each fn, interleaved (so that load from
+    other processes hits them alike), after a warm-up (first-call allocations, weight
     packing). On a shared machine the minimum is the steadier of the two."""
-    fn()
-    ts = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
+    ts = {name: [] for name in fns}
+    for fn in fns.values():
         fn()
-        ts.append(time.perf_counter() - t0)
-    return round(1e3 * statistics.median(ts), 1), round(1e3 * min(ts), 1)
+    for _ in range(reps):
+        for name, fn in fns.items():
+            t0 = time.perf_counter()
+            fn()
+            ts[name].append(time.perf_counter() - t0)
+    return {n: (round(1e3 * statistics.median(t), 1), round(1e3 * min(t), 1)) for n, t in ts.items()}
 
 
 def _target_passes(target: Decoder, a) -> dict[str, tuple[float, float]]:
-    runner = TargetRunner(target, 1, max(a.ctx + 64, a.prefill + 1))
+    """The runner as the engine uses it; with --plain also the HF modules through F.linear
+    and the LM head over every prompt token (the runner before issue 12), interleaved."""
+    runners = {"target": TargetRunner(target, 1, max(a.ctx + 64, a.prefill + 1))}
+    if a.plain:
+        runners["plain target"] = TargetRunner(target, 1, runners["target"].max_len, fast=False)
     ctx = list(range(1000, 1000 + a.ctx))
     res = {}
-    runner.prefill(0, ctx)
+    for r in runners.values():
+        r.prefill(0, ctx)
     for b in (1, *VERIFY_SIZES):
         block = torch.arange(5, 5 + b).unsqueeze(0)  # [1, B]
-        name = "target AR step, B=1" if b == 1 else f"target verify, B={b}"
-        res[name] = _time_ms(lambda blk=block: runner.forward_block([0], blk), a.reps)
+        what = "AR step, B=1" if b == 1 else f"verify, B={b}"
+        res.update(_time_ms({
+            f"{label} {what}": (lambda r=r, blk=block: r.forward_block([0], blk))
+            for label, r in runners.items()
+        }, a.reps))
     prompt = list(range(2000, 2000 + a.prefill))
-    ms = _time_ms(lambda: runner.prefill(0, prompt), max(1, a.reps // 3))
-    res[f"target prefill {a.prefill} tokens"] = ms
-    res[f"target prefill {a.prefill}: tok/s"] = tuple(round(a.prefill / (x / 1e3), 1) for x in ms)
+    fns = {f"{label} prefill {a.prefill} tokens": _prefill_fn(label, r, prompt) for label, r in runners.items()}
+    for name, ms in _time_ms(fns, max(1, a.reps // 3)).items():
+        res[name] = ms
+        res[name.replace(" tokens", ": tok/s")] = tuple(round(a.prefill / (x / 1e3), 1) for x in ms)
     return res
+
+
+def _prefill_fn(label: str, r: TargetRunner, prompt: list[int]):
+    if label == "target":
+        return lambda: r.prefill(0, prompt)
+
+    def old_prefill():  # the whole prompt in one pass, logits at every position
+        r.lengths[0] = 0
+        r.forward_block([0], torch.tensor([prompt]))
+
+    return old_prefill
 
 
 def _drafter_passes(drafter: D3DDrafter, a) -> dict[str, tuple[float, float]]:
@@ -107,11 +132,11 @@ def _drafter_passes(drafter: D3DDrafter, a) -> dict[str, tuple[float, float]]:
         runner.run([(0, extend_pack([7], a.block))])
         runner.rollback(0, 1)
 
-    res = {f"drafter sync draft, block {a.block}": _time_ms(sync_draft, a.reps)}
+    res = _time_ms({f"drafter sync draft, block {a.block}": sync_draft}, a.reps)
     for k in BRANCHES:
         pack = branch_pack(list(range(5, 5 + g)), [(i, 7) for i in range(k)], a.block)
         name = f"drafter pre-draft, {k} branch{'es' if k > 1 else ''}"
-        res[name] = _time_ms(lambda p=pack: runner.run([(0, p)]), a.reps)
+        res.update(_time_ms({name: lambda p=pack: runner.run([(0, p)])}, a.reps))
     return res
 
 
@@ -136,7 +161,7 @@ def _goals(rows) -> dict:
         r = round(v16[t] / ar[t], 2)
         values[f"verify16_over_ar_{t}thread"] = r
         lines.append(f"goal verify B=16 <= 1.5 x AR ({t} thread(s)): {r}x -> {'met' if r <= 1.5 else 'NOT met'}")
-    pre = next((v for k, v in rows.items() if k.endswith("tok/s")), {})
+    pre = next((v for k, v in rows.items() if k.startswith("target prefill") and k.endswith("tok/s")), {})
     if 2 in pre:
         values["prefill_2thread_tok_s"] = pre[2]
         lines.append(f"goal prefill >= 300 tok/s (2 threads): {pre[2]} -> {'met' if pre[2] >= 300 else 'NOT met'}")

@@ -19,9 +19,10 @@ from pathlib import Path
 import torch
 
 from sglang_d3d.models import loading
-from sglang_d3d.models.decoder import Decoder
+from sglang_d3d.models.decoder import Batch, Decoder, run_layers
 from sglang_d3d.models.draft_runner import DraftRunner
 from sglang_d3d.models.drafter import D3DDrafter
+from sglang_d3d.models.fused import FusedLayer
 from sglang_d3d.models.packing import branch_pack, extend_pack
 from sglang_d3d.models.target import TargetRunner
 
@@ -124,20 +125,47 @@ def _prefill_fn(label: str, r: TargetRunner, prompt: list[int]):
 
 
 def _drafter_passes(drafter: D3DDrafter, a) -> dict[str, tuple[float, float]]:
+    """Each pass with the drafter's HF modules (as it runs today) and, interleaved, with its
+    layers' projections packed like the target's (what-if: drafter.py does not do this)."""
     g = a.block - 1  # drafts under verification
     runner = DraftRunner(drafter, 1, a.ctx + g + max(BRANCHES) * (a.block + 1) + 8)
     runner.run([(0, extend_pack(list(range(1000, 1000 + a.ctx)), 0))])
+    packed = tuple(FusedLayer.from_hf(layer) for layer in drafter.layers)
+
+    def variants(fn):
+        def with_packed():
+            drafter.hidden = _packed_hidden(drafter, packed)  # instance attribute, undone below
+            try:
+                fn()
+            finally:
+                del drafter.hidden
+        return {"": fn, ", packed (what-if)": with_packed}
 
     def sync_draft():  # one new accepted token + a block of masks; then undo the commit
         runner.run([(0, extend_pack([7], a.block))])
         runner.rollback(0, 1)
 
-    res = _time_ms({f"drafter sync draft, block {a.block}": sync_draft}, a.reps)
+    res = {}
+    for v, fn in variants(sync_draft).items():
+        res[f"drafter sync draft, block {a.block}{v}"] = fn
+    res = _time_ms(res, a.reps)
     for k in BRANCHES:
         pack = branch_pack(list(range(5, 5 + g)), [(i, 7) for i in range(k)], a.block)
         name = f"drafter pre-draft, {k} branch{'es' if k > 1 else ''}"
-        res.update(_time_ms({name: lambda p=pack: runner.run([(0, p)])}, a.reps))
+        fns = variants(lambda p=pack: runner.run([(0, p)]))
+        res.update(_time_ms({name + v: fn for v, fn in fns.items()}, a.reps))
     return res
+
+
+def _packed_hidden(drafter: D3DDrafter, packed):
+    """D3DDrafter.hidden with packed projections (same maths, the target's kernels)."""
+
+    def hidden(input_ids, positions, attn_mask, cache=None, slots=None, write_at=None):
+        b = Batch(positions, attn_mask, cache, slots, write_at)
+        h = drafter.embed(input_ids)
+        return drafter.norm(run_layers(drafter.layers, drafter._shared["rot"], h, b, drafter.spec, packed))
+
+    return hidden
 
 
 def _print_table(rows, mins, threads: list[int]) -> None:

@@ -105,3 +105,17 @@ def test_fp32_greedy_decoding_equals_hf_reference(threads):
     finally:
         torch.set_num_threads(before)
     assert got == want
+
+
+@pytest.mark.parametrize("hidden", [64, 576])
+def test_fused_rms_norm_is_bitwise_the_hf_norm(hidden):
+    from transformers.models.llama.modeling_llama import LlamaRMSNorm
+
+    from sglang_d3d.models.fused import rms_norm
+
+    norm = LlamaRMSNorm(hidden, eps=1e-5)
+    torch.nn.init.normal_(norm.weight)
+    x = 3 * torch.randn(2, 7, hidden)
+    with torch.no_grad():
+        assert torch.equal(rms_norm(norm)(x), norm(x))
+    assert rms_norm(norm.double()) is norm  # fp64: HF's upcast-to-fp32 maths, kept as is

@@ -193,10 +193,13 @@ def run_layers(
     b.prepare()
     cos, sin = rotary(h, b.positions)
     for li, layer in enumerate(layers):
-        f = None if fused is None else fused[li]
-        h = h + attention(layer, layer.input_layernorm(h), cos, sin, b, li, spec, f)
-        x = layer.post_attention_layernorm(h)
-        h = h + (layer.mlp(x) if f is None else f.mlp(x))
+        if fused is None:
+            h = h + attention(layer, layer.input_layernorm(h), cos, sin, b, li, spec)
+            h = h + layer.mlp(layer.post_attention_layernorm(h))
+        else:
+            f = fused[li]
+            h = h + attention(layer, f.input_norm(h), cos, sin, b, li, spec, f)
+            h = h + f.mlp(f.post_norm(h))
     return h
 
 
@@ -256,5 +259,6 @@ class Decoder(nn.Module):
         h = run_layers(self.layers, self.rotary, h, b, self.spec, None if f is None else f.layers)
         if pick is not None:
             h = h.gather(1, pick.to(h.device).unsqueeze(-1).expand(-1, -1, h.shape[-1]))
-        h = self.norm(h)
-        return self.lm_head(h) if f is None else f.lm_head(h)
+        if f is None:
+            return self.lm_head(self.norm(h))
+        return f.lm_head(f.norm(h))

@@ -18,3 +18,4 @@ bench-peers:
 	bash scripts/setup.sh dev
 	CMAKE_ARGS="-DGGML_NATIVE=ON -DLLAMA_CURL=OFF" .venv/bin/python -m pip install -q -e '.[peers]'
 	.venv/bin/python benchmarks/bench_peers.py --out benchmarks/results/peers.json
+	.venv/bin/python benchmarks/plot_peers.py benchmarks/results/peers.json benchmarks/results/peers.png

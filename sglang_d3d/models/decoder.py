@@ -86,7 +86,8 @@ class Batch:
     segment_masks: list[torch.Tensor | None] | None = None
 
     def prepare(self) -> None:
-        """Per-row key spans, so rows of different lengths read only their own keys."""
+        """Once per pass: each input's cache row, and per-row key spans (so rows of
+        different lengths read only their own keys) or the packed segments' masks."""
         if self.cache is None:
             return
         if self.segments is not None:

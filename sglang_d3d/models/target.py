@@ -19,6 +19,8 @@ class TargetRunner:
         # Fused, packed projections (models/fused.py): a CPU speed-up, and a second copy of
         # the weights, which a GPU's memory is better spent on.
         self.fast = fast and model.device.type == "cpu"
+        if self.fast:
+            model.fused()  # pack now (about a second), not inside the first request's prefill
 
     @property
     def max_len(self) -> int:

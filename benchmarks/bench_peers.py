@@ -173,19 +173,22 @@ def _summary(name: str, rs: list[dict], results: dict) -> dict:
     same = None
     if plain is not None:
         same = sum(r["token_ids"] == p["token_ids"] for r, p in zip(rs, plain))
+    hf = results.get("hf")
+    same_hf = None if hf is None else sum(r["token_ids"] == p["token_ids"] for r, p in zip(rs, hf))
     return {"tokens_per_s": round(tokens / seconds, 2), "tokens": tokens,
             "mean_ttft_ms": round(1e3 * statistics.mean(r["ttft"] for r in rs), 1),
             "accepted_length": round(statistics.mean(acc), 2) if acc else None,
-            "same_as_plain": same, "num_prompts": len(rs)}
+            "same_as_plain": same, "same_as_hf": same_hf, "num_prompts": len(rs)}
 
 
 def _print(table: dict) -> None:
-    print("| engine | tokens/s | TTFT ms | accepted length | outputs = its plain decoding |")
-    print("|---|---|---|---|---|")
+    print("| engine | tokens/s | TTFT ms | accepted length | outputs = its plain decoding | = HF generate |")
+    print("|---|---|---|---|---|---|")
     for name, s in table.items():
         same = "-" if s["same_as_plain"] is None else f"{s['same_as_plain']}/{s['num_prompts']}"
         acc = "-" if s["accepted_length"] is None else s["accepted_length"]
-        print(f"| {name} | {s['tokens_per_s']} | {s['mean_ttft_ms']} | {acc} | {same} |")
+        hf = "-" if s["same_as_hf"] is None else f"{s['same_as_hf']}/{s['num_prompts']}"
+        print(f"| {name} | {s['tokens_per_s']} | {s['mean_ttft_ms']} | {acc} | {same} | {hf} |")
 
 
 if __name__ == "__main__":

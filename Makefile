@@ -1,5 +1,5 @@
 # The two commands the README gives. Both do all set-up on a fresh machine into .venv/.
-.PHONY: serve test lint
+.PHONY: serve test lint bench-peers
 
 serve:
 	bash scripts/setup.sh
@@ -11,3 +11,11 @@ test:
 
 lint:
 	.venv/bin/ruff check sglang_d3d server benchmarks tests
+
+# Side-by-side with llama.cpp and Hugging Face (benchmarks/bench_peers.py). llama.cpp builds
+# from source for this CPU (about 10 minutes on two cores); it is a benchmark extra only.
+bench-peers:
+	bash scripts/setup.sh dev
+	CMAKE_ARGS="-DGGML_NATIVE=ON -DLLAMA_CURL=OFF" .venv/bin/python -m pip install -q -e '.[peers]'
+	.venv/bin/python benchmarks/bench_peers.py --out benchmarks/results/peers.json
+	.venv/bin/python benchmarks/plot_peers.py benchmarks/results/peers.json benchmarks/results/peers.png

@@ -32,6 +32,10 @@ def add_engine_args(
                    help="waiting requests; refused past it (HTTP 503)")
     g.add_argument("--verify-token-budget", type=int, default=EngineConfig.verify_token_budget)
     g.add_argument("--min-block-size", type=int, default=EngineConfig.min_block_size)
+    g.add_argument("--prefill-chunk", type=int, default=EngineConfig.prefill_chunk,
+                   help="prompt tokens prefilled per step while other requests decode")
+    g.add_argument("--max-prefill-tokens", type=int, default=EngineConfig.max_prefill_tokens,
+                   help="prompt tokens in one prefill pass when nobody is decoding")
     g.add_argument("--adaptive", action=argparse.BooleanOptionalAction, default=adaptive,
                    help="choose the block size (or plain decoding) per batch size by measured "
                    f"throughput (default: {'on' if adaptive else 'off'})")
@@ -69,6 +73,8 @@ def engine_config(args: argparse.Namespace, mode: str | None = None) -> EngineCo
         max_queue=args.max_queue,
         verify_token_budget=args.verify_token_budget,
         min_block_size=args.min_block_size,
+        prefill_chunk=getattr(args, "prefill_chunk", EngineConfig.prefill_chunk),
+        max_prefill_tokens=getattr(args, "max_prefill_tokens", EngineConfig.max_prefill_tokens),
         adaptive=getattr(args, "adaptive", False),
         target_threads=target_threads,
         draft_threads=draft_threads,

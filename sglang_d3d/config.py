@@ -102,12 +102,19 @@ class EngineConfig:
     # adaptive=True replaces the budget rule by measurement: per batch size, the block size
     # (or target-only decoding) with the best measured tokens/s (engine/adaptive.py).
     adaptive: bool = False
+    # Chunked prefill: while other requests decode, a step prefills at most prefill_chunk
+    # prompt tokens (one packed pass, then their decode cycle), so a long prompt no longer
+    # stalls every stream; with nobody decoding, a pass takes up to max_prefill_tokens.
+    prefill_chunk: int = 64
+    max_prefill_tokens: int = 1024
     draft_threads: int = 1  # intra-op threads of the drafter's worker (CPU)
     target_threads: int = 1  # intra-op threads of the target's worker (CPU)
 
     def __post_init__(self) -> None:
         if self.max_batch_size < 1 or self.max_context < 8:
             raise ValueError("max_batch_size >= 1 and max_context >= 8 required")
+        if self.prefill_chunk < 1 or self.max_prefill_tokens < self.prefill_chunk:
+            raise ValueError("1 <= prefill_chunk <= max_prefill_tokens required")
 
     @property
     def resolved_draft_device(self) -> str:

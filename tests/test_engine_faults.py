@@ -109,14 +109,14 @@ def test_one_failing_request_does_not_stop_the_others(tiny_models, monkeypatch):
 
 def test_failing_prefill_fails_only_its_request(tiny_models, monkeypatch):
     eng = make_engine(tiny_models, Mode.ASYNC)
-    real = eng.target.prefill
+    real = eng.target.prefill_chunks
 
-    def prefill(slot, ids):
-        if ids == [66, 67]:
+    def prefill_chunks(chunks):  # a packed pass holding the bad prompt fails as a whole
+        if any(ids == [66, 67] for _, _, ids in chunks):
             raise RuntimeError("bad request")
-        return real(slot, ids)
+        return real(chunks)
 
-    monkeypatch.setattr(eng.target, "prefill", prefill)
+    monkeypatch.setattr(eng.target, "prefill_chunks", prefill_chunks)
     outs = generate(eng, [PROMPT, [66, 67], [9, 10]], SamplingParams(max_new_tokens=10))
     assert [o.finish_reason for o in outs] == ["length", "error", "length"]
     assert "bad request" in outs[1].error

@@ -131,10 +131,11 @@ def test_n_choices_share_one_prefill_and_sample_as_if_alone(tiny_models):
 
     eng = make_engine(tiny_models, Mode.ASYNC, batch=4)
     calls = []
-    real_prefill = eng.target.prefill
-    eng.target.prefill = lambda *a: calls.append(1) or real_prefill(*a)
+    real_prefill = eng.target.prefill_chunks
+    eng.target.prefill_chunks = lambda chunks, **kw: calls.append(len(chunks)) or real_prefill(
+        chunks, **kw)
     together = run(eng, requests("n"), together=True)
-    assert len(calls) == 1
+    assert sum(calls) == 1  # one prompt chunk prefilled; the other choices fork it
     alone = {}
     for r in requests("a"):
         alone.update(run(make_engine(tiny_models, Mode.ASYNC, batch=4), [r]))

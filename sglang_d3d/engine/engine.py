@@ -16,7 +16,7 @@ from sglang_d3d.engine.adaptive import BlockController, Plan
 from sglang_d3d.engine.api import EventCallback, GenerationRequest, RequestTooLongError, TokenEvent
 from sglang_d3d.engine.drafting import Drafting, draft_cache_len
 from sglang_d3d.engine.overlap import CycleTimes, TargetWorker, Timeline, intra_op_threads
-from sglang_d3d.engine.scheduler import Scheduler
+from sglang_d3d.engine.scheduler import Scheduler, plan_chunks
 from sglang_d3d.engine.sequence import Sequence
 from sglang_d3d.models.decoder import Decoder
 from sglang_d3d.models.draft_runner import DraftRunner
@@ -49,6 +49,9 @@ class SpecEngine:
                                    self._max_branches())
             self.drafting = Drafting(DraftRunner(drafter, slots, size), cfg.spec)
         self.scheduler = Scheduler(slots, cfg.max_queue)
+        # Prefill sharing (_share_prefills): follower id -> leader, leader id -> followers.
+        self._leader_of: dict[int, Sequence] = {}
+        self._followers: dict[int, list[Sequence]] = {}
         self.worker = TargetWorker(cfg.target_threads, cfg.device)
         self.timeline = Timeline()
         self.cycle_listeners: list = []
@@ -111,12 +114,17 @@ class SpecEngine:
         events: list[TokenEvent] = []
         for seq in self.scheduler.take_aborted():
             events.append(self._finish(seq, "abort"))
-        admitted = self.scheduler.admit()
-        prefilled: dict[tuple[int, ...], tuple[int, torch.Tensor]] = {}  # prompt -> (slot, logits)
-        for seq in admitted:
-            events.append(self._isolated(seq, self._prefill, seq, prefilled))
-        rows = [s for s in self.scheduler.running if s.finish_reason is None]
-        if rows and not admitted:  # new first tokens go out now; decoding resumes next step
+            self._pop_followers(seq)  # they prefill on their own now
+        self._share_prefills(self.scheduler.admit())
+        live = [s for s in self.scheduler.running if s.finish_reason is None]
+        rows = [s for s in live if not s.in_prefill]
+        prefilling = [s for s in live if s.in_prefill and id(s) not in self._leader_of]
+        started = False
+        if prefilling:
+            budget = self.cfg.prefill_chunk if rows else self.cfg.max_prefill_tokens
+            events.extend(self._prefill_step(prefilling, budget))
+            started = any(not s.in_prefill for s in prefilling)
+        if rows and not started:  # new first tokens go out now; decoding resumes next step
             events.extend(self._cycle(rows, self.plan(len(rows))))
         for seq in [s for s in self.scheduler.running if s.finish_reason is not None]:
             self.scheduler.release(seq)
@@ -138,27 +146,69 @@ class SpecEngine:
         return Plan(block, self.cfg.mode is Mode.ASYNC)
 
     # ---- prefill ----------------------------------------------------------------------------
-    def _prefill(self, seq: Sequence, prefilled: dict) -> TokenEvent:
-        """Prompt -> first token, on every core: time to first token is the target's prefill
-        alone. The drafter reads the prompt in its first (synchronous) draft, right after.
-        A prompt already prefilled this step (another choice of an `n` > 1 request, or any
-        request with the same prompt) is copied from that slot instead; each still draws its
-        own first token."""
+    def _share_prefills(self, admitted: list[Sequence]) -> None:
+        """A newly admitted prompt identical to one admitted in the same step (another choice
+        of an `n` > 1 request, or any request with the same prompt) follows it: it is not
+        prefilled, but copies the leader's cache slot once the leader's prefill completes, and
+        draws its own first token from the same logits."""
+        leaders: dict[tuple[int, ...], Sequence] = {}
+        for seq in admitted:
+            lead = leaders.setdefault(tuple(seq.tokens), seq)
+            if lead is not seq:
+                self._leader_of[id(seq)] = lead
+                self._followers.setdefault(id(lead), []).append(seq)
+
+    def _prefill_step(self, seqs: list[Sequence], budget: int) -> list[TokenEvent]:
+        """Prefill the next chunks of the prompts still prefilling (FIFO, `budget` tokens in
+        all) in one packed pass. A failed pass is retried chunk by chunk, so a bad request
+        fails alone (with the choices that follow it)."""
+        work = list(zip(seqs, plan_chunks([s.num_prompt - s.prefilled for s in seqs], budget)))
+        try:
+            return self._prefill_pass(work)
+        except Exception as e:  # noqa: BLE001 - one request's failure must not stop the others
+            if len(work) > 1:
+                return [ev for w in work for ev in self._prefill_step([w[0]], w[1])]
+            lead, error = work[0][0], f"{type(e).__name__}: {e}"
+            return [self._finish(s, "error", error=error) for s in [lead, *self._pop_followers(lead)]]
+
+    def _prefill_pass(self, work: list[tuple[Sequence, int]]) -> list[TokenEvent]:
+        """On every core: time to first token is the target's prefill alone. The drafter
+        reads the prompt in its first (synchronous) draft, right after."""
         t0 = time.perf_counter()
+        for s, _ in work:
+            if s.prefilled == 0:
+                self._start_prefill(s, t0)
+        chunks = [(s.slot, s.prefilled, s.tokens[s.prefilled : s.prefilled + n]) for s, n in work]
+        fut = self.worker.submit(self.target.prefill_chunks, chunks, threads=self._alone_threads)
+        logits, _, _ = fut.result()  # [len(work), V]
+        events = []
+        for i, (s, n) in enumerate(work):
+            s.prefilled += n
+            if not s.in_prefill:
+                events.append(self._isolated(s, self._first_token, s, logits[i]))
+                events += [self._isolated(f, self._fork_prefill, s, f, logits[i])
+                           for f in self._pop_followers(s)]
+        return events
+
+    def _start_prefill(self, seq: Sequence, t0: float) -> None:
+        seq.prefill_start = t0
         seq.stats.queue_time = max(0.0, time.monotonic() - seq.submit_time)
-        key = tuple(seq.tokens)
-        if key in prefilled:
-            src, logits = prefilled[key]
-            self.worker.submit(self.target.fork, src, seq.slot).result()
-        else:
-            fut = self.worker.submit(
-                self.target.prefill, seq.slot, seq.tokens, threads=self._alone_threads
-            )
-            logits, _, _ = fut.result()  # [V]
-            # A copy: the [V] row is a view that would keep the prompt's [T, V] logits alive.
-            prefilled[key] = (seq.slot, logits.clone())
+
+    def _pop_followers(self, lead: Sequence) -> list[Sequence]:
+        followers = self._followers.pop(id(lead), [])
+        for f in followers:
+            self._leader_of.pop(id(f), None)
+        return [f for f in followers if f.finish_reason is None]  # not those aborted meanwhile
+
+    def _fork_prefill(self, lead: Sequence, seq: Sequence, logits: torch.Tensor) -> TokenEvent:
+        self._start_prefill(seq, lead.prefill_start)
+        self.worker.submit(self.target.fork, lead.slot, seq.slot).result()
+        seq.prefilled = seq.num_prompt
+        return self._first_token(seq, logits)
+
+    def _first_token(self, seq: Sequence, logits: torch.Tensor) -> TokenEvent:
         token = sample(target_probs(logits, seq.params), seq.generator)
-        seq.stats.prefill_time = time.perf_counter() - t0
+        seq.stats.prefill_time = time.perf_counter() - seq.prefill_start
         if self.drafting is not None:
             self.drafting.runner.reset(seq.slot)  # the slot may hold a finished request's tokens
             seq.pending = seq.tokens + [token]

@@ -80,3 +80,17 @@ class Scheduler:
 
     def has_work(self) -> bool:
         return bool(self.waiting or self.running or self._aborts)
+
+
+def plan_chunks(remaining: list[int], budget: int) -> list[int]:
+    """Prompt tokens to prefill this step for each prompt still prefilling (FIFO order, as
+    `remaining` lists them), at most `budget` in all: earlier prompts finish first, and the
+    pass packs as many short prompts as fit. -> sizes for a prefix of `remaining`."""
+    sizes = []
+    for r in remaining:
+        take = min(r, budget)
+        if take <= 0:
+            break
+        sizes.append(take)
+        budget -= take
+    return sizes

@@ -20,6 +20,8 @@ class Sequence:
     slot: int = -1
     tokens: list[int] = field(default_factory=list)  # prompt + accepted output
     num_prompt: int = 0
+    prefilled: int = 0  # prompt tokens in the target's cache (chunked prefill)
+    prefill_start: float = 0.0  # perf_counter when its first chunk ran
     generator: RequestRandom | None = None  # per-device seeded streams (spec/sampling.py)
     stats: RequestStats = field(default_factory=RequestStats)
     submit_time: float = field(default_factory=time.monotonic)
@@ -45,6 +47,10 @@ class Sequence:
     @property
     def num_generated(self) -> int:
         return len(self.tokens) - self.num_prompt
+
+    @property
+    def in_prefill(self) -> bool:
+        return self.prefilled < self.num_prompt
 
     @property
     def last_token(self) -> int:

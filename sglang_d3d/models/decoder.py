@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from sglang_d3d.models.fused import FusedLayer, FusedModel
 from sglang_d3d.models.kv_cache import KVCache, slot_selector
 
 
@@ -40,15 +41,37 @@ class DecoderSpec:
         )
 
 
+@dataclass(frozen=True)
+class Segment:
+    """One request's run of tokens inside a packed row (several prompts' prefill chunks in
+    one pass): inputs [offset, offset + length) of row 0 go to cache row `slot` at indices
+    [start, start + length), causally after the `start` entries already there."""
+
+    slot: int
+    offset: int
+    start: int
+    length: int
+
+    @property
+    def end(self) -> int:
+        return self.start + self.length
+
+    def mask(self) -> torch.Tensor | None:
+        """[length, end] bool; None when the chunk starts the prompt (plain causal square)."""
+        if self.start == 0:
+            return None
+        return torch.arange(self.end).unsqueeze(0) <= (self.start + torch.arange(self.length)).unsqueeze(1)
+
+
 @dataclass
 class Batch:
     """Where a forward pass reads and writes in the cache. `cache=None`: no cache, and the
     mask is over the T input tokens themselves (training)."""
 
     positions: torch.Tensor  # [N, T] RoPE positions
-    mask: torch.Tensor  # [N, T, S] bool, True = may attend; S = span of cache indices read
+    mask: torch.Tensor | None  # [N, T, S] bool, True = may attend; S = span of cache indices read
     cache: KVCache | None = None
-    slots: list[int] | None = None  # [N] cache rows
+    slots: list[int] | None = None  # [N] cache rows (packed: one per segment)
     write_at: torch.Tensor | None = None  # [N, T] cache index of each input token
     row_spans: list[int] | None = None  # per row: cache indices it reads (set by run_layers)
     # Training only: per layer (keys, values) [N, Hkv, P, D] of a frozen prefix the T inputs
@@ -56,22 +79,45 @@ class Batch:
     # mask blocks with gradients while the clean prefix runs once without (training/objective.py).
     past: list[tuple[torch.Tensor, torch.Tensor]] | None = None
     record: list[tuple[torch.Tensor, torch.Tensor]] | None = None  # if set, each layer appends its (k, v)
+    # Packed prefill (N = 1): the row holds several requests' chunks; `mask` is unused, each
+    # segment attends causally over its own cache row (masks built once in `prepare`).
+    segments: list[Segment] | None = None
+    slot_index: torch.Tensor | None = None  # [N, T] cache row of each input (set by prepare)
+    segment_masks: list[torch.Tensor | None] | None = None
 
     def prepare(self) -> None:
-        """Per-row key spans, so rows of different lengths read only their own keys."""
-        if self.cache is not None and self.row_spans is None:
+        """Once per pass: each input's cache row, and per-row key spans (so rows of
+        different lengths read only their own keys) or the packed segments' masks."""
+        if self.cache is None:
+            return
+        if self.segments is not None:
+            self.slot_index = torch.cat([torch.full((s.length,), s.slot) for s in self.segments])
+            self.slot_index = self.slot_index.unsqueeze(0).to(self.positions.device)
+            self.segment_masks = [
+                None if m is None else m.to(self.positions.device)
+                for m in (s.mask() for s in self.segments)
+            ]
+            return
+        n, t = self.positions.shape
+        self.slot_index = torch.tensor(self.slots, device=self.positions.device).unsqueeze(1).expand(n, t)
+        if self.row_spans is None:
             seen = self.mask.any(1)  # [N, S]
             last = seen.shape[1] - 1 - seen.flip(-1).int().argmax(-1)
             self.row_spans = (last + 1).tolist()
 
 
-def attention(layer, x: torch.Tensor, cos, sin, b: Batch, li: int, spec: DecoderSpec):
-    """x: [N, T, H] -> [N, T, H]. `layer` is an HF decoder layer (self_attn submodules)."""
+def attention(
+    layer, x: torch.Tensor, cos, sin, b: Batch, li: int, spec: DecoderSpec,
+    fused: FusedLayer | None = None,
+):
+    """x: [N, T, H] -> [N, T, H]. `layer` is an HF decoder layer (self_attn submodules);
+    `fused`: the same layer's projections fused and packed (target inference only)."""
     a = layer.self_attn
     n, t, _ = x.shape
-    q = a.q_proj(x).view(n, t, spec.num_heads, spec.head_dim)
-    k = a.k_proj(x).view(n, t, spec.num_kv_heads, spec.head_dim)
-    v = a.v_proj(x).view(n, t, spec.num_kv_heads, spec.head_dim)
+    q, k, v = _project_qkv(a, x, spec, fused)
+    q = q.view(n, t, spec.num_heads, spec.head_dim)
+    k = k.view(n, t, spec.num_kv_heads, spec.head_dim)
+    v = v.view(n, t, spec.num_kv_heads, spec.head_dim)
     if hasattr(a, "q_norm"):  # Qwen3 normalises q and k per head before RoPE
         q, k = a.q_norm(q), a.k_norm(k)
     q, k = _rope(q.transpose(1, 2), cos, sin), _rope(k.transpose(1, 2), cos, sin)
@@ -84,10 +130,18 @@ def attention(layer, x: torch.Tensor, cos, sin, b: Batch, li: int, spec: Decoder
     elif b.cache is None:
         out = _sdpa(q, k, v, b.mask)
     else:
-        slot_idx = torch.tensor(b.slots, device=x.device).unsqueeze(1).expand(n, t)
-        b.cache.write(li, slot_idx, b.write_at, k.transpose(1, 2), v.transpose(1, 2))
-        out = _cached_attention(q, b, li)
-    return a.o_proj(out.transpose(1, 2).reshape(n, t, -1))
+        b.cache.write(li, b.slot_index, b.write_at, k.transpose(1, 2), v.transpose(1, 2))
+        out = _cached_attention(q, b, li) if b.segments is None else _segment_attention(q, b, li)
+    out = out.transpose(1, 2).reshape(n, t, -1)
+    return a.o_proj(out) if fused is None else fused.o(out)
+
+
+def _project_qkv(a, x: torch.Tensor, spec: DecoderSpec, fused: FusedLayer | None):
+    """x [N, T, H] -> q [N, T, Hq*D], k and v [N, T, Hkv*D]."""
+    if fused is None:
+        return a.q_proj(x), a.k_proj(x), a.v_proj(x)
+    kv = spec.num_kv_heads * spec.head_dim
+    return fused.qkv(x).split([spec.num_heads * spec.head_dim, kv, kv], dim=-1)
 
 
 def _sdpa(q, k, v, mask):
@@ -110,6 +164,19 @@ def _cached_attention(q: torch.Tensor, b: Batch, li: int) -> torch.Tensor:
     return torch.cat(outs)
 
 
+def _segment_attention(q: torch.Tensor, b: Batch, li: int) -> torch.Tensor:
+    """q [1, Hq, T, D] of a packed row -> [1, Hq, T, D], each segment over its own slot."""
+    outs = []
+    for s, m in zip(b.segments, b.segment_masks):
+        keys, values = b.cache.read(li, slice(s.slot, s.slot + 1), s.end)
+        qs = q[:, :, s.offset : s.offset + s.length]
+        if m is None:  # causal square: the kernel skips the masked half
+            outs.append(F.scaled_dot_product_attention(qs, keys, values, is_causal=True, enable_gqa=True))
+        else:
+            outs.append(_sdpa(qs, keys, values, m.unsqueeze(0)))
+    return torch.cat(outs, 2)
+
+
 def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """x: [N, heads, T, D]; cos/sin: [N, T, D]."""
     cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
@@ -118,13 +185,22 @@ def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor
     return x * cos + rotated * sin
 
 
-def run_layers(layers, rotary, h: torch.Tensor, b: Batch, spec: DecoderSpec) -> torch.Tensor:
-    """h: [N, T, H] embeddings -> [N, T, H] hidden states before the final norm."""
+def run_layers(
+    layers, rotary, h: torch.Tensor, b: Batch, spec: DecoderSpec,
+    fused: tuple[FusedLayer, ...] | None = None,
+) -> torch.Tensor:
+    """h: [N, T, H] embeddings -> [N, T, H] hidden states before the final norm. `fused`:
+    packed projections of the same layers, used in place of the HF modules' own."""
     b.prepare()
     cos, sin = rotary(h, b.positions)
     for li, layer in enumerate(layers):
-        h = h + attention(layer, layer.input_layernorm(h), cos, sin, b, li, spec)
-        h = h + layer.mlp(layer.post_attention_layernorm(h))
+        if fused is None:
+            h = h + attention(layer, layer.input_layernorm(h), cos, sin, b, li, spec)
+            h = h + layer.mlp(layer.post_attention_layernorm(h))
+        else:
+            f = fused[li]
+            h = h + attention(layer, f.input_norm(h), cos, sin, b, li, spec, f)
+            h = h + f.mlp(f.post_norm(h))
     return h
 
 
@@ -141,6 +217,7 @@ class Decoder(nn.Module):
         self.norm = inner.norm
         self.rotary = inner.rotary_emb
         self.lm_head = hf_model.lm_head
+        self._fused: FusedModel | None = None  # built on the first fast pass
 
     @classmethod
     def from_hf(cls, hf_model) -> Decoder:
@@ -164,7 +241,25 @@ class Decoder(nn.Module):
             self.num_layers, num_slots, max_len, s.num_kv_heads, s.head_dim, self.dtype, self.device
         )
 
-    def forward(self, input_ids: torch.Tensor, b: Batch) -> torch.Tensor:
-        """input_ids [N, T] -> logits [N, T, V]."""
-        h = run_layers(self.layers, self.rotary, self.embed_tokens(input_ids), b, self.spec)
-        return self.lm_head(self.norm(h))
+    def fused(self) -> FusedModel:
+        """Fused, packed projections for inference passes (built once, on first use)."""
+        if self._fused is None:
+            self._fused = FusedModel.from_decoder(self)
+        return self._fused
+
+    def forward(
+        self, input_ids: torch.Tensor, b: Batch, fast: bool = False,
+        pick: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """input_ids [N, T] -> logits [N, T, V], or [N, P, V] at the positions `pick` [N, P]
+        only (a prefill needs one position per prompt, and the LM head over every prompt
+        token costs more than the layers of a short prompt). `fast`: the fused projections
+        (inference: no gradients reach the HF modules through them)."""
+        f = self.fused() if fast else None
+        h = self.embed_tokens(input_ids)
+        h = run_layers(self.layers, self.rotary, h, b, self.spec, None if f is None else f.layers)
+        if pick is not None:
+            h = h.gather(1, pick.to(h.device).unsqueeze(-1).expand(-1, -1, h.shape[-1]))
+        if f is None:
+            return self.lm_head(self.norm(h))
+        return f.lm_head(f.norm(h))

@@ -1,0 +1,200 @@
+"""How long one forward pass takes, target and drafter, at 1 and 2 intra-op threads.
+
+Target (`TargetRunner`): an AR step (B=1) and verify passes of B tokens after a CTX-token
+context, plus prefill throughput. Drafter (`DraftRunner`, a full-depth drafter built from the
+target, anchor layout): the synchronous draft of one block and the pre-draft pass with 1 and 4
+branches. Median of REPS after a warm-up. Goals of issue 12 are printed under the table.
+
+    /work/bg/quiet .venv/bin/python benchmarks/bench_passes.py --json benchmarks/results/passes.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from sglang_d3d.models import loading
+from sglang_d3d.models.decoder import Batch, Decoder, run_layers
+from sglang_d3d.models.draft_runner import DraftRunner
+from sglang_d3d.models.drafter import D3DDrafter
+from sglang_d3d.models.fused import FusedLayer
+from sglang_d3d.models.packing import branch_pack, extend_pack
+from sglang_d3d.models.target import TargetRunner
+
+VERIFY_SIZES = (4, 8, 16)
+BRANCHES = (1, 4)
+
+
+def main() -> None:
+    a = _args()
+    torch.set_grad_enabled(False)
+    hf = loading.load_hf_model(loading.resolve_target_path(a.target))
+    target = Decoder.from_hf(hf)
+    drafter = None if a.no_drafter else D3DDrafter.init_from_target(
+        target, list(range(target.num_layers)), a.block, block_layout="anchor"
+    ).eval()
+    rows: dict[str, dict[int, float]] = {}  # median
+    mins: dict[str, dict[int, float]] = {}
+    for th in a.threads:
+        torch.set_num_threads(th)
+        res = _target_passes(target, a)
+        if drafter is not None:
+            res.update(_drafter_passes(drafter, a))
+        for name, (med, low) in res.items():
+            rows.setdefault(name, {})[th] = med
+            mins.setdefault(name, {})[th] = low
+    _print_table(rows, mins, a.threads)
+    goals = _goals(rows)
+    for line in goals["lines"]:
+        print(line)
+    if a.json:
+        out = {"args": vars(a), "torch": torch.__version__, "median": rows, "min": mins,
+               "goals": goals["values"]}
+        Path(a.json).write_text(json.dumps(out, indent=1) + "\n")
+
+
+def _args():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--target", default=None, help="HF model folder (default: the default target)")
+    p.add_argument("--ctx", type=int, default=200)
+    p.add_argument("--reps", type=int, default=7)
+    p.add_argument("--threads", type=int, nargs="+", default=[1, 2])
+    p.add_argument("--block", type=int, default=16, help="drafter block size")
+    p.add_argument("--prefill", type=int, default=512, help="prompt length of the prefill row")
+    p.add_argument("--no-drafter", action="store_true")
+    p.add_argument("--plain", action="store_true",
+                   help="also time the plain runner (HF modules, MKL), interleaved, for comparison")
+    p.add_argument("--json", default=None, help="write the numbers here")
+    return p.parse_args()
+
+
+def _time_ms(fns: dict, reps: int) -> dict[str, tuple[float, float]]:
+    """name -> (median, min) ms of `reps` calls of each fn, interleaved (so that load from
+    other processes hits them alike), after a warm-up (first-call allocations, weight
+    packing). On a shared machine the minimum is the steadier of the two."""
+    ts = {name: [] for name in fns}
+    for fn in fns.values():
+        fn()
+    for _ in range(reps):
+        for name, fn in fns.items():
+            t0 = time.perf_counter()
+            fn()
+            ts[name].append(time.perf_counter() - t0)
+    return {n: (round(1e3 * statistics.median(t), 1), round(1e3 * min(t), 1)) for n, t in ts.items()}
+
+
+def _target_passes(target: Decoder, a) -> dict[str, tuple[float, float]]:
+    """The runner as the engine uses it; with --plain also the HF modules through F.linear
+    and the LM head over every prompt token (the runner before issue 12), interleaved."""
+    runners = {"target": TargetRunner(target, 1, max(a.ctx + 64, a.prefill + 1))}
+    if a.plain:
+        runners["plain target"] = TargetRunner(target, 1, runners["target"].max_len, fast=False)
+    ctx = list(range(1000, 1000 + a.ctx))
+    res = {}
+    for r in runners.values():
+        r.prefill(0, ctx)
+    for b in (1, *VERIFY_SIZES):
+        block = torch.arange(5, 5 + b).unsqueeze(0)  # [1, B]
+        what = "AR step, B=1" if b == 1 else f"verify, B={b}"
+        res.update(_time_ms({
+            f"{label} {what}": (lambda r=r, blk=block: r.forward_block([0], blk))
+            for label, r in runners.items()
+        }, a.reps))
+    prompt = list(range(2000, 2000 + a.prefill))
+    fns = {f"{label} prefill {a.prefill} tokens": _prefill_fn(label, r, prompt) for label, r in runners.items()}
+    for name, ms in _time_ms(fns, max(1, a.reps // 3)).items():
+        res[name] = ms
+        res[name.replace(" tokens", ": tok/s")] = tuple(round(a.prefill / (x / 1e3), 1) for x in ms)
+    return res
+
+
+def _prefill_fn(label: str, r: TargetRunner, prompt: list[int]):
+    if label == "target":
+        return lambda: r.prefill(0, prompt)
+
+    def old_prefill():  # the whole prompt in one pass, logits at every position
+        r.lengths[0] = 0
+        r.forward_block([0], torch.tensor([prompt]))
+
+    return old_prefill
+
+
+def _drafter_passes(drafter: D3DDrafter, a) -> dict[str, tuple[float, float]]:
+    """Each pass with the drafter's HF modules (as it runs today) and, interleaved, with its
+    layers' projections packed like the target's (what-if: drafter.py does not do this)."""
+    g = a.block - 1  # drafts under verification
+    runner = DraftRunner(drafter, 1, a.ctx + g + max(BRANCHES) * (a.block + 1) + 8)
+    runner.run([(0, extend_pack(list(range(1000, 1000 + a.ctx)), 0))])
+    packed = tuple(FusedLayer.from_hf(layer) for layer in drafter.layers)
+
+    def variants(fn):
+        def with_packed():
+            drafter.hidden = _packed_hidden(drafter, packed)  # instance attribute, undone below
+            try:
+                fn()
+            finally:
+                del drafter.hidden
+        return {"": fn, ", packed (what-if)": with_packed}
+
+    def sync_draft():  # one new accepted token + a block of masks; then undo the commit
+        runner.run([(0, extend_pack([7], a.block))])
+        runner.rollback(0, 1)
+
+    res = {}
+    for v, fn in variants(sync_draft).items():
+        res[f"drafter sync draft, block {a.block}{v}"] = fn
+    res = _time_ms(res, a.reps)
+    for k in BRANCHES:
+        pack = branch_pack(list(range(5, 5 + g)), [(i, 7) for i in range(k)], a.block)
+        name = f"drafter pre-draft, {k} branch{'es' if k > 1 else ''}"
+        fns = variants(lambda p=pack: runner.run([(0, p)]))
+        res.update(_time_ms({name + v: fn for v, fn in fns.items()}, a.reps))
+    return res
+
+
+def _packed_hidden(drafter: D3DDrafter, packed):
+    """D3DDrafter.hidden with packed projections (same maths, the target's kernels)."""
+
+    def hidden(input_ids, positions, attn_mask, cache=None, slots=None, write_at=None):
+        b = Batch(positions, attn_mask, cache, slots, write_at)
+        h = drafter.embed(input_ids)
+        return drafter.norm(run_layers(drafter.layers, drafter._shared["rot"], h, b, drafter.spec, packed))
+
+    return hidden
+
+
+def _print_table(rows, mins, threads: list[int]) -> None:
+    """Median (min) per pass and thread count."""
+    print("| pass, median (min) | " + " | ".join(f"{t} thread{'s' if t > 1 else ''}" for t in threads) + " |")
+    print("|---|" + "---|" * len(threads))
+    for name, by_t in rows.items():
+        unit = "" if "tok/s" in name else " ms"
+        cells = [f"{by_t[t]}{unit} ({mins[name][t]})" if t in by_t else "-" for t in threads]
+        print(f"| {name} | " + " | ".join(cells) + " |")
+
+
+def _goals(rows) -> dict:
+    ar = rows.get("target AR step, B=1", {})
+    v16 = rows.get("target verify, B=16", {})
+    values, lines = {}, []
+    if 1 in ar:
+        values["ar_1thread_ms"] = ar[1]
+        lines.append(f"goal AR step <= 60 ms (1 thread): {ar[1]} ms -> {'met' if ar[1] <= 60 else 'NOT met'}")
+    for t in sorted(set(ar) & set(v16)):
+        r = round(v16[t] / ar[t], 2)
+        values[f"verify16_over_ar_{t}thread"] = r
+        lines.append(f"goal verify B=16 <= 1.5 x AR ({t} thread(s)): {r}x -> {'met' if r <= 1.5 else 'NOT met'}")
+    pre = next((v for k, v in rows.items() if k.startswith("target prefill") and k.endswith("tok/s")), {})
+    if 2 in pre:
+        values["prefill_2thread_tok_s"] = pre[2]
+        lines.append(f"goal prefill >= 300 tok/s (2 threads): {pre[2]} -> {'met' if pre[2] >= 300 else 'NOT met'}")
+    return {"values": values, "lines": lines}
+
+
+if __name__ == "__main__":
+    main()

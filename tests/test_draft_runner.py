@@ -3,6 +3,9 @@ fresh drafter that saw the accepted tokens one after another."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import pytest
 import torch
 
 from sglang_d3d.models.draft_runner import DraftRunner
@@ -84,3 +87,29 @@ def test_chunked_causal_prefill_equals_the_pack_path(tiny_models):
     assert r.lengths[1] == 36
     got = r.run([(1, extend_pack(ctx[-1:], BLOCK))])[0][0]
     assert torch.allclose(got, want, atol=1e-9)
+
+
+@pytest.mark.parametrize("fp32", [False, True])
+def test_fast_path_matches_the_plain_modules(tiny_models, tmp_path, fp32):
+    """Fused target kernels + gated deltas give the plain drafter's block logits."""
+    _, _, drafter = tiny_models
+    if fp32:  # the packed kernels' own dtype
+        from sglang_d3d.models.decoder import Decoder
+        from sglang_d3d.models.drafter import D3DDrafter
+        from sglang_d3d.models.loading import load_hf_model
+        from sglang_d3d.testing import make_tiny_pair
+
+        t_dir, d_dir = make_tiny_pair(tmp_path)
+        drafter = D3DDrafter.from_pretrained(d_dir, Decoder.from_hf(load_hf_model(Path(t_dir))))
+    ctx = [5, 9, 7, 3, 11, 40, 41]
+    outs = []
+    for fast in (False, True):
+        r = DraftRunner(drafter, 1, 64, fast=fast)
+        r.prefill(0, ctx[:4])
+        drafts = [12, 13, 14]
+        first = r.run([(0, extend_pack(ctx[4:], BLOCK))])[0]
+        branch = r.run([(0, branch_pack(drafts, [(1, 20), (3, 21)], BLOCK))])[0]
+        outs.append((first, branch))
+    assert DraftRunner(drafter, 1, 8).fast
+    for plain, fused in zip(*outs):
+        assert torch.allclose(plain, fused, atol=1e-4 if fp32 else 1e-8)

@@ -50,13 +50,45 @@ class LowRankDelta(nn.Module):
         self.scale = alpha / rank
         self.gate = gate
 
+    def delta(self, x: torch.Tensor) -> torch.Tensor:  # [N, T, in] -> [N, T, out], ungated
+        return (x @ self.delta_a.T) @ self.delta_b.T * self.scale
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [N, T, in] -> [N, T, out]
-        y = self.base(x)
-        g = self.gate.value
-        if g is None:
-            return y
-        d = (x @ self.delta_a.T) @ self.delta_b.T * self.scale
-        return y + (d if g is True else d * g)
+        return plus_gated(self.base(x), (self,), x)
+
+
+def plus_gated(y: torch.Tensor, deltas: tuple[LowRankDelta, ...], x: torch.Tensor) -> torch.Tensor:
+    """y + the deltas of x (concatenated along the output, as fused projections lay them out),
+    at the tokens the gate selects."""
+    g = deltas[0].gate.value
+    if g is None:
+        return y
+    d = torch.cat([m.delta(x) for m in deltas], -1) if len(deltas) > 1 else deltas[0].delta(x)
+    return y + (d if g is True else d * g)
+
+
+class GatedFused:
+    """Inference fast path: the target's fused, packed projections of one layer
+    (models/fused.py FusedLayer, shared with the target runner) plus this layer's gated deltas.
+    Same interface as FusedLayer, so decoder.run_layers takes either."""
+
+    def __init__(self, base, layer: nn.Module) -> None:
+        a, m = layer.self_attn, layer.mlp
+        self.base = base
+        self.input_norm, self.post_norm, self.act = base.input_norm, base.post_norm, base.act
+        self._qkv, self._o = (a.q_proj, a.k_proj, a.v_proj), (a.o_proj,)
+        self._gate_up, self._down = (m.gate_proj, m.up_proj), (m.down_proj,)
+
+    def qkv(self, x: torch.Tensor) -> torch.Tensor:
+        return plus_gated(self.base.qkv(x), self._qkv, x)
+
+    def o(self, x: torch.Tensor) -> torch.Tensor:
+        return plus_gated(self.base.o(x), self._o, x)
+
+    def mlp(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = plus_gated(self.base.gate_up(x), self._gate_up, x).chunk(2, dim=-1)
+        h = self.act(gate) * up
+        return plus_gated(self.base.down(h), self._down, h)
 
 
 def _shallow(module: nn.Module) -> nn.Module:

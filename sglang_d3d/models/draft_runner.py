@@ -9,10 +9,12 @@ from sglang_d3d.models.packing import Pack, branch_token_index
 
 
 class DraftRunner:
-    def __init__(self, drafter: D3DDrafter, num_slots: int, max_len: int) -> None:
+    def __init__(self, drafter: D3DDrafter, num_slots: int, max_len: int, fast: bool = True) -> None:
         self.model = drafter
         self.cache = drafter.make_cache(num_slots, max_len)
         self.lengths = [0] * num_slots
+        # The target's fused CPU kernels plus the deltas (models/adapters.py GatedFused).
+        self.fast = fast and self.device.type == "cpu"
 
     @property
     def device(self) -> torch.device:
@@ -30,7 +32,8 @@ class DraftRunner:
         ids, pos, write, mask = self._layout(rows, lens, t)
         dev = self.device
         h = self.model.hidden(
-            ids.to(dev), pos.to(dev), mask.to(dev), self.cache, slots, write.to(dev)
+            ids.to(dev), pos.to(dev), mask.to(dev), self.cache, slots, write.to(dev),
+            fast=self.fast,
         )
         picks = [torch.tensor(p.blocks, dtype=torch.long).view(-1) for _, p in rows]  # [num_blocks * B] each
         flat = torch.cat([h[r, idx.to(dev)] for r, idx in enumerate(picks)])  # [sum, H]
@@ -55,7 +58,7 @@ class DraftRunner:
             c, base = part.shape[1], self.lengths[slot]
             pos = torch.arange(base, base + c, device=dev).unsqueeze(0)  # [1, c]
             mask = torch.ones(c, base + c, dtype=torch.bool, device=dev).tril(base)  # causal
-            self.model.hidden(part, pos, mask.unsqueeze(0), self.cache, [slot], pos)
+            self.model.hidden(part, pos, mask.unsqueeze(0), self.cache, [slot], pos, fast=self.fast)
             self.lengths[slot] = base + c
 
     def _layout(self, rows, lens: list[int], t: int):

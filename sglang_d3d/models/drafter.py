@@ -29,7 +29,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from sglang_d3d.models.adapters import Gate, adapted_layer, delta_modules
+from sglang_d3d.models.adapters import Gate, GatedFused, adapted_layer, delta_modules
 from sglang_d3d.models.decoder import Batch, Decoder, run_layers
 from sglang_d3d.models.kv_cache import KVCache
 
@@ -101,6 +101,7 @@ class D3DDrafter(nn.Module):
             for i in cfg.source_layers
         )
         self.mask_embedding = nn.Parameter(target.embed_tokens.weight.mean(0).detach().clone())
+        self._fused: tuple[GatedFused, ...] | None = None  # inference fast path (CPU)
         # Shared with the target and frozen: kept out of the checkpoint.
         self._shared = {"embed": target.embed_tokens, "head": target.lm_head,
                         "rot": target.rotary, "norm": target.norm, "target": target}
@@ -224,15 +225,27 @@ class D3DDrafter(nn.Module):
         write_at: torch.Tensor | None = None,  # [N, T]
         past: list | None = None,
         record: list | None = None,
+        fast: bool = False,
     ) -> torch.Tensor:
-        """-> [N, T, H] final-normed hidden states; deltas apply at mask slots only."""
+        """-> [N, T, H] final-normed hidden states; deltas apply at mask slots only. `fast`
+        (inference on CPU): the target's fused, packed projections plus the deltas."""
         b = Batch(positions, attn_mask, cache, slots, write_at, past=past, record=record)
         self.gate.value = _gate(input_ids == MASK_ID, self.mask_embedding.dtype)
         try:
-            h = run_layers(self.layers, self._shared["rot"], self.embed(input_ids), b, self.arch)
+            fused = self.fused_layers() if fast else None
+            h = run_layers(self.layers, self._shared["rot"], self.embed(input_ids), b, self.arch,
+                           fused)
         finally:
             self.gate.value = None
         return self._shared["norm"](h)
+
+    def fused_layers(self) -> tuple[GatedFused, ...]:
+        """Built on first use, over the target's own fused model (built once, shared)."""
+        if self._fused is None:
+            base = self._shared["target"].fused().layers
+            self._fused = tuple(GatedFused(base[i], layer)
+                                for i, layer in zip(self.cfg.source_layers, self.layers))
+        return self._fused
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """[..., H] -> [..., V]."""

@@ -40,9 +40,11 @@ class DrafterFault(RuntimeError):
 
 
 class Drafting:
-    def __init__(self, runner: DraftRunner, spec: SpecConfig) -> None:
+    def __init__(self, runner: DraftRunner, spec: SpecConfig, prefill_chunk: int = 64,
+                 max_prefill: int = 1024) -> None:
         self.runner = runner
         self.spec = spec
+        self.prefill_chunk, self.max_prefill = prefill_chunk, max_prefill
 
     # ---- before verify ----------------------------------------------------------------------
     def ensure_drafts(self, rows: list[Sequence], block: int) -> None:
@@ -51,8 +53,9 @@ class Drafting:
             if s.draft is not None and len(s.draft) < block - 1:
                 s.draft = None  # drafted for a smaller block
         need = [s for s in rows if s.draft is None and s.drafter_faults < MAX_DRAFTER_FAULTS]
+        alone = all(len(s.pending) > PREFILL_OVER for s in rows)  # nobody else would wait
         if need:
-            self._guard_each(need, lambda part: self._sync_draft(part, block))
+            self._guard_each(need, lambda part: self._sync_draft(part, block, alone))
         for s in rows:
             if s.draft is None:
                 _placeholder(s, block)
@@ -60,23 +63,36 @@ class Drafting:
             if s.draft_q is not None:
                 s.draft_q = s.draft_q[:block]
 
-    def _sync_draft(self, rows: list[Sequence], block: int) -> None:
+    def _sync_draft(self, rows: list[Sequence], block: int, alone: bool = True) -> None:
         rows = [s for s in rows if s.draft is None]  # a retry skips rows already drafted
-        if not rows:
-            return
         for s in rows:
             if not s.pending:  # cache up to date (a hit's draft was dropped): re-read the anchor
                 self.runner.rollback(s.slot, 1)
                 s.pending = [s.last_token]
-            if len(s.pending) > PREFILL_OVER:  # a prompt: causal chunks, then a small pack
-                self.runner.prefill(s.slot, s.pending[:-1])
-                s.pending = s.pending[-1:]
+        self._catch_up(rows, self.max_prefill if alone else self.prefill_chunk)
+        rows = [s for s in rows if len(s.pending) <= PREFILL_OVER]
+        if not rows:
+            return
         packs = [(s.slot, extend_pack(s.pending, self.pack_block(block))) for s in rows]
         logits = self.runner.run(packs)
         for s in rows:
             s.pending = []  # committed by the pass, whatever happens to the drafts below
         for s, lg in zip(rows, logits):
             _set_draft(s, _checked(lg[0]))
+
+    def _catch_up(self, rows: list[Sequence], budget: int) -> None:
+        """Long pending tokens (a prompt) are read by causal prefill, at most `budget` tokens
+        per cycle: a chunk while other requests decode (they wait for the drafter), all at once
+        when nobody else would wait. A row still catching up decodes this cycle with a
+        placeholder draft, which keeps verification exact (issue 10: a 3k-token prompt's first
+        draft used to stall every stream for seconds)."""
+        for s in rows:
+            n = min(budget, len(s.pending) - 1)
+            if len(s.pending) <= PREFILL_OVER or n <= 0:
+                continue
+            self.runner.prefill(s.slot, s.pending[:n])
+            s.pending = s.pending[n:]
+            budget -= n
 
     def predraft(self, rows: list[Sequence], block: int) -> None:
         """Pre-draft the next block for the likely outcomes of the verify in flight."""

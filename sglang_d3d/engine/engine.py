@@ -47,7 +47,8 @@ class SpecEngine:
         if drafter is not None and cfg.mode is not Mode.AR:
             size = draft_cache_len(cfg.max_context, block, drafter.cfg.smallest_block,
                                    self._max_branches())
-            self.drafting = Drafting(DraftRunner(drafter, slots, size), cfg.spec)
+            self.drafting = Drafting(DraftRunner(drafter, slots, size), cfg.spec,
+                                     cfg.prefill_chunk, cfg.max_prefill_tokens)
         self.scheduler = Scheduler(slots, cfg.max_queue)
         # Prefill sharing (_share_prefills): follower id -> leader, leader id -> followers.
         self._leader_of: dict[int, Sequence] = {}

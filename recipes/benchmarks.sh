@@ -1,26 +1,31 @@
 #!/usr/bin/env bash
-# The benchmark runs behind README's results, in the order they were run. DRAFTER defaults to
-# the shipped drafter; TAG names the result files. Each run prints its table and saves JSON.
+# The benchmark runs behind README's results (issue 9 goals), in the order they were run.
+# DRAFTER defaults to the shipped drafter; TAG names the result files. Each run prints its
+# table and saves JSON under benchmarks/results/. Pause background jobs first (kill -STOP).
+# Code prompts: MBPP tasks 1-20 (google-research/google-research mbpp/mbpp.jsonl, CC-BY-4.0),
+# their "text" field as {"prompt": ...} lines in runs/mbpp20.jsonl (not committed).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DRAFTER=${DRAFTER:-sglang_d3d/assets/drafter}
 TAG=${TAG:-default}
+BLOCK=${BLOCK:-8}
 OUT=benchmarks/results
+PY=.venv/bin/python
 D3D=.venv/bin/d3d
 
-# MT-Bench first turns: ar / sync / async side by side (acceptance and speed).
-$D3D bench --dataset mt_bench --num-prompts ${MT_PROMPTS:-10} --max-new-tokens 96 \
-  --modes ar,sync,async --drafter "$DRAFTER" --out $OUT/bench_mtbench_${TAG}.json
+# Offline held-out acceptance per block position (the target's own greedy answers).
+$PY benchmarks/bench_accept.py --drafter "$DRAFTER" --dataset gsm8k --num-prompts 30 \
+  --blocks 16,8 --out $OUT/accept_gsm8k_${TAG}.json
+$PY benchmarks/bench_accept.py --drafter "$DRAFTER" --dataset mt_bench --num-prompts 20 \
+  --blocks 16,8 --out $OUT/accept_mtbench_${TAG}.json
+$PY benchmarks/bench_accept.py --drafter "$DRAFTER" --dataset runs/mbpp20.jsonl --num-prompts 20 \
+  --blocks 16,8 --out $OUT/accept_mbpp_${TAG}.json
 
-# Which branch budget is fastest (async only, a few GSM8K prompts).
-for pol in "topk 1 1" "topk 4 1" "all 1 1" "all 1 2"; do
-  set -- $pol
-  $D3D bench --dataset gsm8k --num-prompts ${SWEEP_PROMPTS:-4} --max-new-tokens 64 --modes async \
-    --branch-policy $1 --branch-budget $2 --guesses-per-position $3 --drafter "$DRAFTER" \
-    --out $OUT/branch_sweep_${TAG}_${1}${2}_g${3}.json
-done
-
-# The live server under load: ar vs async (adaptive), concurrency 1, 4, 16.
-$D3D bench-serving --modes ar async --datasets gsm8k mt_bench --concurrency 1 4 16 \
-  --num-prompts ${SERVE_PROMPTS:-16} --max-tokens 64 --server-args "--drafter $DRAFTER" \
-  --out $OUT/bench_serving_${TAG}.json
+# ar / sync / async interleaved prompt by prompt, batch 1, greedy (identity checked).
+$D3D bench --dataset gsm8k --num-prompts 30 --max-new-tokens 128 --modes ar,sync,async \
+  --block-size $BLOCK --branch-budget 1 --drafter "$DRAFTER" --out $OUT/bench_gsm8k30_${TAG}.json
+$D3D bench --dataset mt_bench --num-prompts 20 --max-new-tokens 128 --modes ar,sync,async \
+  --block-size $BLOCK --branch-budget 1 --drafter "$DRAFTER" --out $OUT/bench_mtbench20_${TAG}.json
+$D3D bench --dataset runs/mbpp20.jsonl --num-prompts 10 --max-new-tokens 128 \
+  --modes ar,sync,async --block-size $BLOCK --branch-budget 1 --drafter "$DRAFTER" \
+  --out $OUT/bench_mbpp10_${TAG}.json

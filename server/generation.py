@@ -20,8 +20,8 @@ from server.metrics import MetricsRecorder
 from server.protocol import D3DStats, Usage
 from sglang_d3d.config import SamplingParams
 from sglang_d3d.engine.api import GenerationRequest, TokenEvent
-from sglang_d3d.spec.logprobs import TokenLogprob
-from sglang_d3d.spec.stats import RequestStats
+from sglang_d3d.speculative.logprobs import TokenLogprob
+from sglang_d3d.speculative.stats import RequestStats
 
 ABORT_DRAIN_TIMEOUT = 5.0  # seconds to wait for an aborted request's final event (its stats)
 

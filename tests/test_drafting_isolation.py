@@ -12,7 +12,7 @@ from sglang_d3d.engine.api import GenerationRequest
 from sglang_d3d.engine.drafting import MAX_DRAFTER_FAULTS, Drafting
 from sglang_d3d.engine.sequence import Sequence
 from sglang_d3d.models.draft_runner import DraftRunner
-from sglang_d3d.spec.sampling import make_generator
+from sglang_d3d.speculative.sampling import make_generator
 
 BLOCK = 4
 
@@ -96,7 +96,7 @@ def test_request_random_streams_are_per_device_and_seeded():
 def test_sampled_drafts_on_cuda_use_a_cuda_generator(tiny_models):
     """Issue 10: a seeded CPU generator met CUDA probabilities in drafting, so sampled requests
     silently drafted placeholders on GPUs."""
-    from sglang_d3d.spec.sampling import sample, sample_rows
+    from sglang_d3d.speculative.sampling import sample, sample_rows
 
     q = torch.softmax(torch.randn(5, 96, device="cuda"), -1)
     a, b = make_generator(3), make_generator(3)

@@ -11,7 +11,7 @@ from engine_helpers import OracleDrafter, make_engine
 
 from sglang_d3d.config import Mode, SamplingParams
 from sglang_d3d.engine.api import GenerationRequest, TokenEvent
-from sglang_d3d.spec.logprobs import TokenLogprob, token_logprobs
+from sglang_d3d.speculative.logprobs import TokenLogprob, token_logprobs
 
 PROMPTS = [[5, 6, 7, 8], [9, 10, 11], [12, 40, 13, 50, 14, 60, 15]]
 

@@ -10,7 +10,7 @@ from engine_helpers import make_engine
 
 from sglang_d3d.config import Mode, SamplingParams
 from sglang_d3d.engine.offline import generate
-from sglang_d3d.spec.sampling import target_probs
+from sglang_d3d.speculative.sampling import target_probs
 
 PROMPT = [5, 6, 7, 8]
 

@@ -10,7 +10,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from server.app import create_app
 from server.metrics import MetricsRecorder
 from server.testing import ServerThread, tiny_server_config
-from sglang_d3d.spec.stats import CycleStats
+from sglang_d3d.speculative.stats import CycleStats
 
 HISTOGRAMS = [
     "time_to_first_token_seconds",

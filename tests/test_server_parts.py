@@ -17,7 +17,7 @@ from server.responses import Answer
 from server.serving import best_answers, choice_params
 from server.unsupported import check_supported
 from sglang_d3d.config import SamplingParams
-from sglang_d3d.spec.logprobs import TokenLogprob
+from sglang_d3d.speculative.logprobs import TokenLogprob
 from sglang_d3d.testing import tiny_tokenizer
 
 CALL = {"id": "call_1", "type": "function",

@@ -19,8 +19,8 @@ from sglang_d3d.config import BranchPolicy, SpecConfig
 from sglang_d3d.engine.sequence import Sequence
 from sglang_d3d.models.draft_runner import DraftRunner
 from sglang_d3d.models.packing import branch_pack, extend_pack
-from sglang_d3d.spec.branches import match_branch, select_branches
-from sglang_d3d.spec.sampling import draft_probs, sample_rows
+from sglang_d3d.speculative.branches import match_branch, select_branches
+from sglang_d3d.speculative.sampling import draft_probs, sample_rows
 
 log = logging.getLogger(__name__)
 MAX_DRAFTER_FAULTS = 3  # after this many, a request stops using the drafter

@@ -15,17 +15,19 @@ from sglang_d3d.config import EngineConfig, Mode
 from sglang_d3d.engine.adaptive import BlockController, Plan
 from sglang_d3d.engine.api import EventCallback, GenerationRequest, RequestTooLongError, TokenEvent
 from sglang_d3d.engine.drafting import Drafting, draft_cache_len
-from sglang_d3d.engine.overlap import CycleTimes, TargetWorker, Timeline, intra_op_threads
 from sglang_d3d.engine.scheduler import Scheduler, plan_chunks
 from sglang_d3d.engine.sequence import Sequence
+from sglang_d3d.engine.target_worker import TargetWorker
+from sglang_d3d.engine.threads import intra_op_threads
+from sglang_d3d.engine.timeline import CycleTimes, Timeline
 from sglang_d3d.models.decoder import Decoder
 from sglang_d3d.models.draft_runner import DraftRunner
 from sglang_d3d.models.drafter import D3DDrafter
 from sglang_d3d.models.target import TargetRunner
-from sglang_d3d.spec.logprobs import token_logprobs
-from sglang_d3d.spec.sampling import make_generator, sample, target_probs
-from sglang_d3d.spec.stats import CycleStats
-from sglang_d3d.spec.verify import verify_draft
+from sglang_d3d.speculative.logprobs import token_logprobs
+from sglang_d3d.speculative.sampling import make_generator, sample, target_probs
+from sglang_d3d.speculative.stats import CycleStats
+from sglang_d3d.speculative.verify import verify_draft
 
 
 class SpecEngine:
@@ -39,7 +41,7 @@ class SpecEngine:
         if cfg.mode is not Mode.AR and drafter is None:
             raise ValueError(f"mode {cfg.mode.value} needs a drafter")
         self.cfg = cfg
-        self.vocab_size = target.spec.vocab_size
+        self.vocab_size = target.arch.vocab_size
         self.eos_token_ids = frozenset(eos_token_ids)
         slots, block = cfg.max_batch_size, cfg.spec.block_size
         self.target = TargetRunner(target, slots, cfg.max_context + block + 1)

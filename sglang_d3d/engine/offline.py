@@ -9,7 +9,7 @@ import torch
 from sglang_d3d.config import SamplingParams
 from sglang_d3d.engine.api import GenerationRequest, TokenEvent
 from sglang_d3d.engine.engine import SpecEngine
-from sglang_d3d.spec.stats import RequestStats
+from sglang_d3d.speculative.stats import RequestStats
 
 
 @dataclass

@@ -8,9 +8,9 @@ from dataclasses import dataclass, field
 import torch
 
 from sglang_d3d.engine.api import EventCallback, GenerationRequest
-from sglang_d3d.spec.branches import Branch
-from sglang_d3d.spec.sampling import RequestRandom
-from sglang_d3d.spec.stats import RequestStats
+from sglang_d3d.speculative.branches import Branch
+from sglang_d3d.speculative.sampling import RequestRandom
+from sglang_d3d.speculative.stats import RequestStats
 
 
 @dataclass
@@ -22,7 +22,7 @@ class Sequence:
     num_prompt: int = 0
     prefilled: int = 0  # prompt tokens in the target's cache (chunked prefill)
     prefill_start: float = 0.0  # perf_counter when its first chunk ran
-    generator: RequestRandom | None = None  # per-device seeded streams (spec/sampling.py)
+    generator: RequestRandom | None = None  # per-device seeded streams (speculative/sampling.py)
     stats: RequestStats = field(default_factory=RequestStats)
     submit_time: float = field(default_factory=time.monotonic)
     # Drafter state. `pending`: accepted tokens the drafter cache has not seen yet.

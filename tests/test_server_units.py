@@ -5,12 +5,12 @@ from __future__ import annotations
 import random
 
 import pytest
+from sglang_d3d.server.args import Backend, ServerConfig, parse_args
+from sglang_d3d.server.backends import BackendUnavailable, check_backend
+from sglang_d3d.server.detokenize import TextStream
+from sglang_d3d.server.main import run_server
+from sglang_d3d.server.stop_strings import StopMatcher, find_stop, partial_stop_len
 
-from server.args import Backend, ServerConfig, parse_args
-from server.backends import BackendUnavailable, check_backend
-from server.detokenize import TextStream
-from server.main import run_server
-from server.stop_strings import StopMatcher, find_stop, partial_stop_len
 from sglang_d3d.config import BranchPolicy, EngineConfig, Mode, SpecConfig
 from sglang_d3d.testing import tiny_tokenizer
 

@@ -3,9 +3,9 @@ sglang_d3d (issue 11): nothing named `server` at the top of site-packages."""
 
 from __future__ import annotations
 
-import tomllib
 from pathlib import Path
 
+import tomllib
 from setuptools import find_packages
 
 ROOT = Path(__file__).resolve().parent.parent

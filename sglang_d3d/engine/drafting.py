@@ -80,7 +80,7 @@ class Drafting:
 
     def predraft(self, rows: list[Sequence], block: int) -> None:
         """Pre-draft the next block for the likely outcomes of the verify in flight."""
-        rows = [s for s in rows if not s.placeholder]
+        rows = [s for s in rows if s.draft_q is not None]  # no branches for placeholders
         if not rows:
             return
         self._guard_each(rows, lambda part: self._predraft_rows(part, block))
@@ -201,11 +201,9 @@ def _set_draft(s: Sequence, slot_logits: torch.Tensor) -> None:
     else:
         tokens = sample_rows(q, s.generator)  # on q's device, one host sync
     s.draft, s.draft_q = tokens[:-1], q
-    s.placeholder = False
 
 
 def _placeholder(s: Sequence, block: int) -> None:
     """Drafts that are the last token repeated, proposed with probability one (exact)."""
     s.draft = [s.last_token] * (block - 1)
-    s.draft_q = None
-    s.placeholder = True
+    s.draft_q = None  # the mark of a placeholder: verify_draft's point-mass proposal

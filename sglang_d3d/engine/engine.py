@@ -13,7 +13,7 @@ import torch
 
 from sglang_d3d.config import EngineConfig, Mode
 from sglang_d3d.engine.adaptive import BlockController, Plan
-from sglang_d3d.engine.api import EventCallback, GenerationRequest, RequestTooLongError, TokenEvent
+from sglang_d3d.engine.api import GenerationRequest, RequestTooLongError, TokenEvent
 from sglang_d3d.engine.drafting import Drafting, draft_cache_len
 from sglang_d3d.engine.scheduler import Scheduler, plan_chunks
 from sglang_d3d.engine.sequence import Sequence
@@ -79,15 +79,16 @@ class SpecEngine:
         return s.num_outcomes * s.guesses_per_position
 
     # ---- requests ---------------------------------------------------------------------------
-    def submit(self, req: GenerationRequest, on_event: EventCallback) -> None:
-        self.scheduler.add(self._sequence(req, on_event))
+    def submit(self, req: GenerationRequest) -> None:
+        """Queue a request; its events come back from `step()`."""
+        self.scheduler.add(self._sequence(req))
 
-    def submit_all(self, items: list[tuple[GenerationRequest, EventCallback]]) -> None:
+    def submit_all(self, reqs: list[GenerationRequest]) -> None:
         """Queue several requests at once, or none (a full queue refuses them all). Requests
         with the same prompt admitted in one step share one prefill (`n` > 1 choices)."""
-        self.scheduler.add_all([self._sequence(req, cb) for req, cb in items])
+        self.scheduler.add_all([self._sequence(req) for req in reqs])
 
-    def _sequence(self, req: GenerationRequest, on_event: EventCallback) -> Sequence:
+    def _sequence(self, req: GenerationRequest) -> Sequence:
         if not req.prompt_ids:
             raise ValueError("the prompt is empty")
         if any(t < 0 or t >= self.vocab_size for t in req.prompt_ids):
@@ -99,7 +100,7 @@ class SpecEngine:
                 f"({req.params.max_new_tokens}) = {total} exceeds the context length "
                 f"{self.cfg.max_context}"
             )
-        seq = Sequence(req=req, on_event=on_event, tokens=list(req.prompt_ids))
+        seq = Sequence(req=req, tokens=list(req.prompt_ids))
         seq.num_prompt = len(req.prompt_ids)
         seq.stats.mode = self.cfg.mode.value
         seq.stats.prompt_tokens = seq.num_prompt
@@ -272,8 +273,7 @@ class SpecEngine:
         return self._emit(s, draft[:n] + [token], logits[: n + 1])
 
     def _verify(self, s: Sequence, draft: list[int], logits: torch.Tensor) -> tuple[int, int]:
-        q = None if s.placeholder else s.draft_q
-        return verify_draft(draft, q, logits, s.params, s.generator)
+        return verify_draft(draft, s.draft_q, logits, s.params, s.generator)
 
     def _record(self, rows: list[Sequence], ct: CycleTimes) -> None:
         draft_time = ct.draft_end + (ct.predraft_end - ct.predraft_start)

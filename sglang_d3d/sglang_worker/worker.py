@@ -197,7 +197,7 @@ class D3DWorker(BaseSpecWorker):
             tokens[:, 1:].to(logits.device),
             logits,
             [s.params for s in rows],
-            [None if s.placeholder else s.draft_q for s in rows],
+            [s.draft_q for s in rows],  # None: a placeholder draft
             [s.generator for s in rows],
         )
         # The one device -> host copy of the cycle: two ints per request (waits for the pass).

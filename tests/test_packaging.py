@@ -5,8 +5,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import tomllib
+import pytest
 from setuptools import find_packages
+
+tomllib = pytest.importorskip("tomllib")  # Python 3.11+
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -163,7 +163,7 @@ def _packed_hidden(drafter: D3DDrafter, packed):
     def hidden(input_ids, positions, attn_mask, cache=None, slots=None, write_at=None):
         b = Batch(positions, attn_mask, cache, slots, write_at)
         h = drafter.embed(input_ids)
-        return drafter.norm(run_layers(drafter.layers, drafter._shared["rot"], h, b, drafter.spec, packed))
+        return drafter.norm(run_layers(drafter.layers, drafter._shared["rot"], h, b, drafter.arch, packed))
 
     return hidden
 

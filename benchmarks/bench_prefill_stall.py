@@ -57,7 +57,7 @@ def _run(a, target, drafter, chunk: int) -> dict:
 
     def submit(rid: str, ids: list[int], n: int) -> None:
         times[rid] = []
-        eng.submit(GenerationRequest(rid, ids, SamplingParams(max_new_tokens=n)), None)
+        eng.submit(GenerationRequest(rid, ids, SamplingParams(max_new_tokens=n)))
 
     def step() -> None:
         for ev in eng.step():

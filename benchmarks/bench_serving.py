@@ -43,10 +43,11 @@ import httpx
 import numpy as np
 from prometheus_client.parser import text_string_to_metric_families
 
+import sglang_d3d
 from sglang_d3d.prompts import NAMED, datasets_dir
 
 DATASETS = tuple(NAMED)  # gsm8k (test split), mt_bench
-DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "bench_serving.json"
+DEFAULT_OUT = Path("benchmarks/results/bench_serving.json")  # from the checkout root
 VARIANTS = ("plain", "logprobs", "n")
 
 
@@ -278,16 +279,17 @@ def _num(x: float | None, digits: int) -> str:
 
 
 class ServerProcess:
-    """`python -m server --mode MODE` on a free port, stopped with SIGINT (graceful drain)."""
+    """`python -m sglang_d3d.server --mode MODE` on a free port, stopped with SIGINT (graceful drain)."""
 
     def __init__(self, mode: str, extra: list[str], log_dir: Path, timeout: float) -> None:
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        cmd = [sys.executable, "-m", "server", "--mode", mode, "--host", "127.0.0.1"]
+        cmd = [sys.executable, "-m", "sglang_d3d.server", "--mode", mode, "--host", "127.0.0.1"]
         cmd += ["--port", str(self.port), *extra]
         log_dir.mkdir(parents=True, exist_ok=True)
         self._log = open(log_dir / f"server_{mode}.log", "w")  # noqa: SIM115 - closed in stop()
-        root = Path(__file__).resolve().parent.parent
+        # The child imports the same sglang_d3d as this process (a checkout or an install).
+        root = Path(sglang_d3d.__file__).resolve().parent.parent
         env = {**os.environ, "PYTHONPATH": f"{root}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
         self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=env)
         self._wait_ready(timeout)

@@ -21,7 +21,7 @@ echo "== 1/2 pytest -m gpu (streams, generators, on-device verification)"
 # A failing test does not stop the timings; its exit status is saved in the JSON and returned.
 rc=0
 "$PY" -m pytest -q -p no:cacheprovider -m gpu \
-  tests/test_spec_verify_batch.py tests/test_drafting_isolation.py \
+  tests/test_speculative_verify_batch.py tests/test_drafting_isolation.py \
   tests/test_draft_executor.py tests/test_sglang_gpu.py || rc=$?
 
 echo "== 2/2 gpu_scale.py"

@@ -79,7 +79,7 @@ class Passes:
 
     def __init__(self, target, drafter, plan: Plan, seed: int = 0) -> None:
         g = torch.Generator().manual_seed(seed)
-        vocab = target.spec.vocab_size
+        vocab = target.arch.vocab_size
         prompt = torch.randint(0, vocab, (plan.context,), generator=g).tolist()
         scratch = (BLOCK - 1) + max(plan.branches) * BLOCK
         self.target = TargetRunner(target, 1, plan.context + max(plan.blocks) + 1)

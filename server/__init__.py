@@ -1,4 +1,4 @@
-"""OpenAI-compatible HTTP server over the D3D engine (`d3d serve`, `python -m server`).
+"""OpenAI-compatible HTTP server over the D3D engine (`d3d serve`, `python -m sglang_d3d.server`).
 
 One job per module, in the order a request meets them:
 

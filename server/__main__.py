@@ -1,5 +1,5 @@
 import sys
 
-from server.main import run_server
+from sglang_d3d.server.main import run_server
 
 sys.exit(run_server(sys.argv[1:]))

@@ -13,16 +13,15 @@ import logging
 from collections.abc import Callable
 
 from fastapi import FastAPI
-
-from server.args import ServerConfig
-from server.backends import engine_factory
-from server.engine_client import EngineFactory, EngineHolder
-from server.errors import install_error_handlers
-from server.metrics import MetricsRecorder
-from server.openapi import add_request_schemas
-from server.protocol import ChatCompletionRequest, CompletionRequest
-from server.routes import router
-from server.serving import ServerState
+from sglang_d3d.server.args import ServerConfig
+from sglang_d3d.server.backends import engine_factory
+from sglang_d3d.server.engine_client import EngineFactory, EngineHolder
+from sglang_d3d.server.errors import install_error_handlers
+from sglang_d3d.server.metrics import MetricsRecorder
+from sglang_d3d.server.openapi import add_request_schemas
+from sglang_d3d.server.protocol import ChatCompletionRequest, CompletionRequest
+from sglang_d3d.server.routes import router
+from sglang_d3d.server.serving import ServerState
 
 log = logging.getLogger(__name__)
 

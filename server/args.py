@@ -11,7 +11,8 @@ import enum
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from server.auth import ENV_VAR, keys_from_env
+from sglang_d3d.server.auth import ENV_VAR, keys_from_env
+
 from sglang_d3d.cli_args import add_engine_args, engine_config
 from sglang_d3d.config import EngineConfig
 from sglang_d3d.models.loading import DEFAULT_TARGET_NAME

@@ -11,8 +11,7 @@ import hmac
 import os
 
 from fastapi import Request
-
-from server.errors import INVALID_REQUEST, APIError
+from sglang_d3d.server.errors import INVALID_REQUEST, APIError
 
 ENV_VAR = "D3D_API_KEY"
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import importlib.util
 
-from server.args import Backend
-from server.engine_client import EngineFactory
+from sglang_d3d.server.args import Backend
+from sglang_d3d.server.engine_client import EngineFactory
 
 
 class BackendUnavailable(RuntimeError):

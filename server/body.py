@@ -17,10 +17,9 @@ from typing import Annotated, Any, TypeVar
 from fastapi import Request
 from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, Field, TypeAdapter, ValidationError
-
-from server.errors import APIError, bad_request, validation_error
-from server.heap import release
-from server.protocol import ChatMessage
+from sglang_d3d.server.errors import APIError, bad_request, validation_error
+from sglang_d3d.server.heap import release
+from sglang_d3d.server.protocol import ChatMessage
 
 M = TypeVar("M", bound=BaseModel)
 CHUNK = 512  # messages validated per GIL-holding call (about 3 ms each)

@@ -9,9 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from sglang_d3d.server.stop_strings import StopMatcher
 from tokenizers.decoders import DecodeStream
-
-from server.stop_strings import StopMatcher
 
 PRIME_TOKENS = 4  # prompt tokens replayed into the decoder; enough for any merge context
 

@@ -14,7 +14,8 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from server.errors import UNAVAILABLE, APIError, bad_request, unavailable
+from sglang_d3d.server.errors import UNAVAILABLE, APIError, bad_request, unavailable
+
 from sglang_d3d.config import EngineConfig
 from sglang_d3d.engine.api import (
     GenerationRequest,

@@ -12,16 +12,17 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from server.detokenize import TextStream
-from server.engine_client import RequestStream, submit_streams
-from server.errors import INTERNAL, APIError
-from server.logprobs_out import ScoredToken
-from server.metrics import MetricsRecorder
-from server.protocol import D3DStats, Usage
+from sglang_d3d.server.detokenize import TextStream
+from sglang_d3d.server.engine_client import RequestStream, submit_streams
+from sglang_d3d.server.errors import INTERNAL, APIError
+from sglang_d3d.server.logprobs_out import ScoredToken
+from sglang_d3d.server.metrics import MetricsRecorder
+from sglang_d3d.server.protocol import D3DStats, Usage
+
 from sglang_d3d.config import SamplingParams
 from sglang_d3d.engine.api import GenerationRequest, TokenEvent
-from sglang_d3d.spec.logprobs import TokenLogprob
-from sglang_d3d.spec.stats import RequestStats
+from sglang_d3d.speculative.logprobs import TokenLogprob
+from sglang_d3d.speculative.stats import RequestStats
 
 ABORT_DRAIN_TIMEOUT = 5.0  # seconds to wait for an aborted request's final event (its stats)
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from pydantic import BaseModel
 
-from sglang_d3d.spec.logprobs import TokenLogprob
+from sglang_d3d.speculative.logprobs import TokenLogprob
 
 # JSON has no -inf; a token the model rules out entirely reads as this (vLLM does the same).
 LOGPROB_FLOOR = -9999.0

@@ -1,4 +1,4 @@
-"""`d3d serve` / `python -m server`: parse flags, check the backend, run uvicorn."""
+"""`d3d serve` / `python -m sglang_d3d.server`: parse flags, check the backend, run uvicorn."""
 
 from __future__ import annotations
 
@@ -6,10 +6,9 @@ import logging
 import sys
 
 import uvicorn
-
-from server.app import create_app
-from server.args import parse_args
-from server.backends import BackendUnavailable, check_backend
+from sglang_d3d.server.app import create_app
+from sglang_d3d.server.args import parse_args
+from sglang_d3d.server.backends import BackendUnavailable, check_backend
 
 
 def run_server(argv: list[str] | None = None) -> int:

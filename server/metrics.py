@@ -47,9 +47,9 @@ import time
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from sglang_d3d.server.errors import rejection_reason
 
-from server.errors import rejection_reason
-from sglang_d3d.spec.stats import CycleStats, RequestStats
+from sglang_d3d.speculative.stats import CycleStats, RequestStats
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 LABELS = ("model_name", "mode")

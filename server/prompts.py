@@ -17,9 +17,9 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 
-from server.errors import bad_request
-from server.heap import release
-from server.protocol import ChatMessage, CompletionRequest, ToolCall
+from sglang_d3d.server.errors import bad_request
+from sglang_d3d.server.heap import release
+from sglang_d3d.server.protocol import ChatMessage, CompletionRequest, ToolCall
 
 
 def chat_prompt_ids(tokenizer, messages: Sequence[ChatMessage]) -> list[int]:

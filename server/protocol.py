@@ -14,8 +14,7 @@ import time
 from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, Field, model_serializer, model_validator
-
-from server.logprobs_out import ChatLogprobs, CompletionLogprobs
+from sglang_d3d.server.logprobs_out import ChatLogprobs, CompletionLogprobs
 
 StrictInt = Annotated[int, Field(strict=True)]
 StrictBool = Annotated[bool, Field(strict=True)]

@@ -12,8 +12,7 @@ import time
 from dataclasses import dataclass, field
 
 from pydantic import BaseModel
-
-from server.logprobs_out import (
+from sglang_d3d.server.logprobs_out import (
     ChatLogprobs,
     CompletionLogprobs,
     ScoredToken,
@@ -21,7 +20,7 @@ from server.logprobs_out import (
     chat_logprobs,
     completion_logprobs,
 )
-from server.protocol import (
+from sglang_d3d.server.protocol import (
     AssistantMessage,
     ChatChoice,
     ChatChunkChoice,

@@ -8,13 +8,12 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, Response
-
-from server.auth import check_api_key
-from server.errors import UNAVAILABLE, error_body
-from server.metrics import CONTENT_TYPE
-from server.openapi import request_body
-from server.prompts import chat_prompt_ids, completion_prompt_ids
-from server.protocol import (
+from sglang_d3d.server.auth import check_api_key
+from sglang_d3d.server.errors import UNAVAILABLE, error_body
+from sglang_d3d.server.metrics import CONTENT_TYPE
+from sglang_d3d.server.openapi import request_body
+from sglang_d3d.server.prompts import chat_prompt_ids, completion_prompt_ids
+from sglang_d3d.server.protocol import (
     ChatCompletionRequest,
     ChatCompletionResponse,
     CompletionRequest,
@@ -23,8 +22,8 @@ from server.protocol import (
     ModelCard,
     ModelList,
 )
-from server.responses import ChatFormat, CompletionFormat
-from server.serving import Endpoint, ServerState, serve
+from sglang_d3d.server.responses import ChatFormat, CompletionFormat
+from sglang_d3d.server.serving import Endpoint, ServerState, serve
 
 _ERROR = {"description": "OpenAI error object: {error: {message, type, param, code}}"}
 GENERATION_RESPONSES = {

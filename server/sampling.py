@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from server.errors import bad_request
-from server.protocol import SamplingFields
+from sglang_d3d.server.errors import bad_request
+from sglang_d3d.server.protocol import SamplingFields
+
 from sglang_d3d.config import SamplingParams
 
 

@@ -12,13 +12,12 @@ import json
 from collections.abc import AsyncIterator, Callable, Sequence
 
 from pydantic import BaseModel
+from sglang_d3d.server.errors import APIError, ErrorListener
+from sglang_d3d.server.generation import Generation, Piece, usage_of
+from sglang_d3d.server.logprobs_out import TokenTexts
+from sglang_d3d.server.responses import Answer, Header, ResponseFormat
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
-
-from server.errors import APIError, ErrorListener
-from server.generation import Generation, Piece, usage_of
-from server.logprobs_out import TokenTexts
-from server.responses import Answer, Header, ResponseFormat
 
 DONE = "data: [DONE]\n\n"
 

@@ -11,8 +11,8 @@ from pathlib import Path
 import httpx
 import uvicorn
 from fastapi import FastAPI
+from sglang_d3d.server.args import ServerConfig
 
-from server.args import ServerConfig
 from sglang_d3d.config import EngineConfig, Mode, SpecConfig
 
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from server.errors import bad_request
-from server.protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
+from sglang_d3d.server.errors import bad_request
+from sglang_d3d.server.protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
 
 Check = tuple[str, Callable[[Any], bool], str]  # (field, is it neutral?, what we cannot do)
 

@@ -1,0 +1,1 @@
+"""D3D speculative decoding: engine, SGLang worker, drafter training (see docs/design.md)."""

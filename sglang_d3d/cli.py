@@ -22,7 +22,7 @@ DELEGATED = {
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["serve"]:  # the server owns its full option set
-        from server.main import run_server
+        from sglang_d3d.server.main import run_server
 
         return run_server(argv[1:]) or 0
     if argv[:1] == ["bench-serving"]:
@@ -32,19 +32,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _bench_serving(argv: list[str]) -> int:
-    """benchmarks/ is a folder of scripts, not an installed package: load it from the checkout."""
-    import importlib.util
-    from pathlib import Path
+    """benchmarks/bench_serving.py, installed as sglang_d3d.benchmarks (pyproject.toml)."""
+    from sglang_d3d.benchmarks.bench_serving import main as bench_serving
 
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_serving.py"
-    if not path.exists():
-        print("d3d bench-serving needs a source checkout (benchmarks/bench_serving.py)", file=sys.stderr)
-        return 2
-    spec = importlib.util.spec_from_file_location("d3d_bench_serving", path)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod  # dataclasses look their module up there
-    spec.loader.exec_module(mod)
-    return mod.main(argv) or 0
+    return bench_serving(argv) or 0
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -4,29 +4,14 @@ cost of the last two against plain (issue 13). A few requests; no timing is asse
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
 import pytest
-
-from server.app import create_app
-from server.testing import ServerThread, tiny_server_config
+from sglang_d3d.benchmarks import bench_serving as bench
+from sglang_d3d.server.app import create_app
+from sglang_d3d.server.testing import ServerThread, tiny_server_config
 
 pytestmark = pytest.mark.slow
-
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def load_bench():
-    spec = importlib.util.spec_from_file_location(
-        "bench_serving", ROOT / "benchmarks" / "bench_serving.py"
-    )
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_variants_are_sent_and_costed(tiny_pair_dir, tmp_path, monkeypatch):
@@ -35,7 +20,6 @@ def test_variants_are_sent_and_costed(tiny_pair_dir, tmp_path, monkeypatch):
     rows = [{"question": f"w{5 + i} w{6 + i} w{7 + i}"} for i in range(4)]
     (data / "gsm8k" / "test.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
     monkeypatch.setenv("D3D_DATASETS", str(data))
-    bench = load_bench()
     cfg = dataclasses.replace(tiny_server_config(tiny_pair_dir), api_keys=("bench-key",))
     out = tmp_path / "bench.json"
     with ServerThread(create_app(cfg)) as srv:
@@ -58,7 +42,6 @@ def test_variants_are_sent_and_costed(tiny_pair_dir, tmp_path, monkeypatch):
 
 
 def test_request_bodies_per_variant():
-    bench = load_bench()
     args = bench.build_parser().parse_args(["--n", "4", "--top-logprobs", "7"])
     plain = bench.request_body("m", "hi", args)
     assert "n" not in plain and "logprobs" not in plain

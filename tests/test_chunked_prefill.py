@@ -61,7 +61,7 @@ class Driver:
 
     def submit(self, rid: str, prompt: list[int], max_new: int) -> None:
         self.tokens[rid] = []
-        self.eng.submit(GenerationRequest(rid, prompt, SamplingParams(max_new_tokens=max_new)), None)
+        self.eng.submit(GenerationRequest(rid, prompt, SamplingParams(max_new_tokens=max_new)))
 
     def step(self) -> None:
         for ev in self.eng.step():

@@ -11,10 +11,9 @@ import kubernetes_validate
 import pytest
 import yaml
 from kubernetes_validate.utils import latest_version
+from sglang_d3d.server.args import parse_args
 from yamllint import linter
 from yamllint.config import YamlLintConfig
-
-from server.args import parse_args
 
 ROOT = Path(__file__).resolve().parent.parent
 CHART = ROOT / "deploy" / "helm" / "sglang-d3d"

@@ -59,11 +59,10 @@ def test_drafter_catches_up_on_a_long_prompt_in_chunks_while_others_decode(tiny_
     eng.drafting.runner.prefill = lambda slot, toks, **kw: (calls.append(len(toks)), real(slot, toks, **kw))
     long = torch.randint(3, 96, (120,), generator=torch.Generator().manual_seed(4)).tolist()
     out = {"a": [], "b": []}
-    eng.submit(GenerationRequest("a", [5, 6, 7], SamplingParams(max_new_tokens=40)),
-               lambda e: None)
+    eng.submit(GenerationRequest("a", [5, 6, 7], SamplingParams(max_new_tokens=40)))
     for ev in eng.step() + eng.step():  # "a" decodes before the long prompt arrives
         out[ev.request_id] += ev.token_ids
-    eng.submit(GenerationRequest("b", long, SamplingParams(max_new_tokens=12)), lambda e: None)
+    eng.submit(GenerationRequest("b", long, SamplingParams(max_new_tokens=12)))
     while eng.has_work():
         for ev in eng.step():
             out[ev.request_id] += ev.token_ids

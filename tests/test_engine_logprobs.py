@@ -11,7 +11,7 @@ from engine_helpers import OracleDrafter, make_engine
 
 from sglang_d3d.config import Mode, SamplingParams
 from sglang_d3d.engine.api import GenerationRequest, TokenEvent
-from sglang_d3d.spec.logprobs import TokenLogprob, token_logprobs
+from sglang_d3d.speculative.logprobs import TokenLogprob, token_logprobs
 
 PROMPTS = [[5, 6, 7, 8], [9, 10, 11], [12, 40, 13, 50, 14, 60, 15]]
 
@@ -51,12 +51,11 @@ def test_token_logprobs_without_alternatives_and_checks():
 def run(engine, requests: list[GenerationRequest], together: bool = False) -> dict[str, list]:
     """Step the engine until all finish; request id -> its events."""
     events: dict[str, list[TokenEvent]] = {r.request_id: [] for r in requests}
-    items = [(r, events[r.request_id].append) for r in requests]
     if together:
-        engine.submit_all(items)
+        engine.submit_all(requests)
     else:
-        for r, cb in items:
-            engine.submit(r, cb)
+        for r in requests:
+            engine.submit(r)
     while engine.has_work():
         for ev in engine.step():
             events[ev.request_id].append(ev)
@@ -150,5 +149,5 @@ def test_submit_all_is_all_or_nothing(tiny_models):
     eng = make_engine(tiny_models, Mode.AR, max_queue=2)
     reqs = [GenerationRequest(f"q{i}", PROMPTS[0], SamplingParams()) for i in range(3)]
     with pytest.raises(QueueFullError):
-        eng.submit_all([(r, lambda e: None) for r in reqs])
+        eng.submit_all(reqs)
     assert eng.num_waiting == 0

@@ -66,9 +66,9 @@ def test_abort_frees_the_slot(tiny_models):
 def test_queue_bound(tiny_models):
     eng = make_engine(tiny_models, Mode.AR, batch=1, max_queue=2)
     for i in range(2):
-        eng.submit(GenerationRequest(f"q{i}", [5], SamplingParams(max_new_tokens=2)), lambda ev: None)
+        eng.submit(GenerationRequest(f"q{i}", [5], SamplingParams(max_new_tokens=2)))
     with pytest.raises(QueueFullError):
-        eng.submit(GenerationRequest("q3", [5], SamplingParams(max_new_tokens=2)), lambda ev: None)
+        eng.submit(GenerationRequest("q3", [5], SamplingParams(max_new_tokens=2)))
 
 
 def test_shutdown_drains_then_aborts(tiny_models):

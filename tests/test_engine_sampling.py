@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import itertools
-
 import pytest
 import torch
 from engine_helpers import make_engine
 
 from sglang_d3d.config import Mode, SamplingParams
 from sglang_d3d.engine.offline import generate
-from sglang_d3d.spec.sampling import target_probs
+from sglang_d3d.speculative.sampling import target_probs
 
 PROMPT = [5, 6, 7, 8]
 
@@ -57,10 +55,17 @@ def test_sampled_tokens_follow_the_target(tiny_models, mode):
     assert counts[~(exact > 0)].sum() == 0  # nothing outside top-k is ever emitted
 
 
-def test_exhaustive_pairs_helper_is_a_distribution(tiny_models):
-    d = _exact_pair_distribution(tiny_models[0], SamplingParams(temperature=1.0), 96)
+def test_exhaustive_pairs_helper_is_the_joint_distribution(tiny_models):
+    """Its first-token marginal and one conditional equal the target's own next-token laws."""
+    hf, params = tiny_models[0], SamplingParams(temperature=1.0)
+    d = _exact_pair_distribution(hf, params, 96)  # [V, V]
     assert abs(float(d.sum()) - 1.0) < 1e-6
-    assert all(float(d[i, j]) >= 0 for i, j in itertools.islice(itertools.product(range(96), repeat=2), 50))
+    with torch.no_grad():
+        p1 = target_probs(hf(torch.tensor([PROMPT])).logits[0, -1], params)
+        x1 = int(p1.argmax())
+        p2 = target_probs(hf(torch.tensor([PROMPT + [x1]])).logits[0, -1], params)
+    torch.testing.assert_close(d.sum(1), p1, atol=1e-6, rtol=0)
+    torch.testing.assert_close(d[x1] / d[x1].sum(), p2, atol=1e-5, rtol=0)
 
 
 def _exact_sequence_distribution(hf, params: SamplingParams, length: int) -> dict:

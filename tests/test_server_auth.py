@@ -7,10 +7,9 @@ import dataclasses
 import httpx
 import openai
 import pytest
-
-from server.app import create_app
-from server.args import ServerConfig, parse_args
-from server.testing import ServerThread, tiny_server_config
+from sglang_d3d.server.app import create_app
+from sglang_d3d.server.args import ServerConfig, parse_args
+from sglang_d3d.server.testing import ServerThread, tiny_server_config
 
 pytestmark = pytest.mark.slow
 

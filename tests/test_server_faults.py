@@ -13,9 +13,9 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+from sglang_d3d.server.app import create_app
+from sglang_d3d.server.testing import ServerThread, tiny_server_config
 
-from server.app import create_app
-from server.testing import ServerThread, tiny_server_config
 from sglang_d3d.engine.api import TokenEvent
 from sglang_d3d.engine.factory import build_engine_loop
 

@@ -12,9 +12,9 @@ import httpx
 import openai
 import pytest
 import torch
+from sglang_d3d.server.app import create_app
+from sglang_d3d.server.testing import ServerThread, tiny_server_config
 
-from server.app import create_app
-from server.testing import ServerThread, tiny_server_config
 from sglang_d3d.config import Mode
 
 pytestmark = pytest.mark.slow

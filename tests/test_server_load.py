@@ -13,9 +13,8 @@ from pathlib import Path
 
 import httpx
 import pytest
-
-from server.app import create_app
-from server.testing import ServerThread, tiny_server_config
+from sglang_d3d.server.app import create_app
+from sglang_d3d.server.testing import ServerThread, tiny_server_config
 
 pytestmark = pytest.mark.slow
 

@@ -6,11 +6,11 @@ import httpx
 import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+from sglang_d3d.server.app import create_app
+from sglang_d3d.server.metrics import MetricsRecorder
+from sglang_d3d.server.testing import ServerThread, tiny_server_config
 
-from server.app import create_app
-from server.metrics import MetricsRecorder
-from server.testing import ServerThread, tiny_server_config
-from sglang_d3d.spec.stats import CycleStats
+from sglang_d3d.speculative.stats import CycleStats
 
 HISTOGRAMS = [
     "time_to_first_token_seconds",

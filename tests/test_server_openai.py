@@ -8,9 +8,8 @@ import random
 import httpx
 import openai
 import pytest
-
-from server.app import create_app
-from server.testing import ServerThread, tiny_server_config
+from sglang_d3d.server.app import create_app
+from sglang_d3d.server.testing import ServerThread, tiny_server_config
 
 pytestmark = pytest.mark.slow
 

@@ -6,18 +6,23 @@ from __future__ import annotations
 import json
 
 import pytest
+from sglang_d3d.server.auth import bearer_token, key_matches, keys_from_env
+from sglang_d3d.server.body import CHUNK, parse_body
+from sglang_d3d.server.errors import APIError, rejection_reason
+from sglang_d3d.server.logprobs_out import (
+    ScoredToken,
+    TokenTexts,
+    completion_logprobs,
+    token_string,
+)
+from sglang_d3d.server.prompts import chat_prompt_ids, render_turns
+from sglang_d3d.server.protocol import ChatCompletionRequest, ChatMessage, CompletionRequest
+from sglang_d3d.server.responses import Answer
+from sglang_d3d.server.serving import best_answers, choice_params
+from sglang_d3d.server.unsupported import check_supported
 
-from server.auth import bearer_token, key_matches, keys_from_env
-from server.body import CHUNK, parse_body
-from server.errors import APIError, rejection_reason
-from server.logprobs_out import ScoredToken, TokenTexts, completion_logprobs, token_string
-from server.prompts import chat_prompt_ids, render_turns
-from server.protocol import ChatCompletionRequest, ChatMessage, CompletionRequest
-from server.responses import Answer
-from server.serving import best_answers, choice_params
-from server.unsupported import check_supported
 from sglang_d3d.config import SamplingParams
-from sglang_d3d.spec.logprobs import TokenLogprob
+from sglang_d3d.speculative.logprobs import TokenLogprob
 from sglang_d3d.testing import tiny_tokenizer
 
 CALL = {"id": "call_1", "type": "function",
@@ -157,7 +162,7 @@ def test_large_message_lists_are_validated_in_chunks_keeping_error_positions():
 
 
 def test_long_token_id_prompts_are_validated_in_chunks():
-    from server.body import ID_CHUNK
+    from sglang_d3d.server.body import ID_CHUNK
 
     ids = [i % 90 + 3 for i in range(2 * ID_CHUNK + 5)]
     ok = parse_body(json.dumps({"prompt": ids}).encode(), CompletionRequest)
@@ -169,7 +174,7 @@ def test_long_token_id_prompts_are_validated_in_chunks():
 
 
 def test_big_bodies_decode_like_small_ones():
-    from server.body import PYTHON_SCANNER_ABOVE, decode_json
+    from sglang_d3d.server.body import PYTHON_SCANNER_ABOVE, decode_json
 
     doc = {"prompt": "w5 " * PYTHON_SCANNER_ABOVE, "t": float("nan"), "s": "a\ud800é"}
     raw = json.dumps(doc).encode()
@@ -225,10 +230,9 @@ def test_rejection_reasons(status, code, reason):
 
 
 def test_byte_level_alphabet_is_gpt2s():
+    from sglang_d3d.server.logprobs_out import byte_level_alphabet
     from tokenizers.pre_tokenizers import ByteLevel
     from transformers.convert_slow_tokenizer import bytes_to_unicode
-
-    from server.logprobs_out import byte_level_alphabet
 
     assert byte_level_alphabet() == bytes_to_unicode()
     assert set(byte_level_alphabet().values()) == set(ByteLevel.alphabet())

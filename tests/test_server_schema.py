@@ -12,9 +12,8 @@ import schemathesis
 from hypothesis import HealthCheck, Phase, given, settings
 from schemathesis import GenerationMode
 from schemathesis.checks import not_a_server_error
-
-from server.app import create_app
-from server.testing import ServerThread, tiny_server_config
+from sglang_d3d.server.app import create_app
+from sglang_d3d.server.testing import ServerThread, tiny_server_config
 
 pytestmark = pytest.mark.slow
 

@@ -5,12 +5,12 @@ from __future__ import annotations
 import random
 
 import pytest
+from sglang_d3d.server.args import Backend, parse_args
+from sglang_d3d.server.backends import BackendUnavailable, check_backend
+from sglang_d3d.server.detokenize import TextStream
+from sglang_d3d.server.main import run_server
+from sglang_d3d.server.stop_strings import StopMatcher, find_stop, partial_stop_len
 
-from server.args import Backend, ServerConfig, parse_args
-from server.backends import BackendUnavailable, check_backend
-from server.detokenize import TextStream
-from server.main import run_server
-from server.stop_strings import StopMatcher, find_stop, partial_stop_len
 from sglang_d3d.config import BranchPolicy, EngineConfig, Mode, SpecConfig
 from sglang_d3d.testing import tiny_tokenizer
 
@@ -53,11 +53,6 @@ def test_bad_flags_exit_with_usage_error(argv, capsys):
     with pytest.raises(SystemExit) as e:
         parse_args(argv)
     assert e.value.code == 2 and "error" in capsys.readouterr().err
-
-
-def test_server_config_is_frozen():
-    with pytest.raises(AttributeError):
-        ServerConfig().port = 1  # type: ignore[misc]
 
 
 # ---- stop strings -----------------------------------------------------------------------------
@@ -118,8 +113,18 @@ def test_text_stream_stops_on_a_string_spanning_tokens():
 # ---- backends ---------------------------------------------------------------------------------
 
 
-def test_embedded_backend_needs_nothing():
-    check_backend(Backend.EMBEDDED)
+def test_only_the_sglang_backend_needs_sglang(monkeypatch):
+    """On a machine without SGLang, --backend sglang is refused with the install command and
+    the embedded backend still passes."""
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "sglang" else real(name, *a)
+    )
+    with pytest.raises(BackendUnavailable, match="pip install 'sglang-d3d\\[sglang\\]'"):
+        check_backend(Backend.SGLANG)
+    assert check_backend(Backend.EMBEDDED) is None
 
 
 def test_sglang_backend_without_cuda_fails_clearly(capsys):

@@ -88,7 +88,7 @@ def _embedded(pair, prompts):
     engine = SpecEngine(cfg, target, drafter)
     params = SamplingParams(temperature=0.0, max_new_tokens=16)
     for i, p in enumerate(prompts):
-        engine.submit(GenerationRequest(str(i), p, params), lambda e: None)
+        engine.submit(GenerationRequest(str(i), p, params))
     tokens = {str(i): [] for i in range(len(prompts))}
     accepted = {}
     while engine.has_work():

@@ -28,7 +28,7 @@ from sglang_d3d.sglang_worker.verify_io import (  # noqa: E402
     block_positions,
     commit_rows,
 )
-from sglang_d3d.spec.verify import greedy_accept  # noqa: E402
+from sglang_d3d.speculative.verify import greedy_accept  # noqa: E402
 
 B = 4  # block: last token + 3 drafts
 

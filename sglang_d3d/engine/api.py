@@ -11,8 +11,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from sglang_d3d.config import SamplingParams
-from sglang_d3d.spec.logprobs import TokenLogprob
-from sglang_d3d.spec.stats import RequestStats
+from sglang_d3d.speculative.logprobs import TokenLogprob
+from sglang_d3d.speculative.stats import RequestStats
 
 
 class QueueFullError(RuntimeError):
@@ -30,7 +30,7 @@ class GenerationRequest:
     params: SamplingParams
     arrival_time: float = 0.0  # time.monotonic() when the server received it
     # None: no log-probabilities; k >= 0: each token's log-probability and its k likeliest
-    # alternatives (spec/logprobs.py), in TokenEvent.logprobs.
+    # alternatives (speculative/logprobs.py), in TokenEvent.logprobs.
     logprobs: int | None = None
 
 

@@ -19,8 +19,8 @@ from sglang_d3d.config import BranchPolicy, SpecConfig
 from sglang_d3d.engine.sequence import Sequence
 from sglang_d3d.models.draft_runner import DraftRunner
 from sglang_d3d.models.packing import branch_pack, extend_pack
-from sglang_d3d.spec.branches import match_branch, select_branches
-from sglang_d3d.spec.sampling import draft_probs, sample_rows
+from sglang_d3d.speculative.branches import match_branch, select_branches
+from sglang_d3d.speculative.sampling import draft_probs, sample_rows
 
 log = logging.getLogger(__name__)
 MAX_DRAFTER_FAULTS = 3  # after this many, a request stops using the drafter
@@ -96,7 +96,7 @@ class Drafting:
 
     def predraft(self, rows: list[Sequence], block: int) -> None:
         """Pre-draft the next block for the likely outcomes of the verify in flight."""
-        rows = [s for s in rows if not s.placeholder]
+        rows = [s for s in rows if s.draft_q is not None]  # no branches for placeholders
         if not rows:
             return
         self._guard_each(rows, lambda part: self._predraft_rows(part, block))
@@ -217,11 +217,9 @@ def _set_draft(s: Sequence, slot_logits: torch.Tensor) -> None:
     else:
         tokens = sample_rows(q, s.generator)  # on q's device, one host sync
     s.draft, s.draft_q = tokens[:-1], q
-    s.placeholder = False
 
 
 def _placeholder(s: Sequence, block: int) -> None:
     """Drafts that are the last token repeated, proposed with probability one (exact)."""
     s.draft = [s.last_token] * (block - 1)
-    s.draft_q = None
-    s.placeholder = True
+    s.draft_q = None  # the mark of a placeholder: verify_draft's point-mass proposal

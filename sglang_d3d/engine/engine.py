@@ -13,19 +13,21 @@ import torch
 
 from sglang_d3d.config import EngineConfig, Mode
 from sglang_d3d.engine.adaptive import BlockController, Plan
-from sglang_d3d.engine.api import EventCallback, GenerationRequest, RequestTooLongError, TokenEvent
+from sglang_d3d.engine.api import GenerationRequest, RequestTooLongError, TokenEvent
 from sglang_d3d.engine.drafting import Drafting, draft_cache_len
-from sglang_d3d.engine.overlap import CycleTimes, TargetWorker, Timeline, intra_op_threads
 from sglang_d3d.engine.scheduler import Scheduler, plan_chunks
 from sglang_d3d.engine.sequence import Sequence
+from sglang_d3d.engine.target_worker import TargetWorker
+from sglang_d3d.engine.threads import intra_op_threads
+from sglang_d3d.engine.timeline import CycleTimes, Timeline
 from sglang_d3d.models.decoder import Decoder
 from sglang_d3d.models.draft_runner import DraftRunner
 from sglang_d3d.models.drafter import D3DDrafter
 from sglang_d3d.models.target import TargetRunner
-from sglang_d3d.spec.logprobs import token_logprobs
-from sglang_d3d.spec.sampling import make_generator, sample, target_probs
-from sglang_d3d.spec.stats import CycleStats
-from sglang_d3d.spec.verify import verify_draft
+from sglang_d3d.speculative.logprobs import token_logprobs
+from sglang_d3d.speculative.sampling import make_generator, sample, target_probs
+from sglang_d3d.speculative.stats import CycleStats
+from sglang_d3d.speculative.verify import verify_draft
 
 
 class SpecEngine:
@@ -39,7 +41,7 @@ class SpecEngine:
         if cfg.mode is not Mode.AR and drafter is None:
             raise ValueError(f"mode {cfg.mode.value} needs a drafter")
         self.cfg = cfg
-        self.vocab_size = target.spec.vocab_size
+        self.vocab_size = target.arch.vocab_size
         self.eos_token_ids = frozenset(eos_token_ids)
         slots, block = cfg.max_batch_size, cfg.spec.block_size
         self.target = TargetRunner(target, slots, cfg.max_context + block + 1)
@@ -78,15 +80,16 @@ class SpecEngine:
         return s.num_outcomes * s.guesses_per_position
 
     # ---- requests ---------------------------------------------------------------------------
-    def submit(self, req: GenerationRequest, on_event: EventCallback) -> None:
-        self.scheduler.add(self._sequence(req, on_event))
+    def submit(self, req: GenerationRequest) -> None:
+        """Queue a request; its events come back from `step()`."""
+        self.scheduler.add(self._sequence(req))
 
-    def submit_all(self, items: list[tuple[GenerationRequest, EventCallback]]) -> None:
+    def submit_all(self, reqs: list[GenerationRequest]) -> None:
         """Queue several requests at once, or none (a full queue refuses them all). Requests
         with the same prompt admitted in one step share one prefill (`n` > 1 choices)."""
-        self.scheduler.add_all([self._sequence(req, cb) for req, cb in items])
+        self.scheduler.add_all([self._sequence(req) for req in reqs])
 
-    def _sequence(self, req: GenerationRequest, on_event: EventCallback) -> Sequence:
+    def _sequence(self, req: GenerationRequest) -> Sequence:
         if not req.prompt_ids:
             raise ValueError("the prompt is empty")
         if any(t < 0 or t >= self.vocab_size for t in req.prompt_ids):
@@ -98,7 +101,7 @@ class SpecEngine:
                 f"({req.params.max_new_tokens}) = {total} exceeds the context length "
                 f"{self.cfg.max_context}"
             )
-        seq = Sequence(req=req, on_event=on_event, tokens=list(req.prompt_ids))
+        seq = Sequence(req=req, tokens=list(req.prompt_ids))
         seq.num_prompt = len(req.prompt_ids)
         seq.stats.mode = self.cfg.mode.value
         seq.stats.prompt_tokens = seq.num_prompt
@@ -271,8 +274,7 @@ class SpecEngine:
         return self._emit(s, draft[:n] + [token], logits[: n + 1])
 
     def _verify(self, s: Sequence, draft: list[int], logits: torch.Tensor) -> tuple[int, int]:
-        q = None if s.placeholder else s.draft_q
-        return verify_draft(draft, q, logits, s.params, s.generator)
+        return verify_draft(draft, s.draft_q, logits, s.params, s.generator)
 
     def _record(self, rows: list[Sequence], ct: CycleTimes) -> None:
         draft_time = ct.draft_end + (ct.predraft_end - ct.predraft_start)

@@ -39,7 +39,7 @@ class EngineLoop:
             raise RuntimeError("the engine is shutting down")
         self._callbacks[req.request_id] = on_event
         try:
-            self.engine.submit(req, on_event)
+            self.engine.submit(req)
         except Exception:
             self._callbacks.pop(req.request_id, None)
             raise
@@ -53,7 +53,7 @@ class EngineLoop:
         for req, cb in items:
             self._callbacks[req.request_id] = cb
         try:
-            self.engine.submit_all(items)
+            self.engine.submit_all([req for req, _ in items])
         except Exception:
             for req, _ in items:
                 self._callbacks.pop(req.request_id, None)

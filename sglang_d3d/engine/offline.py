@@ -9,7 +9,7 @@ import torch
 from sglang_d3d.config import SamplingParams
 from sglang_d3d.engine.api import GenerationRequest, TokenEvent
 from sglang_d3d.engine.engine import SpecEngine
-from sglang_d3d.spec.stats import RequestStats
+from sglang_d3d.speculative.stats import RequestStats
 
 
 @dataclass
@@ -41,7 +41,7 @@ def generate(
     for i, (ids, p) in enumerate(zip(prompts, plist)):
         rid = f"offline-{id(outs)}-{i}"
         callbacks[rid] = collect(i)
-        engine.submit(GenerationRequest(rid, list(ids), p), callbacks[rid])
+        engine.submit(GenerationRequest(rid, list(ids), p))
     while engine.has_work():
         for ev in engine.step():
             callbacks[ev.request_id](ev)

@@ -7,31 +7,31 @@ from dataclasses import dataclass, field
 
 import torch
 
-from sglang_d3d.engine.api import EventCallback, GenerationRequest
-from sglang_d3d.spec.branches import Branch
-from sglang_d3d.spec.sampling import RequestRandom
-from sglang_d3d.spec.stats import RequestStats
+from sglang_d3d.engine.api import GenerationRequest
+from sglang_d3d.speculative.branches import Branch
+from sglang_d3d.speculative.sampling import RequestRandom
+from sglang_d3d.speculative.stats import RequestStats
 
 
 @dataclass
 class Sequence:
     req: GenerationRequest
-    on_event: EventCallback
     slot: int = -1
     tokens: list[int] = field(default_factory=list)  # prompt + accepted output
     num_prompt: int = 0
     prefilled: int = 0  # prompt tokens in the target's cache (chunked prefill)
     prefill_start: float = 0.0  # perf_counter when its first chunk ran
-    generator: RequestRandom | None = None  # per-device seeded streams (spec/sampling.py)
+    generator: RequestRandom | None = None  # per-device seeded streams (speculative/sampling.py)
     stats: RequestStats = field(default_factory=RequestStats)
     submit_time: float = field(default_factory=time.monotonic)
     # Drafter state. `pending`: accepted tokens the drafter cache has not seen yet.
     pending: list[int] = field(default_factory=list)
     draft: list[int] | None = None  # drafts for the next verify
-    draft_q: torch.Tensor | None = None  # [G+1, V] drafter distributions of those slots
+    # [G+1, V] drafter distributions of those slots; None with a draft: a placeholder draft
+    # (drafter unavailable), proposed with probability one (engine/drafting.py).
+    draft_q: torch.Tensor | None = None
     branches: list[Branch] = field(default_factory=list)  # pre-drafted for the verify in flight
     branch_logits: torch.Tensor | None = None  # [num_branches, B, V]
-    placeholder: bool = False  # the draft is a stand-in (drafter unavailable), q = point mass
     drafter_faults: int = 0
     last_cycle: tuple[int, int, bool | None] | None = None  # (drafts, accepted, branch hit)
     finish_reason: str | None = None

@@ -107,17 +107,17 @@ class Batch:
 
 
 def attention(
-    layer, x: torch.Tensor, cos, sin, b: Batch, li: int, spec: DecoderSpec,
+    layer, x: torch.Tensor, cos, sin, b: Batch, li: int, arch: DecoderSpec,
     fused: FusedLayer | None = None,
 ):
     """x: [N, T, H] -> [N, T, H]. `layer` is an HF decoder layer (self_attn submodules);
     `fused`: the same layer's projections fused and packed (target inference only)."""
     a = layer.self_attn
     n, t, _ = x.shape
-    q, k, v = _project_qkv(a, x, spec, fused)
-    q = q.view(n, t, spec.num_heads, spec.head_dim)
-    k = k.view(n, t, spec.num_kv_heads, spec.head_dim)
-    v = v.view(n, t, spec.num_kv_heads, spec.head_dim)
+    q, k, v = _project_qkv(a, x, arch, fused)
+    q = q.view(n, t, arch.num_heads, arch.head_dim)
+    k = k.view(n, t, arch.num_kv_heads, arch.head_dim)
+    v = v.view(n, t, arch.num_kv_heads, arch.head_dim)
     if hasattr(a, "q_norm"):  # Qwen3 normalises q and k per head before RoPE
         q, k = a.q_norm(q), a.k_norm(k)
     q, k = _rope(q.transpose(1, 2), cos, sin), _rope(k.transpose(1, 2), cos, sin)
@@ -136,12 +136,12 @@ def attention(
     return a.o_proj(out) if fused is None else fused.o(out)
 
 
-def _project_qkv(a, x: torch.Tensor, spec: DecoderSpec, fused: FusedLayer | None):
+def _project_qkv(a, x: torch.Tensor, arch: DecoderSpec, fused: FusedLayer | None):
     """x [N, T, H] -> q [N, T, Hq*D], k and v [N, T, Hkv*D]."""
     if fused is None:
         return a.q_proj(x), a.k_proj(x), a.v_proj(x)
-    kv = spec.num_kv_heads * spec.head_dim
-    return fused.qkv(x).split([spec.num_heads * spec.head_dim, kv, kv], dim=-1)
+    kv = arch.num_kv_heads * arch.head_dim
+    return fused.qkv(x).split([arch.num_heads * arch.head_dim, kv, kv], dim=-1)
 
 
 def _sdpa(q, k, v, mask):
@@ -186,7 +186,7 @@ def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor
 
 
 def run_layers(
-    layers, rotary, h: torch.Tensor, b: Batch, spec: DecoderSpec,
+    layers, rotary, h: torch.Tensor, b: Batch, arch: DecoderSpec,
     fused: tuple[FusedLayer, ...] | None = None,
 ) -> torch.Tensor:
     """h: [N, T, H] embeddings -> [N, T, H] hidden states before the final norm. `fused`:
@@ -195,11 +195,11 @@ def run_layers(
     cos, sin = rotary(h, b.positions)
     for li, layer in enumerate(layers):
         if fused is None:
-            h = h + attention(layer, layer.input_layernorm(h), cos, sin, b, li, spec)
+            h = h + attention(layer, layer.input_layernorm(h), cos, sin, b, li, arch)
             h = h + layer.mlp(layer.post_attention_layernorm(h))
         else:
             f = fused[li]
-            h = h + attention(layer, f.input_norm(h), cos, sin, b, li, spec, f)
+            h = h + attention(layer, f.input_norm(h), cos, sin, b, li, arch, f)
             h = h + f.mlp(f.post_norm(h))
     return h
 
@@ -210,7 +210,7 @@ class Decoder(nn.Module):
     def __init__(self, hf_model) -> None:
         super().__init__()
         inner = hf_model.model
-        self.spec = DecoderSpec.from_hf_config(hf_model.config)
+        self.arch = DecoderSpec.from_hf_config(hf_model.config)
         self.hf_config = hf_model.config
         self.embed_tokens = inner.embed_tokens
         self.layers = inner.layers
@@ -236,7 +236,7 @@ class Decoder(nn.Module):
         return self.embed_tokens.weight.device
 
     def make_cache(self, num_slots: int, max_len: int) -> KVCache:
-        s = self.spec
+        s = self.arch
         return KVCache(
             self.num_layers, num_slots, max_len, s.num_kv_heads, s.head_dim, self.dtype, self.device
         )
@@ -257,7 +257,7 @@ class Decoder(nn.Module):
         (inference: no gradients reach the HF modules through them)."""
         f = self.fused() if fast else None
         h = self.embed_tokens(input_ids)
-        h = run_layers(self.layers, self.rotary, h, b, self.spec, None if f is None else f.layers)
+        h = run_layers(self.layers, self.rotary, h, b, self.arch, None if f is None else f.layers)
         if pick is not None:
             h = h.gather(1, pick.to(h.device).unsqueeze(-1).expand(-1, -1, h.shape[-1]))
         if f is None:

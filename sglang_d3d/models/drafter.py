@@ -93,7 +93,7 @@ class D3DDrafter(nn.Module):
     def __init__(self, cfg: DrafterConfig, target: Decoder, seed: int = 0) -> None:
         super().__init__()
         self.cfg = cfg
-        self.arch = target.spec
+        self.arch = target.arch
         self.gate = Gate()
         gen = torch.Generator(device=target.device).manual_seed(seed)  # reproducible init
         self.layers = nn.ModuleList(
@@ -116,7 +116,7 @@ class D3DDrafter(nn.Module):
         ids = tuple(range(target.num_layers)) if layer_ids is None else tuple(layer_ids)
         cfg = DrafterConfig(
             source_layers=ids, block_size=block_size,
-            base_model_type=target.hf_config.model_type, vocab_size=target.spec.vocab_size,
+            base_model_type=target.hf_config.model_type, vocab_size=target.arch.vocab_size,
             target_fingerprint=target_fingerprint(target), adapter_rank=rank, adapter_alpha=alpha,
             min_block_size=min_block,
         )

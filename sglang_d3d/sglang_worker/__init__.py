@@ -6,7 +6,7 @@
 - `options.py`: the plugin's own settings (SGLANG_D3D_* environment variables).
 - `worker.py`: D3DWorker, one D3D cycle per `forward_batch_generation`.
 - `verify_io.py`: the verify block as SGLang sees it (positions, KV slots, committed runs).
-- `accept.py`: SGLang sampling parameters -> ours; per-request verification (spec/verify.py).
+- `accept.py`: SGLang sampling parameters -> ours; per-request verification (speculative/verify.py).
 - `requests.py`: our per-request drafting state, kept in step with SGLang's requests.
 - `draft_executor.py`: the drafter's thread and CUDA stream.
 - `draft_input.py`: what SGLang carries on a running batch between rounds.

@@ -1,5 +1,5 @@
 """SGLang's sampling parameters mapped onto ours, the requests D3D cannot verify exactly, and each
-request's random streams. The accept decision itself is spec/verify.py's (`verify_batch` for a
+request's random streams. The accept decision itself is speculative/verify.py's (`verify_batch` for a
 whole cycle in the worker; `verify_row` is its one-request form).
 """
 
@@ -8,8 +8,8 @@ from __future__ import annotations
 import zlib
 
 from sglang_d3d.config import SamplingParams
-from sglang_d3d.spec.sampling import RequestRandom, make_generator
-from sglang_d3d.spec.verify import verify_draft as verify_row  # noqa: F401 - re-exported
+from sglang_d3d.speculative.sampling import RequestRandom, make_generator
+from sglang_d3d.speculative.verify import verify_draft as verify_row  # noqa: F401 - re-exported
 
 
 def to_sampling_params(sp, vocab_size: int) -> SamplingParams:

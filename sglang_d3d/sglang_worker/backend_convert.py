@@ -12,7 +12,7 @@ from sglang_d3d.config import EngineConfig, Mode, SamplingParams
 from sglang_d3d.engine.api import GenerationRequest, TokenEvent
 from sglang_d3d.sglang_worker.drafter_loading import mark_for_sglang
 from sglang_d3d.sglang_worker.options import ENV_PREFIX
-from sglang_d3d.spec.stats import CycleStats, RequestStats
+from sglang_d3d.speculative.stats import CycleStats, RequestStats
 
 # SGLang finish types -> ours ("stop" covers a matched stop token or string)
 FINISH_REASONS = {"stop": "stop", "length": "length", "abort": "abort"}

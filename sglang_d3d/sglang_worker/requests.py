@@ -70,7 +70,7 @@ class RequestTable:
         # tokens = what the drafter has seen: nothing yet. The first sync makes the whole
         # prompt (and SGLang's first sampled token) pending; the first synchronous draft reads
         # it, as in the embedded engine.
-        seq = Sequence(req=greq, on_event=_ignore, tokens=[])
+        seq = Sequence(req=greq, tokens=[])
         seq.num_prompt = len(req.origin_input_ids)
         seq.slot = self.free_slots.pop()
         self.drafting.runner.reset(seq.slot)  # the slot may hold a finished request's cache
@@ -90,7 +90,3 @@ class RequestTable:
                 f"D3D drafter cache is full: more running requests than its {self.num_slots} "
                 "slots (--max-running-requests sizes it)"
             )
-
-
-def _ignore(event) -> None:
-    """SGLang streams the tokens itself; the engine-style event callback is unused."""

@@ -6,7 +6,7 @@ One `forward_batch_generation` call is one D3D cycle for every running request:
     draft    synchronous drafts where no pre-drafted branch hit (drafter thread)
     verify   SGLang's target worker, TARGET_VERIFY mode, its KV pool and radix cache   } at the
     predraft the drafter pre-drafts the next block for likely outcomes (async mode)  } same time
-    accept   spec/verify.py over the whole batch on the target's device (greedy, or
+    accept   speculative/verify.py over the whole batch on the target's device (greedy, or
              rejection sampling); only accepted counts and next tokens reach the host
     follow   the drafter commits the hit branch or falls back (engine/drafting.py)
 
@@ -28,7 +28,7 @@ from sglang.srt.speculative.base_spec_worker import BaseSpecWorker
 
 from sglang_d3d.config import Mode
 from sglang_d3d.engine.drafting import Drafting, draft_cache_len
-from sglang_d3d.engine.overlap import CycleTimes, Timeline
+from sglang_d3d.engine.timeline import CycleTimes, Timeline
 from sglang_d3d.models.draft_runner import DraftRunner
 from sglang_d3d.sglang_worker.accept import unsupported_reason
 from sglang_d3d.sglang_worker.draft_executor import DraftExecutor
@@ -38,8 +38,8 @@ from sglang_d3d.sglang_worker.options import PluginOptions
 from sglang_d3d.sglang_worker.requests import RequestTable
 from sglang_d3d.sglang_worker.validation import DEFAULT_MAX_RUNNING_REQUESTS, check_vocab
 from sglang_d3d.sglang_worker.verify_io import build_verify_forward_batch, commit_rows
-from sglang_d3d.spec.stats import CycleStats
-from sglang_d3d.spec.verify import verify_batch
+from sglang_d3d.speculative.stats import CycleStats
+from sglang_d3d.speculative.verify import verify_batch
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +63,7 @@ class D3DWorker(BaseSpecWorker):
         self.table = RequestTable(self.drafting, num_slots, self.vocab_size)
         self.executor = DraftExecutor(self.draft_device)
         self.timeline = Timeline(maxlen=10_000)
+        self._steps = 0  # cycles run; the timeline keeps only the last 10,000
         self.cycle_listeners: list = []  # fn(request_id, CycleStats), like SpecEngine's
         cache = self.drafting.runner.cache
         log.info(
@@ -152,7 +153,8 @@ class D3DWorker(BaseSpecWorker):
         rows = self.table.rows_for(batch.reqs)
         for seq, req in zip(rows, batch.reqs, strict=True):
             self.table.sync(seq, req)
-        ct = CycleTimes(step=len(self.timeline.cycles), batch=len(rows), block=self.block)
+        ct = CycleTimes(step=self._steps, batch=len(rows), block=self.block)
+        self._steps += 1
         t0 = time.perf_counter()
         self.executor.submit(self.drafting.ensure_drafts, rows, self.block).result()
         ct.draft_end = time.perf_counter() - t0
@@ -195,7 +197,7 @@ class D3DWorker(BaseSpecWorker):
             tokens[:, 1:].to(logits.device),
             logits,
             [s.params for s in rows],
-            [None if s.placeholder else s.draft_q for s in rows],
+            [s.draft_q for s in rows],  # None: a placeholder draft
             [s.generator for s in rows],
         )
         # The one device -> host copy of the cycle: two ints per request (waits for the pass).

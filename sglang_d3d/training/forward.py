@@ -32,7 +32,7 @@ def block_hidden(drafter, batch: dict, past: list) -> torch.Tensor:
 def target_hidden(target, batch: dict) -> torch.Tensor:
     """The target's final-normed hidden [N, T, H] over the clean sequence."""
     b = Batch(batch["clean_pos"], batch["clean_mask"])
-    h = run_layers(target.layers, target.rotary, target.embed_tokens(batch["ids"]), b, target.spec)
+    h = run_layers(target.layers, target.rotary, target.embed_tokens(batch["ids"]), b, target.arch)
     return target.norm(h)
 
 

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 import torch
 
 from sglang_d3d.config import SamplingParams
-from sglang_d3d.spec.sampling import RequestRandom, on_device, target_probs
+from sglang_d3d.speculative.sampling import RequestRandom, on_device, target_probs
 
 Generator = RequestRandom | torch.Generator | None
 

@@ -2,20 +2,19 @@
 
 On CPU the target runs on a worker thread with its own intra-op threads while the loop thread
 runs the drafter; PyTorch releases the GIL inside its kernels, so the two forward passes really
-overlap (measured, not assumed: see the per-cycle `Timeline`). On CUDA the same split puts the
-target's kernels and the drafter's on different streams/devices.
+overlap (measured, not assumed: see the per-cycle `Timeline` in timeline.py). On CUDA the same
+split puts the target's kernels and the drafter's on different streams/devices.
 """
 
 from __future__ import annotations
 
 import time
-from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from contextlib import contextmanager
-from dataclasses import asdict, dataclass
 
 import torch
+
+from sglang_d3d.engine.threads import intra_op_threads
 
 
 class TargetWorker:
@@ -53,57 +52,3 @@ class TargetWorker:
 
 def _init_thread(threads: int) -> None:
     torch.set_num_threads(threads)
-
-
-@contextmanager
-def intra_op_threads(n: int | None):
-    """Give the calling thread n intra-op threads for a while (None: leave as is). Used where
-    one model runs alone in async mode (synchronous drafting, plain decoding cycles), so the
-    cores set aside for the other model do not sit idle."""
-    if n is None:
-        yield
-        return
-    before = torch.get_num_threads()
-    torch.set_num_threads(n)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
-
-
-@dataclass
-class CycleTimes:
-    """One engine cycle, times in seconds from its start (for timeline plots)."""
-
-    step: int
-    batch: int
-    block: int
-    draft_start: float = 0.0  # synchronous drafting (before verify)
-    draft_end: float = 0.0
-    verify_start: float = 0.0
-    verify_end: float = 0.0
-    predraft_start: float = 0.0  # asynchronous pre-drafting (during verify)
-    predraft_end: float = 0.0
-    end: float = 0.0
-    hits: int = 0
-    misses: int = 0
-
-    @property
-    def overlap(self) -> float:
-        lo = max(self.verify_start, self.predraft_start)
-        hi = min(self.verify_end, self.predraft_end)
-        return max(0.0, hi - lo)
-
-    def to_dict(self) -> dict:
-        return {**asdict(self), "overlap": self.overlap}
-
-
-class Timeline:
-    def __init__(self, maxlen: int = 100_000) -> None:
-        self.cycles: deque[CycleTimes] = deque(maxlen=maxlen)
-
-    def add(self, c: CycleTimes) -> None:
-        self.cycles.append(c)
-
-    def to_list(self) -> list[dict]:
-        return [c.to_dict() for c in self.cycles]

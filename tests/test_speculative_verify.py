@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from sglang_d3d.config import SamplingParams
-from sglang_d3d.spec.sampling import target_probs
-from sglang_d3d.spec.verify import greedy_accept, rejection_accept, residual
+from sglang_d3d.speculative.sampling import target_probs
+from sglang_d3d.speculative.verify import greedy_accept, rejection_accept, residual
 
 
 def _onehot_logits(tokens: list[int], v: int = 8) -> torch.Tensor:

@@ -1,8 +1,8 @@
-"""Batched on-device verification (spec/verify.py) against the per-row rules it replaced.
+"""Batched on-device verification (speculative/verify.py) against the per-row rules it replaced.
 
 The per-row functions below are the pre-batch implementation (a Python loop per request), kept
 here as the executable specification. The existing exactness and chi-square tests
-(test_spec_verify.py, test_engine_sampling.py) run unchanged against the batched code, since the
+(test_speculative_verify.py, test_engine_sampling.py) run unchanged against the batched code, since the
 one-request functions are now the batched ones on a batch of one.
 """
 
@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from sglang_d3d.config import SamplingParams
-from sglang_d3d.spec.sampling import RequestRandom, target_probs
-from sglang_d3d.spec.verify import (
+from sglang_d3d.speculative.sampling import RequestRandom, target_probs
+from sglang_d3d.speculative.verify import (
     greedy_verify,
     inverse_cdf,
     next_token_probs,
@@ -83,7 +83,7 @@ def test_rejection_verify_accepts_as_the_rowwise_rule_and_draws_from_its_distrib
 
 
 def test_batched_rejection_sampling_follows_the_target_in_one_call():
-    """The chi-square of test_spec_verify.py, as one batched call of 30000 rows."""
+    """The chi-square of test_speculative_verify.py, as one batched call of 30000 rows."""
     v, rows = 4, 30000
     g = torch.Generator().manual_seed(0)
     p1 = torch.tensor([0.1, 0.4, 0.3, 0.2])

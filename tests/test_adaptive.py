@@ -1,0 +1,49 @@
+"""The adaptive block-size controller (engine/adaptive.py)."""
+
+from __future__ import annotations
+
+from sglang_d3d.engine.adaptive import BlockController, Plan, bucket, expected_tokens
+
+
+def test_controller_prefers_measured_throughput():
+    one, four = Plan(1), Plan(4, True)
+
+    assert expected_tokens([0.5, 0.5], 3) == 1 + 0.5 + 0.25
+    assert expected_tokens([], 1) == 1.0
+    c = BlockController(candidates=(one, four), warmup=1)
+    assert c.choose(2) == one and c.choose(2) == one  # the first untried first
+    c.observe(2, one, 0.10, [(0, 0), (0, 0)])
+    assert c.choose(2) == four
+    # drafts always accepted: a 4-block cycle gives 4 tokens per row for 2x the time
+    for _ in range(20):
+        c.observe(2, four, 0.20, [(3, 3), (3, 3)])
+    assert c.choose(2) == four
+    c2 = BlockController(candidates=(one, four), warmup=1)
+    c2.observe(8, one, 0.10, [])
+    for _ in range(20):
+        c2.observe(8, four, 0.50, [(3, 0)] * 8)  # drafts always rejected and slow: plain decoding
+    assert c2.choose(8) == one
+
+
+def test_controller_re_measures_every_candidate():
+    one, four, eight = Plan(1), Plan(4), Plan(8, True)
+    c = BlockController(candidates=(one, four, eight), warmup=1, explore_every=2)
+    c.observe(1, one, 0.05, [])
+    c.observe(1, four, 5.0, [(3, 0)])  # one unlucky, very slow sample
+    c.observe(1, eight, 5.0, [(7, 0)])
+    picks = [c.choose(1) for _ in range(12)]
+    assert picks.count(one) >= 6 and four in picks and eight in picks  # re-measured in turn
+
+
+def test_controller_shares_estimates_within_a_power_of_two():
+    assert [bucket(n) for n in (1, 2, 3, 4, 7, 8, 16, 17)] == [1, 2, 2, 4, 4, 8, 16, 16]
+    c = BlockController(candidates=(Plan(1), Plan(4)), warmup=1)
+    c.observe(5, Plan(1), 0.1, [])
+    c.observe(6, Plan(4), 0.1, [(3, 3)] * 6)
+    assert c.choose(7) == Plan(4)  # measured at 5 and 6, trusted at 7
+
+
+def test_controller_respects_the_verify_token_budget():
+    c = BlockController(candidates=(Plan(1), Plan(4), Plan(16, True)), warmup=1)
+    picks = {c.choose(16, max_block=4) for _ in range(10)}
+    assert Plan(16, True) not in picks and picks <= {Plan(1), Plan(4)}

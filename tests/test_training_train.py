@@ -97,3 +97,22 @@ def test_mixed_block_training_records_its_smallest_block(tiny_data):
     dec = Decoder.from_hf(load_hf_model(root / "target"))
     d = D3DDrafter.from_pretrained(root / "mixed" / "drafter", dec)
     assert d.cfg.smallest_block == 2 and d.cfg.block_size == 4
+
+
+def test_sigterm_stops_after_the_step_and_saves(tiny_data):
+    import os
+    import signal
+
+    root, target = tiny_data
+    t = Trainer(_cfg(root, target, out="sig", max_steps=50, eval_every=1000))
+    real = t.train_step
+
+    def step_then_signal(batches):
+        row = real(batches)
+        if t.step == 2:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return row
+
+    t.train_step = step_then_signal
+    assert t.run() == {"step": 2, "stopped": "signal"}
+    assert Trainer(_cfg(root, target, out="sig", max_steps=50)).step == 2

@@ -15,8 +15,11 @@ resumes exactly: weights, optimiser, schedule, RNG and data position are in the 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
+import signal
+import threading
 import time
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
@@ -204,14 +207,10 @@ class Trainer:
             f.write(json.dumps(row) + "\n")
         print(json.dumps(row), flush=True)
 
-    def run(self) -> dict:
+    def _loop(self, stream, last_ckpt: float, session_start: float, asked) -> dict | None:
+        """Steps until max_steps (-> None), or until the session's time is up or a stop was
+        asked (SIGINT/SIGTERM: finish the step, save) -> why it stopped."""
         cfg = self.cfg
-        self.out.mkdir(parents=True, exist_ok=True)
-        self.t0 = last_ckpt = session_start = time.monotonic()
-        stream = self._micro_batches()
-        self.drafter.train()
-        if self.step == 0:
-            self._log(self.evaluate())
         while self.step < cfg.max_steps:
             row = self.train_step([next(stream) for _ in range(cfg.grad_accum)])
             row["elapsed_s"] = round(self.elapsed(), 1)
@@ -220,17 +219,48 @@ class Trainer:
             if self.step % cfg.eval_every == 0:
                 self._log(self.evaluate())
             over = cfg.session_minutes and time.monotonic() - session_start > 60 * cfg.session_minutes
-            if time.monotonic() - last_ckpt > 60 * cfg.ckpt_minutes or over:
+            if time.monotonic() - last_ckpt > 60 * cfg.ckpt_minutes or over or asked():
                 self.save()
                 last_ckpt = time.monotonic()
-            if over:
-                return {"step": self.step, "stopped": "session_minutes"}
+            if over or asked():
+                return {"step": self.step, "stopped": "signal" if asked() else "session_minutes"}
+        return None
+
+    def run(self) -> dict:
+        cfg = self.cfg
+        self.out.mkdir(parents=True, exist_ok=True)
+        self.t0 = last_ckpt = session_start = time.monotonic()
+        stream = self._micro_batches()
+        self.drafter.train()
+        if self.step == 0:
+            self._log(self.evaluate())
+        with stop_requests() as asked:
+            stopped = self._loop(stream, last_ckpt, session_start, asked)
+        if stopped:
+            return stopped
         final = self.evaluate()
         self._log(final)
         self.save()
         if cfg.export_to:
             export(self.out / DRAFTER, Path(cfg.export_to))
         return final
+
+
+@contextlib.contextmanager
+def stop_requests():
+    """-> a function telling whether SIGINT or SIGTERM arrived; the loop then stops after the
+    step in progress (never half-way through an optimiser update) and saves."""
+    got: list[int] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield lambda: False
+        return
+    old = {sig: signal.signal(sig, lambda n, _f: got.append(n))
+           for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield lambda: bool(got)
+    finally:
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
 
 
 def add_train_args(p: argparse.ArgumentParser) -> None:

@@ -1,9 +1,9 @@
 """How long one forward pass takes, target and drafter, at 1 and 2 intra-op threads.
 
 Target (`TargetRunner`): an AR step (B=1) and verify passes of B tokens after a CTX-token
-context, plus prefill throughput. Drafter (`DraftRunner`, a full-depth drafter built from the
-target, anchor layout): the synchronous draft of one block and the pre-draft pass with 1 and 4
-branches. Median of REPS after a warm-up. Goals of issue 12 are printed under the table.
+context, plus prefill throughput. Drafter (`DraftRunner`, the shipped drafter, anchor layout): the
+synchronous draft of one block after 1 or 3 newly accepted tokens, the pre-draft pass with 1 and
+4 branches, and its prompt prefill. Median of REPS after a warm-up. Goals of issue 12 are printed under the table.
 
     /work/bg/quiet .venv/bin/python benchmarks/bench_passes.py --json benchmarks/results/passes.json
 """
@@ -19,10 +19,9 @@ from pathlib import Path
 import torch
 
 from sglang_d3d.models import loading
-from sglang_d3d.models.decoder import Batch, Decoder, run_layers
+from sglang_d3d.models.decoder import Decoder
 from sglang_d3d.models.draft_runner import DraftRunner
 from sglang_d3d.models.drafter import D3DDrafter
-from sglang_d3d.models.fused import FusedLayer
 from sglang_d3d.models.packing import branch_pack, extend_pack
 from sglang_d3d.models.target import TargetRunner
 
@@ -35,9 +34,8 @@ def main() -> None:
     torch.set_grad_enabled(False)
     hf = loading.load_hf_model(loading.resolve_target_path(a.target))
     target = Decoder.from_hf(hf)
-    drafter = None if a.no_drafter else D3DDrafter.init_from_target(
-        target, list(range(target.num_layers)), a.block, block_layout="anchor"
-    ).eval()
+    drafter = None if a.no_drafter else D3DDrafter.from_pretrained(
+        loading.resolve_drafter_path(a.drafter), target).eval()
     rows: dict[str, dict[int, float]] = {}  # median
     mins: dict[str, dict[int, float]] = {}
     for th in a.threads:
@@ -64,7 +62,8 @@ def _args():
     p.add_argument("--ctx", type=int, default=200)
     p.add_argument("--reps", type=int, default=7)
     p.add_argument("--threads", type=int, nargs="+", default=[1, 2])
-    p.add_argument("--block", type=int, default=16, help="drafter block size")
+    p.add_argument("--drafter", default=None, help="drafter checkpoint (default: the shipped one)")
+    p.add_argument("--block", type=int, default=16, help="drafter block size (the engine default)")
     p.add_argument("--prefill", type=int, default=512, help="prompt length of the prefill row")
     p.add_argument("--no-drafter", action="store_true")
     p.add_argument("--plain", action="store_true",
@@ -125,47 +124,34 @@ def _prefill_fn(label: str, r: TargetRunner, prompt: list[int]):
 
 
 def _drafter_passes(drafter: D3DDrafter, a) -> dict[str, tuple[float, float]]:
-    """Each pass with the drafter's HF modules (as it runs today) and, interleaved, with its
-    layers' projections packed like the target's (what-if: drafter.py does not do this)."""
+    """The shipped drafter as the engine runs it (fast path: the target's fused kernels plus
+    the gated deltas) and, interleaved, through its HF modules (fast=False)."""
     g = a.block - 1  # drafts under verification
-    runner = DraftRunner(drafter, 1, a.ctx + g + max(BRANCHES) * (a.block + 1) + 8)
-    runner.run([(0, extend_pack(list(range(1000, 1000 + a.ctx)), 0))])
-    packed = tuple(FusedLayer.from_hf(layer) for layer in drafter.layers)
+    size = a.ctx + g + max(BRANCHES) * (a.block + 1) + 8
+    runners = {"": DraftRunner(drafter, 1, max(size, a.prefill + 1)),
+               ", HF modules": DraftRunner(drafter, 1, size, fast=False)}
+    for r in runners.values():
+        r.prefill(0, list(range(1000, 1000 + a.ctx)))
 
-    def variants(fn):
-        def with_packed():
-            drafter.hidden = _packed_hidden(drafter, packed)  # instance attribute, undone below
-            try:
-                fn()
-            finally:
-                del drafter.hidden
-        return {"": fn, ", packed (what-if)": with_packed}
-
-    def sync_draft():  # one new accepted token + a block of masks; then undo the commit
-        runner.run([(0, extend_pack([7], a.block))])
-        runner.rollback(0, 1)
+    def sync_draft(r, accepted):  # the accepted tokens + a block of masks; then undo them
+        r.run([(0, extend_pack(list(range(7, 7 + accepted)), a.block))])
+        r.rollback(0, accepted)
 
     res = {}
-    for v, fn in variants(sync_draft).items():
-        res[f"drafter sync draft, block {a.block}{v}"] = fn
-    res = _time_ms(res, a.reps)
+    for n in (1, 3):
+        res.update(_time_ms({f"drafter sync draft, {n} new token{'s' if n > 1 else ''} + block "
+                             f"{a.block}{v}": (lambda r=r, n=n: sync_draft(r, n))
+                             for v, r in runners.items()}, a.reps))
     for k in BRANCHES:
         pack = branch_pack(list(range(5, 5 + g)), [(i, 7) for i in range(k)], a.block)
-        name = f"drafter pre-draft, {k} branch{'es' if k > 1 else ''}"
-        fns = variants(lambda p=pack: runner.run([(0, p)]))
-        res.update(_time_ms({name + v: fn for v, fn in fns.items()}, a.reps))
+        name = f"drafter pre-draft, block {a.block}, {k} branch{'es' if k > 1 else ''}"
+        res.update(_time_ms({name + v: (lambda r=r, p=pack: r.run([(0, p)]))
+                             for v, r in runners.items()}, a.reps))
+    r, prompt = runners[""], list(range(2000, 2000 + a.prefill))
+    name = f"drafter prefill {a.prefill} tokens"
+    res[name] = _time_ms({name: lambda: (r.reset(0), r.prefill(0, prompt))}, max(1, a.reps // 3))[name]
+    res[name.replace(" tokens", ": tok/s")] = tuple(round(a.prefill / (x / 1e3), 1) for x in res[name])
     return res
-
-
-def _packed_hidden(drafter: D3DDrafter, packed):
-    """D3DDrafter.hidden with packed projections (same maths, the target's kernels)."""
-
-    def hidden(input_ids, positions, attn_mask, cache=None, slots=None, write_at=None):
-        b = Batch(positions, attn_mask, cache, slots, write_at)
-        h = drafter.embed(input_ids)
-        return drafter.norm(run_layers(drafter.layers, drafter._shared["rot"], h, b, drafter.arch, packed))
-
-    return hidden
 
 
 def _print_table(rows, mins, threads: list[int]) -> None:

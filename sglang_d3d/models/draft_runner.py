@@ -37,7 +37,7 @@ class DraftRunner:
         )
         picks = [torch.tensor(p.blocks, dtype=torch.long).view(-1) for _, p in rows]  # [num_blocks * B] each
         flat = torch.cat([h[r, idx.to(dev)] for r, idx in enumerate(picks)])  # [sum, H]
-        logits = self.model.logits(flat).float() if flat.shape[0] else flat.new_zeros(0, 1)
+        logits = self.model.logits(flat, fast=self.fast).float() if flat.shape[0] else flat.new_zeros(0, 1)
         out, at = [], 0
         for _, p in rows:
             k, b = len(p.blocks), len(p.blocks[0]) if p.blocks else 0

@@ -230,13 +230,13 @@ class D3DDrafter(nn.Module):
         """-> [N, T, H] final-normed hidden states; deltas apply at mask slots only. `fast`
         (inference on CPU): the target's fused, packed projections plus the deltas."""
         b = Batch(positions, attn_mask, cache, slots, write_at, past=past, record=record)
-        self.gate.value = _gate(input_ids == MASK_ID, self.mask_embedding.dtype)
+        self.gate.set(input_ids == MASK_ID, self.mask_embedding.dtype)
         try:
             fused = self.fused_layers() if fast else None
             h = run_layers(self.layers, self._shared["rot"], self.embed(input_ids), b, self.arch,
                            fused)
         finally:
-            self.gate.value = None
+            self.gate.clear()
         return self._shared["norm"](h)
 
     def fused_layers(self) -> tuple[GatedFused, ...]:
@@ -247,18 +247,12 @@ class D3DDrafter(nn.Module):
                                 for i, layer in zip(self.cfg.source_layers, self.layers))
         return self._fused
 
-    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """[..., H] -> [..., V]."""
+    def logits(self, hidden: torch.Tensor, fast: bool = False) -> torch.Tensor:
+        """[..., H] -> [..., V]. `fast`: the target's packed LM head (about half the time of
+        the plain module for a block of 8 on CPU; inference only)."""
+        if fast:
+            return self._shared["target"].fused().lm_head(hidden)
         return self._shared["head"](hidden)
-
-
-def _gate(is_mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor | bool | None:
-    """[N, T] bool -> the Gate value: skip the deltas when no token is a mask."""
-    if not bool(is_mask.any()):
-        return None
-    if bool(is_mask.all()):
-        return True
-    return is_mask.unsqueeze(-1).to(dtype)
 
 
 def read_config(path: Path) -> DrafterConfig:

@@ -40,14 +40,17 @@ def pruned(tmp_path_factory):
                       score_samples=2, recover_steps=2, batch_size=2, e2e_prompts=1,
                       e2e_max_new_tokens=8)
     rows = Pruner(cfg).run()
-    return root, rows
+    return root, rows, cfg
 
 
 def test_prune_table_covers_every_depth(pruned):
-    root, rows = pruned
+    root, rows, _ = pruned
     assert [r["depth"] for r in rows] == [3, 2, 1]
     assert len(rows[2]["removed_source_layers"]) == 2
     assert all(r["draft_s_per_branch_batch"] > 0 and r["tokens_per_s"] > 0 for r in rows)
+    for r in rows:  # the better of the two speculative modes, with plain decoding beside it
+        assert r["tokens_per_s"] == max(r["sync_tokens_per_s"], r["async_tokens_per_s"])
+        assert r["ar_tokens_per_s"] > 0
     table = json.loads((root / "results" / "prune_table.json").read_text())
     assert table["choice"]["depth"] in (1, 2, 3)
     assert "| depth |" in (root / "results" / "prune_table.md").read_text()
@@ -55,7 +58,7 @@ def test_prune_table_covers_every_depth(pruned):
 
 
 def test_pruned_checkpoint_loads_and_decodes_losslessly(pruned):
-    root, _ = pruned
+    root, _, _ = pruned
     dec = Decoder.from_hf(load_hf_model(root / "target"))
     drafter = D3DDrafter.from_pretrained(root / "run" / "depth_1", dec)
     assert drafter.num_layers == 1 and len(drafter.cfg.source_layers) == 1
@@ -82,3 +85,14 @@ def test_pick_depth_prefers_end_to_end_speed_then_acceptance():
 def test_least_useful_takes_the_cheapest_removals():
     assert least_useful({0: 2.0, 1: 3.5, 2: 3.5, 3: 1.0}, 1) == [2]  # ties: the later layer
     assert least_useful({0: 2.0, 1: 3.5, 2: 3.0, 3: 1.0}, 2) == [1, 2]
+
+
+def test_a_rerun_continues_after_the_last_finished_round(pruned):
+    """A run stopped after round 1 (its table saved at depth 2) resumes from depth_2's
+    checkpoint, keeps the finished rows and removes exactly one more layer."""
+    root, rows, cfg = pruned
+    (root / "run" / "prune_rows.json").write_text(json.dumps(rows[:2]))
+    again = Pruner(cfg).run()
+    assert [r["depth"] for r in again] == [3, 2, 1]
+    assert again[:2] == rows[:2]  # the finished rounds are not redone
+    assert set(again[1]["removed_source_layers"]) < set(again[2]["removed_source_layers"])

@@ -116,3 +116,16 @@ def test_sigterm_stops_after_the_step_and_saves(tiny_data):
     t.train_step = step_then_signal
     assert t.run() == {"step": 2, "stopped": "signal"}
     assert Trainer(_cfg(root, target, out="sig", max_steps=50)).step == 2
+
+
+def test_stop_at_step_keeps_the_long_schedule(tiny_data):
+    """An equal-step comparison arm stops at its step with the learning rate the full
+    schedule has there (not a schedule squeezed into the shorter run)."""
+    root, target = tiny_data
+    arm = Trainer(_cfg(root, target, out="arm", max_steps=50, warmup_steps=1, eval_every=100,
+                       stop_at_step=2))
+    assert arm.run() == {"step": 2, "stopped": "stop_at_step"}
+    # its last update (step index 1) used the 50-step schedule's rate
+    assert arm.opt.param_groups[0]["lr"] == pytest.approx(lr_at(1, arm.cfg))
+    assert lr_at(2, arm.cfg) > lr_at(49, arm.cfg)
+    assert Trainer(_cfg(root, target, out="arm", max_steps=50, warmup_steps=1)).step == 2

@@ -34,15 +34,17 @@ def branch_batch_seconds(
     return statistics.median(times[1:])  # the first run warms up allocators
 
 
-def async_tokens_per_second(target, drafter, prompts: list[list[int]], block: int,
-                            max_new_tokens: int = 64) -> dict:
-    """Greedy batch-1 decoding of `prompts` one at a time in the engine's async mode."""
+def tokens_per_second(target, drafter, prompts: list[list[int]], block: int,
+                      max_new_tokens: int = 64, mode: str = "async") -> dict:
+    """Greedy batch-1 decoding of `prompts` one at a time in the engine's `mode` (ar, sync or
+    async; ar ignores the drafter)."""
     from sglang_d3d.config import EngineConfig, Mode, SamplingParams, SpecConfig
     from sglang_d3d.engine.engine import SpecEngine
     from sglang_d3d.engine.offline import generate
 
-    cfg = EngineConfig(mode=Mode.ASYNC, spec=SpecConfig(block_size=block), max_batch_size=1)
-    engine = SpecEngine(cfg, target, drafter)
+    m = Mode(mode)
+    cfg = EngineConfig(mode=m, spec=SpecConfig(block_size=block), max_batch_size=1)
+    engine = SpecEngine(cfg, target, None if m is Mode.AR else drafter)
     params = SamplingParams(max_new_tokens=max_new_tokens, stop_token_ids=(2,))
     tokens, seconds, lengths = 0, 0.0, []
     for p in prompts:

@@ -4,8 +4,13 @@ Each round: score every remaining layer by the held-out acceptance length of the
 without it; remove the `per_round` layers whose removal costs least; re-distil the pruned
 drafter from the full drafter (its block distributions as teacher, KL at the mask slots);
 measure again. Every depth records acceptance length (per draft position), the drafter's
-branch-pass time and, optionally, async end-to-end tokens/s, because the depth to ship is the
-one with the highest end-to-end speed, not the highest acceptance (prune_report.py).
+branch-pass time and, optionally, sync and async end-to-end tokens/s (plain decoding measured
+once beside them), because the depth to ship is the one with the highest end-to-end speed,
+not the highest acceptance (prune_report.py).
+
+Each round saves its drafter (`out_dir/depth_<n>`) and the table so far
+(`out_dir/prune_rows.json`); rerunning the same command continues after the last finished
+round (the re-distillation data order restarts; nothing else depends on it).
 
 Pruning shortens the clean path too (the drafter's prefix cache runs only the kept layers), so
 below full depth draft 1 is no longer the target's own prediction: the table shows what that
@@ -27,7 +32,7 @@ from sglang_d3d.training.build import load_target
 from sglang_d3d.training.evaluate import acceptance_length
 from sglang_d3d.training.forward import block_hidden, clean_pass
 from sglang_d3d.training.losses import kl_to_teacher
-from sglang_d3d.training.measure import async_tokens_per_second, branch_batch_seconds
+from sglang_d3d.training.measure import branch_batch_seconds, tokens_per_second
 from sglang_d3d.training.objective import IGNORE
 from sglang_d3d.training.prune_report import write_report
 from sglang_d3d.training.shards import load_samples
@@ -59,6 +64,9 @@ class PruneConfig:
     def __post_init__(self) -> None:
         if self.per_round < 1 or self.min_layers < 1:
             raise ValueError("per_round >= 1 and min_layers >= 1 required")
+
+
+ROWS = "prune_rows.json"
 
 
 def least_useful(scores: dict[int, float], k: int) -> list[int]:
@@ -93,10 +101,21 @@ class Pruner:
                                                                 cfg.branch_budget),
                "candidate_accept_len": scores}
         if cfg.e2e_prompts > 0:
-            prompts = [s.prompt.tolist() for s in self.held[: cfg.e2e_prompts]]
-            row.update(async_tokens_per_second(self.target, drafter, prompts, self.block,
-                                               cfg.e2e_max_new_tokens))
+            row.update(self.end_to_end(drafter))
         return row
+
+    def end_to_end(self, drafter) -> dict:
+        """Sync and async tokens/s (and plain decoding's, timed right before them, since the
+        machine's load drifts): the depth's speed is the better of its two modes."""
+        cfg = self.cfg
+        prompts = [s.prompt.tolist() for s in self.held[: cfg.e2e_prompts]]
+        run = {m: tokens_per_second(self.target, drafter, prompts, self.block,
+                                    cfg.e2e_max_new_tokens, m) for m in ("ar", "sync", "async")}
+        return {"ar_tokens_per_s": run["ar"]["tokens_per_s"],
+                "sync_tokens_per_s": run["sync"]["tokens_per_s"],
+                "async_tokens_per_s": run["async"]["tokens_per_s"],
+                "engine_accept_len": run["sync"]["engine_accept_len"],
+                "tokens_per_s": max(run["sync"]["tokens_per_s"], run["async"]["tokens_per_s"])}
 
     def score_layers(self, drafter) -> dict[int, float]:
         """Acceptance length without each layer, keyed by index into drafter.layers."""
@@ -136,11 +155,32 @@ class Pruner:
             opt.zero_grad(set_to_none=True)
         student.eval()
 
+    def resume(self, out: Path) -> tuple[list[dict], object]:
+        """-> (rows so far, drafter of the last finished round), or a fresh start."""
+        from sglang_d3d.models.drafter import D3DDrafter
+
+        saved = out / ROWS
+        if not saved.exists():
+            rows = [self.measure(self.full, [], {})]
+            print(json.dumps(rows[0]), flush=True)
+            self._save_rows(out, rows)
+            return rows, self.full
+        rows = json.loads(saved.read_text())
+        last = rows[-1]
+        if len(rows) == 1:
+            return rows, self.full
+        current = D3DDrafter.from_pretrained(out / f"depth_{last['depth']}", self.target)
+        print(f"resuming after depth {last['depth']}", flush=True)
+        return rows, current.eval()
+
+    def _save_rows(self, out: Path, rows: list[dict]) -> None:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / ROWS).write_text(json.dumps(rows, indent=1))
+
     def run(self) -> list[dict]:
         cfg, out = self.cfg, Path(self.cfg.out_dir)
-        current, removed = self.full, []
-        rows = [self.measure(current, [], {})]
-        print(json.dumps(rows[0]), flush=True)
+        rows, current = self.resume(out)
+        removed = list(rows[-1]["removed_source_layers"])
         batches = self._batches()
         for _ in range(cfg.max_rounds):
             k = min(cfg.per_round, current.num_layers - cfg.min_layers)
@@ -157,6 +197,7 @@ class Pruner:
             row = self.measure(current, removed, named)
             row["prune_seconds"] = round(time.perf_counter() - t0, 1)
             rows.append(row)
+            self._save_rows(out, rows)
             print(json.dumps(row), flush=True)
             write_report(rows, Path(cfg.results_dir), asdict(cfg), len(self.held))
         write_report(rows, Path(cfg.results_dir), asdict(cfg), len(self.held))

@@ -22,13 +22,16 @@ def pick_depth(rows: list[dict]) -> dict:
 
 def markdown(rows: list[dict], choice: dict, num_held: int) -> str:
     has_e2e = "tokens_per_s" in rows[0]
+    modes = [m for m in ("sync", "async", "ar") if f"{m}_tokens_per_s" in rows[0]]
     head = "| depth | layers (target ids) | removed | accept len | draft ms / branch batch |"
-    head += " async tok/s |" if has_e2e else ""
-    lines = [head, "|" + "---|" * (6 if has_e2e else 5)]
+    head += "".join(f" {m} tok/s |" for m in modes) if modes else (" tok/s |" if has_e2e else "")
+    lines = [head, "|" + "---|" * (5 + (len(modes) or int(has_e2e)))]
     for r in rows:
         line = (f"| {r['depth']} | {r['source_layers']} | {r['removed_source_layers']} | "
                 f"{r['accept_len']:.3f} | {1000 * r['draft_s_per_branch_batch']:.1f} |")
-        if has_e2e:
+        if modes:
+            line += "".join(f" {r[f'{m}_tokens_per_s']:.1f} |" for m in modes)
+        elif has_e2e:
             line += f" {r['tokens_per_s']:.1f} |"
         lines.append(line)
     lines += ["", f"Held-out samples: {num_held}. Chosen depth: {choice['depth']} "
@@ -43,14 +46,23 @@ def plot(rows: list[dict], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     depth = [r["depth"] for r in rows]
-    fig, ax = plt.subplots(figsize=(6, 4))
+    modes = [m for m in ("sync", "async", "ar") if f"{m}_tokens_per_s" in rows[0]]
+    fig, axes = plt.subplots(2 if modes else 1, 1, figsize=(6, 6.5 if modes else 4),
+                             squeeze=False, sharex=True)
+    ax = axes[0][0]
     ax.plot(depth, [r["accept_len"] for r in rows], "o-", color="tab:blue")
-    ax.set_xlabel("drafter layers")
     ax.set_ylabel("held-out accept length", color="tab:blue")
     ax2 = ax.twinx()
     ax2.plot(depth, [1000 * r["draft_s_per_branch_batch"] for r in rows], "s--", color="tab:red")
     ax2.set_ylabel("draft ms per branch batch", color="tab:red")
     ax.set_title("D3D progressive layer pruning")
+    if modes:
+        bottom = axes[1][0]
+        for m in modes:
+            bottom.plot(depth, [r[f"{m}_tokens_per_s"] for r in rows], "o-", label=m)
+        bottom.set_ylabel("end-to-end tokens/s")
+        bottom.legend()
+    axes[-1][0].set_xlabel("drafter layers")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

@@ -58,6 +58,8 @@ class TrainConfig:
     warmup_steps: int = 20
     max_steps: int = 1000
     session_minutes: float | None = None  # stop (and save) this invocation after this long
+    stop_at_step: int | None = None  # stop (and save) at this step; the schedule still ends
+    # at max_steps (equal-step comparisons of losses or formats over one schedule)
     heldout_every: int = 20  # every n-th prompt index is held out
     eval_every: int = 100
     eval_samples: int = 40
@@ -218,12 +220,15 @@ class Trainer:
                 self._log(row)
             if self.step % cfg.eval_every == 0:
                 self._log(self.evaluate())
-            over = cfg.session_minutes and time.monotonic() - session_start > 60 * cfg.session_minutes
+            over = bool(cfg.session_minutes and time.monotonic() - session_start
+                        > 60 * cfg.session_minutes) or self.step == cfg.stop_at_step
             if time.monotonic() - last_ckpt > 60 * cfg.ckpt_minutes or over or asked():
                 self.save()
                 last_ckpt = time.monotonic()
             if over or asked():
-                return {"step": self.step, "stopped": "signal" if asked() else "session_minutes"}
+                why = "signal" if asked() else "stop_at_step" if self.step == cfg.stop_at_step \
+                    else "session_minutes"
+                return {"step": self.step, "stopped": why}
         return None
 
     def run(self) -> dict:
@@ -274,7 +279,7 @@ def add_train_args(p: argparse.ArgumentParser) -> None:
             choices = ["kl", "ce"] if f.name == "loss" else ["auto", "float32", "bfloat16"]
             p.add_argument(flag, choices=choices, default=default)
         elif default is None:
-            kind = float if f.name == "session_minutes" else str
+            kind = {"session_minutes": float, "stop_at_step": int}.get(f.name, str)
             p.add_argument(flag, type=kind, default=None)
         else:
             p.add_argument(flag, type=type(default), default=default)

@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Issue 9's two comparisons, each arm from the untrained drafter over the same data, seed and
+# 600-step schedule as recipes/default_drafter.sh step 2, stopped at step 40 and evaluated on
+# the same 40 held-out samples:
+#   kl   rank-32 deltas, KL to the target's distribution (the default)
+#   ce   rank-32 deltas, cross-entropy on the target's greedy tokens
+#   full full-rank deltas (rank 576 = hidden size: every projection free on mask slots, i.e. a
+#        full fine-tune of the mask path; not shippable, its checkpoint is ~0.5 GB)
+# Rerunning resumes an unfinished arm. Results: runs/compare/<arm>/history.jsonl;
+# benchmarks/results/compare_formats.md is written by benchmarks/compare_formats.py.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=.venv/bin/python
+STOP=${STOP:-40}
+arm() {  # name, extra flags
+  local name=$1; shift
+  $PY -m sglang_d3d.training.train --out-dir runs/compare/$name --block-size 16 \
+    --min-block-size 4 --num-anchors 32 --gamma 7 --batch-size 4 --lr 6e-4 --warmup-steps 20 \
+    --max-steps 600 --stop-at-step $STOP --eval-every $STOP --eval-samples 40 --ckpt-minutes 5 \
+    --threads 1 "$@"
+}
+arm kl --rank 32 --alpha 32 --loss kl
+arm ce --rank 32 --alpha 32 --loss ce
+arm full --rank 576 --alpha 576 --loss kl

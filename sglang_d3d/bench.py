@@ -7,6 +7,7 @@ must be identical across modes (checked, reported, and a non-zero exit if not).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import time
 from pathlib import Path
@@ -23,7 +24,10 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
     add_engine_args(p, modes=True)
     p.add_argument("--dataset", default="gsm8k", help="gsm8k | mt_bench | FILE.jsonl")
     p.add_argument("--num-prompts", type=int, default=20)
-    p.add_argument("--modes", default="ar,sync,async")
+    p.add_argument("--modes", default="ar,sync,async",
+                   help="comma-separated: ar, sync, async; a '-adaptive' suffix (sync-adaptive, "
+                   "async-adaptive) runs that mode under the adaptive controller, which falls "
+                   "back to plain decoding where speculation measures slower")
     p.add_argument("--max-new-tokens", type=int, default=256)
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--out", default=None, help="save the results as JSON here")
@@ -31,10 +35,11 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
 
 
 def run_bench(args: argparse.Namespace) -> int:
-    modes = [Mode(m) for m in args.modes.split(",")]
-    cfgs = {m: engine_config(args, m.value) for m in modes}
+    modes = args.modes.split(",")
+    cfgs = {m: mode_config(args, m) for m in modes}
     target, drafter, tok = load_models(cfgs[modes[-1]])
-    engines = {m: SpecEngine(c, target, drafter if m is not Mode.AR else None) for m, c in cfgs.items()}
+    engines = {m: SpecEngine(c, target, drafter if c.mode is not Mode.AR else None)
+               for m, c in cfgs.items()}
     prompts = [chat_ids(tok, q) for q in load_questions(args.dataset, args.num_prompts)]
     params = SamplingParams(
         temperature=args.temperature, max_new_tokens=args.max_new_tokens,
@@ -46,15 +51,25 @@ def run_bench(args: argparse.Namespace) -> int:
         for m in modes:
             runs[m].append(_timed(engines[m], ids, params))
         print(f"prompt {i + 1}/{len(prompts)}: " + "  ".join(
-            f"{m.value} {r[-1]['tokens'] / r[-1]['seconds']:.1f} tok/s" for m, r in runs.items()))
+            f"{m} {r[-1]['tokens'] / r[-1]['seconds']:.1f} tok/s" for m, r in runs.items()))
     report = _report(args, runs, params.greedy)
     _print(report)
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
-    if args.timeline and Mode.ASYNC in engines:
-        Path(args.timeline).write_text(json.dumps(engines[Mode.ASYNC].timeline.to_list()) + "\n")
+    if args.timeline and "async" in engines:
+        Path(args.timeline).write_text(json.dumps(engines["async"].timeline.to_list()) + "\n")
     return 0 if report["greedy_identical"] in (True, None) else 1
+
+
+def mode_config(args: argparse.Namespace, name: str):
+    """'async' -> the engine config for async; 'async-adaptive' -> the same with the adaptive
+    controller on (whatever --adaptive says for the plain names)."""
+    base, _, suffix = name.partition("-")
+    if suffix not in ("", "adaptive"):
+        raise ValueError(f"unknown mode {name!r}: use ar, sync, async, or <mode>-adaptive")
+    cfg = engine_config(args, Mode(base).value)
+    return dataclasses.replace(cfg, adaptive=True) if suffix else cfg
 
 
 def _warmup(engines, ids, params) -> None:
@@ -99,7 +114,7 @@ def _summary(rs: list[dict]) -> dict:
 
 
 def _report(args, runs: dict, greedy: bool) -> dict:
-    modes = {m.value: _summary(rs) for m, rs in runs.items()}
+    modes = {m: _summary(rs) for m, rs in runs.items()}
     base = modes.get("ar", {}).get("tokens_per_s")
     for s in modes.values():
         s["speedup_vs_ar"] = s["tokens_per_s"] / base if base else None

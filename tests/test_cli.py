@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 
 import pytest
@@ -39,13 +40,28 @@ def test_bench_saves_a_report(tiny_pair_dir, tmp_path, capsys):
     data.write_text("\n".join(json.dumps({"prompt": f"w{i} w{i + 1}"}) for i in range(5, 8)) + "\n")
     out = tmp_path / "bench.json"
     rc = main(["bench", "--dataset", str(data), "--num-prompts", "3", "--max-new-tokens", "10",
-               "--modes", "ar,sync,async", "--out", str(out), *_engine_flags(tiny_pair_dir)])
+               "--modes", "ar,sync,async,async-adaptive", "--out", str(out),
+               *_engine_flags(tiny_pair_dir)])
     assert rc == 0
     report = json.loads(out.read_text())
     assert report["greedy_identical"] is True
-    assert set(report["modes"]) == {"ar", "sync", "async"}
+    assert set(report["modes"]) == {"ar", "sync", "async", "async-adaptive"}
     assert report["modes"]["ar"]["speedup_vs_ar"] == pytest.approx(1.0)
     assert "greedy outputs identical across modes: True" in capsys.readouterr().out
+
+
+def test_bench_mode_names(tiny_pair_dir):
+    from sglang_d3d.bench import add_bench_args, mode_config
+    from sglang_d3d.config import Mode
+
+    p = argparse.ArgumentParser()
+    add_bench_args(p)
+    args = p.parse_args(_engine_flags(tiny_pair_dir))
+    assert mode_config(args, "async-adaptive").adaptive
+    assert mode_config(args, "async-adaptive").mode is Mode.ASYNC
+    assert not mode_config(args, "sync").adaptive
+    with pytest.raises(ValueError, match="unknown mode"):
+        mode_config(args, "async-fast")
 
 
 def test_bad_dataset_row_is_reported(tmp_path):

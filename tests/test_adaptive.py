@@ -27,7 +27,8 @@ def test_controller_prefers_measured_throughput():
 
 def test_controller_re_measures_every_candidate():
     one, four, eight = Plan(1), Plan(4), Plan(8, True)
-    c = BlockController(candidates=(one, four, eight), warmup=1, explore_every=2)
+    c = BlockController(candidates=(one, four, eight), warmup=1, explore_every=2,
+                        max_explore_every=2)
     c.observe(1, one, 0.05, [])
     c.observe(1, four, 5.0, [(3, 0)])  # one unlucky, very slow sample
     c.observe(1, eight, 5.0, [(7, 0)])
@@ -47,3 +48,42 @@ def test_controller_respects_the_verify_token_budget():
     c = BlockController(candidates=(Plan(1), Plan(4), Plan(16, True)), warmup=1)
     picks = {c.choose(16, max_block=4) for _ in range(10)}
     assert Plan(16, True) not in picks and picks <= {Plan(1), Plan(4)}
+
+
+def test_re_measuring_backs_off_while_the_best_plan_holds():
+    """A drafter that always loses: plain decoding stays best, so re-measurements of the
+    speculative plans grow rarer (doubling up to the cap) instead of costing every 16th cycle."""
+    one, four = Plan(1), Plan(4)
+    c = BlockController(candidates=(one, four), warmup=1, explore_every=4, max_explore_every=32)
+    c.observe(1, one, 0.05, [])
+    c.observe(1, four, 0.50, [(3, 0)])
+    picks = []
+    for _ in range(200):
+        p = c.choose(1)
+        picks.append(p)
+        c.observe(1, p, 0.05 if p == one else 0.50, [] if p == one else [(3, 0)])
+    at = [i for i, p in enumerate(picks) if p == four]
+    gaps = [b - a for a, b in zip(at, at[1:])]
+    assert gaps[:3] == [8, 16, 32] and set(gaps[3:]) == {32}
+    assert len(at) <= 200 // 16  # a fixed interval of 4 would have re-measured 50 times
+
+
+def test_re_measuring_speeds_up_again_when_the_best_plan_changes():
+    one, four = Plan(1), Plan(4)
+    c = BlockController(candidates=(one, four), warmup=1, explore_every=4, max_explore_every=64,
+                        decay=0.0)
+    c.observe(1, one, 0.05, [])
+    c.observe(1, four, 0.50, [(3, 3)])
+    for _ in range(100):  # plain decoding best; the interval grows
+        p = c.choose(1)
+        c.observe(1, p, 0.05 if p == one else 0.50, [] if p == one else [(3, 3)])
+    assert c.schedule[1][0] == 64
+    c.observe(1, four, 0.01, [(3, 3)])  # the load changed: speculation now wins
+    while c.choose(1) != four:
+        pass
+    for _ in range(200):
+        if c.schedule[1][0] == 4:
+            break
+        p = c.choose(1)
+        c.observe(1, p, 0.05 if p == one else 0.01, [] if p == one else [(3, 3)])
+    assert c.schedule[1][0] == 4

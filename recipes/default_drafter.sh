@@ -25,12 +25,13 @@ $PY -m sglang_d3d.training.train --out-dir data/train_v2 --block-size 16 \
   --min-block-size 4 --num-anchors 32 --rank 32 --alpha 32 --loss kl --gamma 7 --batch-size 4 \
   --lr 6e-4 --warmup-steps 20 --max-steps 600 --eval-every 50 --eval-samples 40 --ckpt-minutes 5 --threads 1
 
-# 3. Pruning by acceptance length, a few layers per round, re-distilled from the full drafter;
-#    the table (accepted length per position, draft-pass time, async tokens/s per depth) goes
-#    to benchmarks/results/prune_table.{json,md,png}.
+# 3. Pruning by acceptance length, 4 layers per round (one layer per round re-scores 30
+#    candidates 12 times: too slow on one core), re-distilled from the full drafter; the table
+#    (accepted length per position, draft-pass time, ar/sync/async tokens/s per depth) goes to
+#    benchmarks/results/prune_table.{json,md,png}. Resumes after its last finished round.
 $PY -m sglang_d3d.training.prune --drafter-path data/train_v2/drafter --out-dir runs/prune \
-  --results-dir benchmarks/results --per-round 3 --min-layers 18 --eval-samples 24 \
-  --score-samples 8 --recover-steps 20 --e2e-prompts 4 --e2e-max-new-tokens 64
+  --results-dir benchmarks/results --per-round 4 --min-layers 18 --eval-samples 24 \
+  --score-samples 6 --recover-steps 20 --e2e-prompts 4 --e2e-max-new-tokens 64 --e2e-block 8
 
 # 4. Ship the depth with the highest measured end-to-end tokens/s (prune_table.md says which).
 mkdir -p sglang_d3d/assets/drafter

@@ -58,6 +58,7 @@ class PruneConfig:
     branch_budget: int = 1
     e2e_prompts: int = 0  # >0: also measure async tokens/s on this many held-out prompts
     e2e_max_new_tokens: int = 64
+    e2e_block: int = 0  # the engine's block size in the end-to-end runs (0: the drafter's)
     threads: int = 1
     seed: int = 0
 
@@ -109,8 +110,9 @@ class Pruner:
         machine's load drifts): the depth's speed is the better of its two modes."""
         cfg = self.cfg
         prompts = [s.prompt.tolist() for s in self.held[: cfg.e2e_prompts]]
-        run = {m: tokens_per_second(self.target, drafter, prompts, self.block,
-                                    cfg.e2e_max_new_tokens, m) for m in ("ar", "sync", "async")}
+        block = cfg.e2e_block or self.block
+        run = {m: tokens_per_second(self.target, drafter, prompts, block, cfg.e2e_max_new_tokens, m)
+               for m in ("ar", "sync", "async")}
         return {"ar_tokens_per_s": run["ar"]["tokens_per_s"],
                 "sync_tokens_per_s": run["sync"]["tokens_per_s"],
                 "async_tokens_per_s": run["async"]["tokens_per_s"],

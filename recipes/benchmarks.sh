@@ -22,10 +22,10 @@ $PY benchmarks/bench_accept.py --drafter "$DRAFTER" --dataset runs/mbpp20.jsonl 
   --blocks 16,8 --out $OUT/accept_mbpp_${TAG}.json
 
 # ar / sync / async interleaved prompt by prompt, batch 1, greedy (identity checked).
-$D3D bench --dataset gsm8k --num-prompts 30 --max-new-tokens 128 --modes ar,sync,async \
+$D3D bench --dataset gsm8k --num-prompts 30 --max-new-tokens 128 --modes ar,sync,async,async-adaptive \
   --block-size $BLOCK --branch-budget 1 --drafter "$DRAFTER" --out $OUT/bench_gsm8k30_${TAG}.json
-$D3D bench --dataset mt_bench --num-prompts 20 --max-new-tokens 128 --modes ar,sync,async \
+$D3D bench --dataset mt_bench --num-prompts 20 --max-new-tokens 128 --modes ar,sync,async,async-adaptive \
   --block-size $BLOCK --branch-budget 1 --drafter "$DRAFTER" --out $OUT/bench_mtbench20_${TAG}.json
 $D3D bench --dataset runs/mbpp20.jsonl --num-prompts 10 --max-new-tokens 128 \
-  --modes ar,sync,async --block-size $BLOCK --branch-budget 1 --drafter "$DRAFTER" \
+  --modes ar,sync,async,async-adaptive --block-size $BLOCK --branch-budget 1 --drafter "$DRAFTER" \
   --out $OUT/bench_mbpp10_${TAG}.json

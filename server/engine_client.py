@@ -16,13 +16,13 @@ from typing import Any
 
 from sglang_d3d.server.errors import UNAVAILABLE, APIError, bad_request, unavailable
 
-from sglang_d3d.config import EngineConfig
-from sglang_d3d.engine.api import (
+from sglang_d3d.api import (
     GenerationRequest,
     QueueFullError,
     RequestTooLongError,
     TokenEvent,
 )
+from sglang_d3d.config import EngineConfig
 
 log = logging.getLogger(__name__)
 

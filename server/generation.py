@@ -19,8 +19,8 @@ from sglang_d3d.server.logprobs_out import ScoredToken
 from sglang_d3d.server.metrics import MetricsRecorder
 from sglang_d3d.server.protocol import D3DStats, Usage
 
+from sglang_d3d.api import GenerationRequest, TokenEvent
 from sglang_d3d.config import SamplingParams
-from sglang_d3d.engine.api import GenerationRequest, TokenEvent
 from sglang_d3d.speculative.logprobs import TokenLogprob
 from sglang_d3d.speculative.stats import RequestStats
 

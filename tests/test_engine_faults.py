@@ -7,8 +7,8 @@ import torch
 from conftest import reference_greedy
 from engine_helpers import make_engine
 
+from sglang_d3d.api import RequestTooLongError
 from sglang_d3d.config import Mode, SamplingParams
-from sglang_d3d.engine.api import RequestTooLongError
 from sglang_d3d.engine.offline import generate
 
 PROMPT = [5, 6, 7, 8]

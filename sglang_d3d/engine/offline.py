@@ -6,8 +6,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from sglang_d3d.api import GenerationRequest, TokenEvent
 from sglang_d3d.config import SamplingParams
-from sglang_d3d.engine.api import GenerationRequest, TokenEvent
 from sglang_d3d.engine.engine import SpecEngine
 from sglang_d3d.speculative.stats import RequestStats
 
@@ -25,7 +25,7 @@ def generate(
 ) -> list[Output]:
     """Submit every prompt, step until all finish. Outputs are in prompt order."""
     plist = params if isinstance(params, list) else [params] * len(prompts)
-    torch.set_num_threads(engine.cfg.draft_threads)  # this thread runs the drafter
+    torch.set_num_threads(engine.cfg.target_threads)  # this thread runs the target
     outs = [Output() for _ in prompts]
 
     def collect(i: int):

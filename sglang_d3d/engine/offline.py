@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -21,7 +22,10 @@ class Output:
 
 
 def generate(
-    engine: SpecEngine, prompts: list[list[int]], params: SamplingParams | list[SamplingParams]
+    engine: SpecEngine,
+    prompts: list[list[int]],
+    params: SamplingParams | list[SamplingParams],
+    on_finish: Callable[[int], None] | None = None,  # on_finish(i): prompt i's output is done
 ) -> list[Output]:
     """Submit every prompt, step until all finish. Outputs are in prompt order."""
     plist = params if isinstance(params, list) else [params] * len(prompts)
@@ -35,6 +39,8 @@ def generate(
                 outs[i].finish_reason, outs[i].error, outs[i].stats = (
                     ev.finish_reason, ev.error, ev.stats,
                 )
+                if on_finish is not None:
+                    on_finish(i)
         return on_event
 
     callbacks = {}

@@ -87,20 +87,24 @@ def run_cycle(
     states = [drafting.states[r.slot] for r in rows] if drafting is not None else []
     faults = [s.faults for s in states]
     drafted = bool(states) and plan.block > 1
+    # draft: rows without a ready draft (a pre-drafted branch that hit) draft now
     if drafted:
         executor.submit(drafting.ensure_drafts, states, plan.block, threads=draft_threads).result()
     times.draft_end = time.perf_counter() - t0
     drafts = [list(s.draft) for s in states] if drafted else [[] for _ in rows]
+    proposals = [s.draft_q for s in states] if drafted else [None] * len(rows)
     tokens = torch.tensor([[r.last_token] + d for r, d in zip(rows, drafts)], dtype=torch.int64)
+    # verify on this thread, pre-drafting the next block on the executor at the same time
     predraft = None
     if drafted and plan.overlap:
         predraft = executor.submit(drafting.predraft, states, plan.block)
     v0 = time.perf_counter()
-    verdicts = verify_fn(rows, tokens, [s.draft_q for s in states] if drafted else [None] * len(rows))
+    verdicts = verify_fn(rows, tokens, proposals)
     times.verify_start, times.verify_end = v0 - t0, time.perf_counter() - t0
     if predraft is not None:
         _, p0, p1 = predraft.result()
         times.predraft_start, times.predraft_end = p0 - t0, p1 - t0
+    # accept: the drafter follows each verified outcome (commits a hit branch, or queues)
     hits = [None] * len(rows)
     if states:
         hits, _, _ = executor.submit(_follow, drafting, states, verdicts, plan.block).result()

@@ -232,18 +232,17 @@ class SpecEngine:
         accepted on its own, so one request's failure fails it alone."""
         with intra_op_threads(threads):
             logits = self.target.forward_block([s.slot for s in rows], tokens)  # [N, B, V]
-        return [
-            self._verdict(s, tokens[i, 1:].tolist(), proposals[i], logits[i])
-            for i, s in enumerate(rows)
-        ]
-
-    def _verdict(self, s: Sequence, draft: list[int], q, logits: torch.Tensor) -> Verdict:
-        try:
-            n, token = verify_draft(draft, q, logits, s.params, s.generator)
-        except Exception as e:  # noqa: BLE001 - one request's failure must not stop the others
-            return Verdict(error=f"{type(e).__name__}: {e}")
-        self.target.advance(s.slot, n + 1)  # the accepted drafts and the last verified token
-        return Verdict(n, token, logits[: n + 1])
+        verdicts = []
+        for i, s in enumerate(rows):
+            try:
+                n, token = verify_draft(tokens[i, 1:].tolist(), proposals[i], logits[i], s.params,
+                                        s.generator)
+            except Exception as e:  # noqa: BLE001 - one request's failure must not stop the others
+                verdicts.append(Verdict(error=f"{type(e).__name__}: {e}"))
+                continue
+            self.target.advance(s.slot, n + 1)  # the accepted drafts and the last verified token
+            verdicts.append(Verdict(n, token, logits[i, : n + 1]))
+        return verdicts
 
     def _settle(self, s: Sequence, o: Outcome) -> TokenEvent:
         """One request's books for the cycle: stats and listeners, then its tokens out."""

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import torch
 
+from sglang_d3d.api import GenerationRequest
 from sglang_d3d.config import EngineConfig, Mode, SamplingParams
-from sglang_d3d.engine.api import GenerationRequest
 from sglang_d3d.engine.engine import SpecEngine
 from sglang_d3d.engine.factory import load_models
 

@@ -2,7 +2,7 @@
 
 For each model shape (random weights, gpu_shapes.py): the target's AR step, its verify pass at
 block sizes 4/8/16, the drafter's branch pass for 1/4/17 branches, and one async cycle (the
-drafter on its own thread and CUDA stream, as in the SGLang worker's DraftExecutor, while the
+drafter on its own thread and CUDA stream, as in both hosts' speculative Executor, while the
 target verifies a block of 16) against the same two passes back to back, as
 cycle / max(draft, verify): 1.0 is perfect overlap, (draft + verify) / max is none. Then a
 projected speedup from the accepted lengths measured on CPU (gpu_report.py): a projection, not
@@ -31,7 +31,8 @@ from gpu_shapes import BLOCK, DEFAULT_SHAPES, SHAPES, build_drafter, build_targe
 from sglang_d3d.models.draft_runner import DraftRunner
 from sglang_d3d.models.packing import branch_pack, extend_pack
 from sglang_d3d.models.target import TargetRunner
-from sglang_d3d.sglang_worker.draft_executor import DraftExecutor
+from sglang_d3d.speculative.drafting import draft_cache_len
+from sglang_d3d.speculative.executor import Executor
 
 
 @dataclass(frozen=True)
@@ -81,9 +82,9 @@ class Passes:
         g = torch.Generator().manual_seed(seed)
         vocab = target.arch.vocab_size
         prompt = torch.randint(0, vocab, (plan.context,), generator=g).tolist()
-        scratch = (BLOCK - 1) + max(plan.branches) * BLOCK
         self.target = TargetRunner(target, 1, plan.context + max(plan.blocks) + 1)
-        self.drafter = DraftRunner(drafter, 1, plan.context + scratch + 1)
+        size = draft_cache_len(plan.context, BLOCK, BLOCK, max(plan.branches))
+        self.drafter = DraftRunner(drafter, 1, size)
         self.target.prefill(0, prompt)
         self.drafter.run([(0, extend_pack(prompt, 0))])  # block 0: just cache the prompt
         self.blocks = {b: torch.randint(0, vocab, (1, b), generator=g) for b in plan.blocks}
@@ -140,7 +141,7 @@ def release(device: torch.device) -> None:
 def measure_cycle(passes: Passes, branches: int, device, plan: Plan) -> dict:
     """A verify of one block of 16 with a `branches` pre-draft on the drafter's thread and
     stream, against the same two passes alone and back to back on one stream."""
-    executor = DraftExecutor(device)
+    executor = Executor(device)
     block = max(plan.blocks)
 
     def overlapped():

@@ -15,12 +15,11 @@ from collections.abc import Callable
 from fastapi import FastAPI
 from sglang_d3d.server.args import ServerConfig
 from sglang_d3d.server.backends import engine_factory
-from sglang_d3d.server.engine_client import EngineFactory, EngineHolder
+from sglang_d3d.server.engine_holder import EngineFactory, EngineHolder
 from sglang_d3d.server.errors import install_error_handlers
 from sglang_d3d.server.metrics import MetricsRecorder
-from sglang_d3d.server.openapi import add_request_schemas
 from sglang_d3d.server.protocol import ChatCompletionRequest, CompletionRequest
-from sglang_d3d.server.routes import router
+from sglang_d3d.server.routes import add_request_schemas, router
 from sglang_d3d.server.serving import ServerState
 
 log = logging.getLogger(__name__)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib.util
 
 from sglang_d3d.server.args import Backend
-from sglang_d3d.server.engine_client import EngineFactory
+from sglang_d3d.server.engine_holder import EngineFactory
 
 
 class BackendUnavailable(RuntimeError):

@@ -3,13 +3,17 @@
 Decoding uses the tokenizers library's DecodeStream, which buffers tokens that end inside a
 multi-byte character. It is primed with the end of the prompt so that the first generated
 token decodes in context (e.g. keeps its leading space), as a full decode would.
+
+Stop strings: cut at the first match, and never stream a partial match. Text that could still
+turn into a stop string (a suffix that is a prefix of one) is held back until the next piece
+settles it, so a streaming client never sees text that the final answer leaves out. The stop
+string itself is not part of the output, as in OpenAI's API.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from sglang_d3d.server.stop_strings import StopMatcher
 from tokenizers.decoders import DecodeStream
 
 PRIME_TOKENS = 4  # prompt tokens replayed into the decoder; enough for any merge context
@@ -36,3 +40,52 @@ class TextStream:
     def finish(self) -> str:
         """Text held back for a possible stop string that never completed."""
         return self._stops.flush()
+
+
+def find_stop(text: str, stops: Sequence[str], start: int) -> int | None:
+    """Earliest index at which a stop string occurs in `text`, searching from `start`."""
+    hits = [i for s in stops if (i := text.find(s, start)) >= 0]
+    return min(hits) if hits else None
+
+
+def partial_stop_len(text: str, stops: Sequence[str]) -> int:
+    """Length of the longest suffix of `text` that is a proper prefix of some stop string."""
+    best = 0
+    for s in stops:
+        for k in range(min(len(s) - 1, len(text)), best, -1):
+            if text.endswith(s[:k]):
+                best = k
+                break
+    return best
+
+
+class StopMatcher:
+    """Feed text pieces; get back the part that is safe to release."""
+
+    def __init__(self, stops: Sequence[str]) -> None:
+        self.stops = [s for s in stops if s]
+        self.longest = max((len(s) for s in self.stops), default=0)
+        self.text = ""  # everything fed so far (cut at the stop string once matched)
+        self.released = 0  # chars of self.text handed out
+        self.stopped = False
+
+    def feed(self, piece: str) -> str:
+        if self.stopped or not piece:
+            return ""
+        # A match can start at most longest-1 chars before the new piece.
+        start = max(0, len(self.text) - self.longest + 1)
+        self.text += piece
+        hit = find_stop(self.text, self.stops, start) if self.stops else None
+        if hit is not None:
+            self.text, self.stopped = self.text[:hit], True
+            return self._release(len(self.text))
+        return self._release(len(self.text) - partial_stop_len(self.text, self.stops))
+
+    def flush(self) -> str:
+        """At the end of generation a held-back partial match is plain text after all."""
+        return self._release(len(self.text))
+
+    def _release(self, upto: int) -> str:
+        upto = max(upto, self.released)
+        out, self.released = self.text[self.released : upto], upto
+        return out

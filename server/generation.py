@@ -2,10 +2,14 @@
 
 Shared by both endpoints, streaming or not. Stop strings are matched here, token by token, so a
 request's text, finish reason and token count do not depend on how the engine batched it.
+The engine calls back from its own thread; `RequestStream` hands each event to the asyncio loop
+that serves the request, so the HTTP code only ever awaits a queue.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import time
 import uuid
 from collections.abc import AsyncIterator, Sequence
@@ -13,14 +17,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sglang_d3d.server.detokenize import TextStream
-from sglang_d3d.server.engine_client import RequestStream, submit_streams
-from sglang_d3d.server.errors import INTERNAL, APIError
+from sglang_d3d.server.errors import INTERNAL, APIError, bad_request, unavailable
 from sglang_d3d.server.logprobs_out import ScoredToken
 from sglang_d3d.server.metrics import MetricsRecorder
 from sglang_d3d.server.protocol import D3DStats, Usage
 
+from sglang_d3d.api import GenerationRequest, QueueFullError, RequestTooLongError, TokenEvent
 from sglang_d3d.config import SamplingParams
-from sglang_d3d.engine.api import GenerationRequest, TokenEvent
 from sglang_d3d.speculative.logprobs import TokenLogprob
 from sglang_d3d.speculative.stats import RequestStats
 
@@ -193,3 +196,77 @@ def usage_of(gens: Sequence[Generation]) -> Usage:
     prompt = gens[0].prompt_tokens
     done = sum(g.completion_tokens for g in gens)
     return Usage(prompt_tokens=prompt, completion_tokens=done, total_tokens=prompt + done)
+
+
+# ---- the engine's events on the serving loop ----------------------------------------------------
+class RequestStream:
+    """One submitted request: its TokenEvents, in order, on the serving coroutine's loop."""
+
+    def __init__(self, engine: Any, request_id: str) -> None:
+        self._engine, self.request_id = engine, request_id
+        self._loop = asyncio.get_running_loop()
+        self._queue: asyncio.Queue[TokenEvent] = asyncio.Queue()
+        self.finished = False  # the engine sent the final event
+        self._aborted = False
+
+    def on_event(self, event: TokenEvent) -> None:
+        """Called on the engine's thread."""
+        try:
+            self._loop.call_soon_threadsafe(self._queue.put_nowait, event)
+        except RuntimeError:  # our loop is closed (server shut down): nobody is listening
+            pass
+
+    def submit(self, request: GenerationRequest, retry_after: int) -> None:
+        with engine_errors(retry_after):
+            self._engine.submit(request, self.on_event)
+
+    async def next(self) -> TokenEvent:
+        event = await self._queue.get()
+        if event.finished:
+            self.finished = True
+        return event
+
+    async def drain(self, timeout: float) -> TokenEvent | None:
+        """After an abort: wait for the final event (it carries the stats), dropping tokens."""
+        event = None
+        try:
+            async with asyncio.timeout(timeout):
+                while not self.finished:
+                    event = await self.next()
+            return event
+        except TimeoutError:
+            return None
+
+    def abort(self) -> None:
+        """Stop the request in the engine (frees its KV cache); harmless once it finished."""
+        if not self.finished and not self._aborted:
+            self._aborted = True
+            self._engine.abort(self.request_id)
+
+
+def submit_streams(
+    engine: Any, items: list[tuple[RequestStream, GenerationRequest]], retry_after: int
+) -> None:
+    """Submit the choices of one request together: all are queued or none (the engine shares
+    their prompt's prefill). A backend without `submit_all` gets them one by one."""
+    if len(items) == 1 or not hasattr(engine, "submit_all"):
+        for stream, req in items:
+            stream.submit(req, retry_after)
+        return
+    with engine_errors(retry_after):
+        engine.submit_all([(req, stream.on_event) for stream, req in items])
+
+
+@contextlib.contextmanager
+def engine_errors(retry_after: int):
+    """The engine's refusals as HTTP errors: queue full 503, too long 400, draining 503."""
+    try:
+        yield
+    except QueueFullError as e:
+        raise unavailable(f"the server is at capacity: {e}", "queue_full", retry_after) from e
+    except RequestTooLongError as e:
+        raise bad_request(str(e), param="max_tokens", code="context_length_exceeded") from e
+    except ValueError as e:
+        raise bad_request(str(e)) from e
+    except RuntimeError as e:  # e.g. the engine is draining for shutdown
+        raise unavailable(f"the server cannot take requests: {e}", "unavailable", retry_after) from e

@@ -1,18 +1,21 @@
 """The HTTP endpoints. Each is a few lines: the shared flow lives in serving.py.
 
-The generation endpoints read their bodies themselves (serving.py parses them off the event
-loop), so their request schemas are added to the OpenAPI document by `server/openapi.py`.
+The generation endpoints read raw bytes (to limit their size and parse them off the event loop,
+serving.py), so FastAPI does not see their request models; `request_body` and
+`add_request_schemas` put the models back into /openapi.json, where clients and the
+schemathesis fuzzer read them.
 """
 
 from __future__ import annotations
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, Response
+from pydantic import BaseModel
+from pydantic.json_schema import models_json_schema
 from sglang_d3d.server.auth import check_api_key
 from sglang_d3d.server.errors import UNAVAILABLE, error_body
+from sglang_d3d.server.inputs import chat_prompt_ids, completion_prompt_ids
 from sglang_d3d.server.metrics import CONTENT_TYPE
-from sglang_d3d.server.openapi import request_body
-from sglang_d3d.server.prompts import chat_prompt_ids, completion_prompt_ids
 from sglang_d3d.server.protocol import (
     ChatCompletionRequest,
     ChatCompletionResponse,
@@ -25,6 +28,35 @@ from sglang_d3d.server.protocol import (
 from sglang_d3d.server.responses import ChatFormat, CompletionFormat
 from sglang_d3d.server.serving import Endpoint, ServerState, serve
 
+REF = "#/components/schemas/{model}"
+
+
+# ---- request schemas of the endpoints that parse their own bodies ----------------------------
+def request_body(model: type[BaseModel]) -> dict:
+    """`openapi_extra` for a route whose JSON body is `model`."""
+    schema = {"$ref": REF.format(model=model.__name__)}
+    return {"requestBody": {"required": True, "content": {"application/json": {"schema": schema}}}}
+
+
+def add_request_schemas(app, models: list[type[BaseModel]]) -> None:
+    """Make app.openapi() include `models` (and the models they use) under components."""
+    base = app.openapi
+
+    def openapi() -> dict:
+        if app.openapi_schema is not None:
+            return app.openapi_schema
+        doc = base()
+        _, defs = models_json_schema([(m, "validation") for m in models], ref_template=REF)
+        schemas = doc.setdefault("components", {}).setdefault("schemas", {})
+        for name, schema in defs.get("$defs", {}).items():
+            schemas.setdefault(name, schema)
+        app.openapi_schema = doc
+        return doc
+
+    app.openapi = openapi
+
+
+# ---- the endpoints -----------------------------------------------------------------------------
 _ERROR = {"description": "OpenAI error object: {error: {message, type, param, code}}"}
 GENERATION_RESPONSES = {
     200: {"content": {"text/event-stream": {}}, "description": "JSON, or SSE when stream=true"},

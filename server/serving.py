@@ -17,16 +17,15 @@ from typing import Any, TypeVar
 
 from fastapi import Request
 from sglang_d3d.server.args import ServerConfig
-from sglang_d3d.server.body import parse_body, read_body
-from sglang_d3d.server.engine_client import EngineHolder
+from sglang_d3d.server.body import PAUSE_ABOVE_BYTES, GcPause, parse_body, read_body, release
+from sglang_d3d.server.engine_holder import EngineHolder
 from sglang_d3d.server.errors import APIError, bad_request
 from sglang_d3d.server.generation import Generation, start_all, usage_of
-from sglang_d3d.server.heap import PAUSE_ABOVE_BYTES, GcPause, release
+from sglang_d3d.server.inputs import output_budget, sampling_params
 from sglang_d3d.server.logprobs_out import TokenTexts
 from sglang_d3d.server.metrics import MetricsRecorder
 from sglang_d3d.server.protocol import SamplingFields
 from sglang_d3d.server.responses import Answer, Header, ResponseFormat
-from sglang_d3d.server.sampling import output_budget, sampling_params
 from sglang_d3d.server.streaming import EventStreamResponse, sse_events
 from sglang_d3d.server.unsupported import check_supported
 from starlette.responses import Response

@@ -73,11 +73,12 @@ def make_tiny_target(out_dir: str | Path, arch: str = "llama", seed: int = 0) ->
 
 def make_tiny_pair(
     tmp_dir: str | Path, arch: str = "llama", seed: int = 0, block_size: int = 4,
-    layer_ids: tuple[int, ...] = (0, 3), delta_std: float = 0.02,
+    layer_ids: tuple[int, ...] = (0, 3), delta_std: float = 0.02, min_block: int = 0,
 ) -> tuple[str, str]:
     """(target_dir, drafter_dir): a tiny random target and a drafter over two of its layers
     with small random deltas (so mask slots differ from the plain layers), agreeing with the
-    target often enough to exercise every path."""
+    target often enough to exercise every path. min_block > 0: marked as trained on mixed
+    blocks down to that size (as the shipped drafter: block 16, min_block_size 4)."""
     from sglang_d3d.models.drafter import D3DDrafter
     from sglang_d3d.models.loading import load_hf_model
 
@@ -86,7 +87,8 @@ def make_tiny_pair(
     from sglang_d3d.models.decoder import Decoder
 
     target = Decoder.from_hf(load_hf_model(Path(target_dir)))
-    drafter = D3DDrafter.init_from_target(target, list(layer_ids), block_size, rank=4, alpha=4.0)
+    drafter = D3DDrafter.init_from_target(target, list(layer_ids), block_size, rank=4, alpha=4.0,
+                                          min_block=min_block)
     gen = torch.Generator().manual_seed(seed + 1)
     with torch.no_grad():
         for p in drafter.trainable_parameters():

@@ -34,6 +34,27 @@ def tiny_qwen_models(tmp_path_factory):
     return _load(*make_tiny_pair(tmp_path_factory.mktemp("tinyq"), arch="qwen3", seed=1))
 
 
+@pytest.fixture(scope="session")
+def tiny_prod_models(tmp_path_factory):
+    """The shipped drafter's block layout on the tiny llama target (same weights as
+    tiny_models'): trained at block 16 with mixed blocks down to 4 (assets/drafter/config.json),
+    so an engine block below 4 still drafts packs of 4 and pre-drafts 16-token branches."""
+    from sglang_d3d.testing import make_tiny_pair
+
+    pair = make_tiny_pair(tmp_path_factory.mktemp("tinyprod"), block_size=16, min_block=4)
+    return _load(*pair)
+
+
+# Block layouts the sampling and fault tests run (issue 11): the tiny drafter at its own block,
+# and the production layout (a block-16 drafter trained down to block 4).
+LAYOUT_MODELS = {"tiny": "tiny_models", "production": "tiny_prod_models"}
+
+
+def layout_models(request, layout: str):
+    """(hf_model, target Decoder, drafter) of a layout named in LAYOUT_MODELS."""
+    return request.getfixturevalue(LAYOUT_MODELS[layout])
+
+
 def _load(target_dir: str, drafter_dir: str):
     from sglang_d3d.models.decoder import Decoder
     from sglang_d3d.models.drafter import D3DDrafter

@@ -8,8 +8,8 @@ import torch
 from conftest import reference_greedy
 from engine_helpers import make_engine
 
+from sglang_d3d.api import GenerationRequest
 from sglang_d3d.config import Mode, SamplingParams
-from sglang_d3d.engine.api import GenerationRequest
 from sglang_d3d.engine.offline import generate
 from sglang_d3d.engine.scheduler import plan_chunks
 from sglang_d3d.models.target import TargetRunner

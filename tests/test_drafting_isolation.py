@@ -6,24 +6,18 @@ from __future__ import annotations
 import pytest
 import torch
 
-import sglang_d3d.engine.drafting as drafting_mod
+import sglang_d3d.speculative.drafting as drafting_mod
 from sglang_d3d.config import SamplingParams, SpecConfig
-from sglang_d3d.engine.api import GenerationRequest
-from sglang_d3d.engine.drafting import MAX_DRAFTER_FAULTS, Drafting
-from sglang_d3d.engine.sequence import Sequence
 from sglang_d3d.models.draft_runner import DraftRunner
+from sglang_d3d.speculative.drafting import MAX_DRAFTER_FAULTS, Drafting
 from sglang_d3d.speculative.sampling import make_generator
 
 BLOCK = 4
 
 
-def _rows(prompts, params):
-    rows = []
-    for slot, (prompt, p) in enumerate(zip(prompts, params)):
-        s = Sequence(GenerationRequest(str(slot), prompt, p), slot=slot)
-        s.tokens, s.pending, s.generator = list(prompt), list(prompt), make_generator(slot)
-        rows.append(s)
-    return rows
+def _rows(drafting, prompts, params):
+    return [drafting.start(slot, prompt, p, make_generator(slot))
+            for slot, (prompt, p) in enumerate(zip(prompts, params))]
 
 
 def _cycles(drafting, rows, n):
@@ -32,16 +26,18 @@ def _cycles(drafting, rows, n):
         drafting.ensure_drafts(rows, BLOCK)
         for s in rows:
             run = s.draft[:1] + [7]
+            before = list(s.tokens)
             drafting.advance(s, 1, 7, BLOCK)
-            s.tokens.extend(run)
+            assert s.tokens == before + run  # drafting keeps the request's tokens itself
 
 
 @pytest.mark.parametrize("fault", ["sampling", "pass"])
 def test_one_faulting_request_never_costs_the_others_their_drafts(tiny_models, monkeypatch, fault):
     greedy, hot = SamplingParams(temperature=0.0), SamplingParams(temperature=1.0)
-    rows = _rows([[5, 6, 7], [9, 10, 11, 12], [3, 4]], [greedy, hot, greedy])
-    bad = rows[1]
     runner = DraftRunner(tiny_models[2], 3, 128)
+    drafting = Drafting(runner, SpecConfig(block_size=BLOCK))
+    rows = _rows(drafting, [[5, 6, 7], [9, 10, 11, 12], [3, 4]], [greedy, hot, greedy])
+    bad = rows[1]
     if fault == "sampling":
         # What a CPU generator meeting CUDA probabilities did: the draw raises for one request.
         real = drafting_mod.sample_rows
@@ -62,26 +58,25 @@ def test_one_faulting_request_never_costs_the_others_their_drafts(tiny_models, m
             return real_run(packs)
 
         runner.run = run
-    drafting = Drafting(runner, SpecConfig(block_size=BLOCK))
     _cycles(drafting, rows, MAX_DRAFTER_FAULTS + 3)
     for s in (rows[0], rows[2]):
-        assert s.drafter_faults == 0 and s.stats.fallbacks == 0
+        assert s.faults == 0
         assert s.draft_q is not None  # real drafts
-    assert bad.drafter_faults == MAX_DRAFTER_FAULTS and bad.draft_q is None  # it alone stopped
+    assert bad.faults == MAX_DRAFTER_FAULTS and bad.draft_q is None  # it alone stopped
 
 
 def test_a_fault_while_following_the_outcome_keeps_the_history(tiny_models, monkeypatch):
     """advance() faulting (e.g. sampling the next draft from a hit branch) resets that request's
     drafter cache and queues its whole history, including this cycle's tokens."""
-    rows = _rows([[5, 6, 7]], [SamplingParams(temperature=0.0)])
-    s = rows[0]
     drafting = Drafting(DraftRunner(tiny_models[2], 1, 128), SpecConfig(block_size=BLOCK))
+    rows = _rows(drafting, [[5, 6, 7]], [SamplingParams(temperature=0.0)])
+    s = rows[0]
     drafting.ensure_drafts(rows, BLOCK)
     run = s.draft[:2] + [7]
     monkeypatch.setattr(drafting, "_follow", lambda *a: (_ for _ in ()).throw(RuntimeError("x")))
     assert drafting.advance(s, 2, 7, BLOCK) is None
-    s.tokens.extend(run)
-    assert s.pending == s.tokens and s.draft is None and s.drafter_faults == 1
+    assert s.tokens == [5, 6, 7] + run
+    assert s.pending == s.tokens and s.draft is None and s.faults == 1
     assert drafting.runner.lengths[s.slot] == 0
 
 

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import reference_greedy
+from conftest import layout_models, reference_greedy
 from engine_helpers import make_engine
 
+from sglang_d3d.api import RequestTooLongError
 from sglang_d3d.config import Mode, SamplingParams
-from sglang_d3d.engine.api import RequestTooLongError
 from sglang_d3d.engine.offline import generate
 
 PROMPT = [5, 6, 7, 8]
@@ -31,27 +31,33 @@ def _break_after(engine, calls: int, how: str):
     return count
 
 
+@pytest.mark.parametrize("layout,block", [("tiny", 4), ("production", 16)])
 @pytest.mark.parametrize("mode", [Mode.SYNC, Mode.ASYNC])
 @pytest.mark.parametrize("how", ["raise", "nan"])
-def test_drafter_failure_mid_request_loses_nothing(tiny_models, mode, how):
-    eng = make_engine(tiny_models, mode)
+def test_drafter_failure_mid_request_loses_nothing(request, layout, block, mode, how):
+    models = layout_models(request, layout)
+    eng = make_engine(models, mode, block=block)
     _break_after(eng, calls=4, how=how)
     out = generate(eng, [PROMPT, [9, 10]], SamplingParams(max_new_tokens=30))
     for prompt, o in zip([PROMPT, [9, 10]], out):
         assert o.error is None
-        assert o.token_ids == reference_greedy(tiny_models[0], prompt, 30)
+        assert o.token_ids == reference_greedy(models[0], prompt, 30)
         assert o.stats.fallbacks >= 1
 
 
-def test_drafter_failure_under_sampling_still_completes(tiny_models):
-    eng = make_engine(tiny_models, Mode.ASYNC)
+@pytest.mark.parametrize("layout,block", [("tiny", 4), ("production", 16)])
+def test_drafter_failure_under_sampling_still_completes(request, layout, block):
+    models = layout_models(request, layout)
+    eng = make_engine(models, Mode.ASYNC, block=block)
     _break_after(eng, calls=3, how="raise")
     out = generate(eng, [PROMPT], SamplingParams(temperature=1.0, seed=3, max_new_tokens=25))[0]
     assert out.error is None and len(out.token_ids) == 25
 
 
-def test_drafter_recovers_after_a_transient_fault(tiny_models):
-    eng = make_engine(tiny_models, Mode.ASYNC)
+@pytest.mark.parametrize("layout,block", [("tiny", 4), ("production", 16)])
+def test_drafter_recovers_after_a_transient_fault(request, layout, block):
+    models = layout_models(request, layout)
+    eng = make_engine(models, Mode.ASYNC, block=block)
     runner = eng.drafting.runner
     real, state = runner.run, {"n": 0}
 
@@ -63,17 +69,19 @@ def test_drafter_recovers_after_a_transient_fault(tiny_models):
 
     runner.run = flaky
     out = generate(eng, [PROMPT], SamplingParams(max_new_tokens=30))[0]
-    assert out.token_ids == reference_greedy(tiny_models[0], PROMPT, 30)
+    assert out.token_ids == reference_greedy(models[0], PROMPT, 30)
     assert out.stats.fallbacks == 1
     assert state["n"] > 6  # the drafter was used again after the fault
 
 
+@pytest.mark.parametrize("layout,block", [("tiny", 7), ("production", 16)])
 @pytest.mark.parametrize("mode", list(Mode))
-def test_prompt_near_the_context_limit(tiny_models, mode):
-    eng = make_engine(tiny_models, mode, block=7, context=64)
+def test_prompt_near_the_context_limit(request, layout, block, mode):
+    models = layout_models(request, layout)
+    eng = make_engine(models, mode, block=block, context=64)
     prompt = (list(range(3, 90)) * 2)[:54]
     out = generate(eng, [prompt], SamplingParams(max_new_tokens=10))[0]
-    assert out.token_ids == reference_greedy(tiny_models[0], prompt, 10)
+    assert out.token_ids == reference_greedy(models[0], prompt, 10)
     with pytest.raises(RequestTooLongError, match="exceeds the context length 64"):
         generate(eng, [prompt + [3]], SamplingParams(max_new_tokens=10))
 
@@ -86,8 +94,10 @@ def test_bad_prompts_are_refused(tiny_models, bad):
     assert not eng.has_work()
 
 
-def test_one_failing_request_does_not_stop_the_others(tiny_models, monkeypatch):
-    eng = make_engine(tiny_models, Mode.ASYNC)
+@pytest.mark.parametrize("layout,block", [("tiny", 4), ("production", 16)])
+def test_one_failing_request_does_not_stop_the_others(request, layout, block, monkeypatch):
+    models = layout_models(request, layout)
+    eng = make_engine(models, Mode.ASYNC, block=block)
     import sglang_d3d.engine.engine as engine_mod
 
     real = engine_mod.verify_draft

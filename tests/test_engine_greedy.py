@@ -50,7 +50,7 @@ def test_long_prompts_prefill_the_drafter_causally_and_stay_exact(tiny_models, m
 def test_drafter_catches_up_on_a_long_prompt_in_chunks_while_others_decode(tiny_models):
     """With a stream already decoding, a long prompt's drafter prefill goes a chunk per cycle
     (placeholder drafts meanwhile), and every output stays exact."""
-    from sglang_d3d.engine.api import GenerationRequest
+    from sglang_d3d.api import GenerationRequest
 
     hf = tiny_models[0]
     eng = make_engine(tiny_models, Mode.ASYNC, 4, prefill_chunk=16)

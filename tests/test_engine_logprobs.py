@@ -9,8 +9,8 @@ import torch
 from conftest import reference_greedy
 from engine_helpers import OracleDrafter, make_engine
 
+from sglang_d3d.api import GenerationRequest, TokenEvent
 from sglang_d3d.config import Mode, SamplingParams
-from sglang_d3d.engine.api import GenerationRequest, TokenEvent
 from sglang_d3d.speculative.logprobs import TokenLogprob, token_logprobs
 
 PROMPTS = [[5, 6, 7, 8], [9, 10, 11], [12, 40, 13, 50, 14, 60, 15]]
@@ -144,7 +144,7 @@ def test_n_choices_share_one_prefill_and_sample_as_if_alone(tiny_models):
 
 
 def test_submit_all_is_all_or_nothing(tiny_models):
-    from sglang_d3d.engine.api import QueueFullError
+    from sglang_d3d.api import QueueFullError
 
     eng = make_engine(tiny_models, Mode.AR, max_queue=2)
     reqs = [GenerationRequest(f"q{i}", PROMPTS[0], SamplingParams()) for i in range(3)]

@@ -8,8 +8,8 @@ import pytest
 from conftest import reference_greedy
 from engine_helpers import make_engine
 
+from sglang_d3d.api import GenerationRequest, QueueFullError
 from sglang_d3d.config import Mode, SamplingParams
-from sglang_d3d.engine.api import GenerationRequest, QueueFullError
 from sglang_d3d.engine.loop import EngineLoop
 
 

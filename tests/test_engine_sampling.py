@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import layout_models
 from engine_helpers import make_engine
 
 from sglang_d3d.config import Mode, SamplingParams
@@ -13,11 +14,13 @@ from sglang_d3d.speculative.sampling import target_probs
 PROMPT = [5, 6, 7, 8]
 
 
+@pytest.mark.parametrize("layout,block", [("tiny", 4), ("production", 16)])
 @pytest.mark.parametrize("mode", list(Mode))
-def test_same_seed_same_output(tiny_models, mode):
+def test_same_seed_same_output(request, layout, block, mode):
+    models = layout_models(request, layout)
     p = SamplingParams(temperature=0.8, top_p=0.9, seed=11, max_new_tokens=20)
-    a = generate(make_engine(tiny_models, mode), [PROMPT], p)[0].token_ids
-    b = generate(make_engine(tiny_models, mode), [PROMPT], p)[0].token_ids
+    a = generate(make_engine(models, mode, block=block), [PROMPT], p)[0].token_ids
+    b = generate(make_engine(models, mode, block=block), [PROMPT], p)[0].token_ids
     assert a == b and len(a) == 20
 
 
@@ -30,15 +33,17 @@ def _exact_pair_distribution(hf, params: SamplingParams, vocab: int) -> torch.Te
     return p1.unsqueeze(1) * p2
 
 
+@pytest.mark.parametrize("layout,block", [("tiny", 3), ("production", 16)])
 @pytest.mark.parametrize("mode", [Mode.ASYNC, Mode.SYNC])
-def test_sampled_tokens_follow_the_target(tiny_models, mode):
+def test_sampled_tokens_follow_the_target(request, layout, block, mode):
     """The first token comes from prefill and the second from speculative verification; their
     joint distribution must be the target's (chi-square over the likely pairs)."""
-    hf = tiny_models[0]
+    models = layout_models(request, layout)
+    hf = models[0]
     params = SamplingParams(temperature=2.5, top_k=6, max_new_tokens=2)
     exact = _exact_pair_distribution(hf, params, 96)
     n = 1200
-    eng = make_engine(tiny_models, mode, block=3, batch=8, max_queue=n)
+    eng = make_engine(models, mode, block=block, batch=8, max_queue=n)
     plist = [SamplingParams(temperature=2.5, top_k=6, max_new_tokens=2, seed=s) for s in range(n)]
     outs = generate(eng, [PROMPT] * n, plist)
     counts = torch.zeros(96, 96)
@@ -84,18 +89,21 @@ def _exact_sequence_distribution(hf, params: SamplingParams, length: int) -> dic
     return out
 
 
-def test_sampling_with_branch_hits_follows_the_target(tiny_models):
+# production at its smallest trained block: the oracle's cost grows with the pack size
+@pytest.mark.parametrize("layout,block", [("tiny", 3), ("production", 4)])
+def test_sampling_with_branch_hits_follows_the_target(request, layout, block):
     """Four sampled tokens through async cycles whose drafts often hit a pre-drafted branch
     (an oracle drafter): the joint distribution of the output must still be the target's."""
+    models = layout_models(request, layout)
     from engine_helpers import OracleDrafter
 
-    hf = tiny_models[0]
+    hf = models[0]
     n, length = 600, 4
     # A high temperature spreads the target's mass over its top-2 tree (the test has power);
     # a sharp oracle keeps drafts likely, so full acceptance and bonus branches happen.
     exact = _exact_sequence_distribution(hf, SamplingParams(temperature=8.0, top_k=2), length)
     assert max(exact.values()) < 0.5
-    eng = make_engine(tiny_models, Mode.ASYNC, block=3, batch=8, max_queue=n)
+    eng = make_engine(models, Mode.ASYNC, block=block, batch=8, max_queue=n)
     OracleDrafter(eng, hf, scale=10.0)
     plist = [SamplingParams(temperature=8.0, top_k=2, max_new_tokens=length, seed=s) for s in range(n)]
     outs = generate(eng, [PROMPT] * n, plist)

@@ -16,7 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from sglang_d3d.server.app import create_app
 from sglang_d3d.server.testing import ServerThread, tiny_server_config
 
-from sglang_d3d.engine.api import TokenEvent
+from sglang_d3d.api import TokenEvent
 from sglang_d3d.engine.factory import build_engine_loop
 
 pytestmark = pytest.mark.slow

@@ -9,13 +9,13 @@ import pytest
 from sglang_d3d.server.auth import bearer_token, key_matches, keys_from_env
 from sglang_d3d.server.body import CHUNK, parse_body
 from sglang_d3d.server.errors import APIError, rejection_reason
+from sglang_d3d.server.inputs import chat_prompt_ids, render_turns
 from sglang_d3d.server.logprobs_out import (
     ScoredToken,
     TokenTexts,
     completion_logprobs,
     token_string,
 )
-from sglang_d3d.server.prompts import chat_prompt_ids, render_turns
 from sglang_d3d.server.protocol import ChatCompletionRequest, ChatMessage, CompletionRequest
 from sglang_d3d.server.responses import Answer
 from sglang_d3d.server.serving import best_answers, choice_params

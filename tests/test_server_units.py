@@ -7,9 +7,8 @@ import random
 import pytest
 from sglang_d3d.server.args import Backend, parse_args
 from sglang_d3d.server.backends import BackendUnavailable, check_backend
-from sglang_d3d.server.detokenize import TextStream
+from sglang_d3d.server.detokenize import StopMatcher, TextStream, find_stop, partial_stop_len
 from sglang_d3d.server.main import run_server
-from sglang_d3d.server.stop_strings import StopMatcher, find_stop, partial_stop_len
 
 from sglang_d3d.config import BranchPolicy, EngineConfig, Mode, SpecConfig
 from sglang_d3d.testing import tiny_tokenizer

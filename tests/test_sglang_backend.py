@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import json
 
+from sglang_d3d.api import GenerationRequest
 from sglang_d3d.config import BranchPolicy, EngineConfig, Mode, SamplingParams, SpecConfig
-from sglang_d3d.engine.api import GenerationRequest
 from sglang_d3d.sglang_worker.backend_convert import (
     cycles_from_stats,
     event_from_chunk,

@@ -72,8 +72,8 @@ def test_unverifiable_request_is_refused_with_a_message(run):
 
 def _embedded(pair, prompts):
     """The embedded engine (sync draft + async branches) on the same pair and prompts."""
+    from sglang_d3d.api import GenerationRequest
     from sglang_d3d.config import EngineConfig, Mode, SamplingParams, SpecConfig
-    from sglang_d3d.engine.api import GenerationRequest
     from sglang_d3d.engine.engine import SpecEngine
     from sglang_d3d.models.decoder import Decoder
     from sglang_d3d.models.drafter import D3DDrafter

@@ -8,9 +8,9 @@ from types import SimpleNamespace
 import pytest
 
 from sglang_d3d.config import SpecConfig
-from sglang_d3d.engine.drafting import Drafting
 from sglang_d3d.models.draft_runner import DraftRunner
 from sglang_d3d.sglang_worker.requests import RequestTable
+from sglang_d3d.speculative.drafting import Drafting
 
 BLOCK = 4
 
@@ -28,9 +28,9 @@ def table(tiny_models):
 
 def _step(table, reqs):
     rows = table.rows_for(reqs)
-    for seq, req in zip(rows, reqs):
-        table.sync(seq, req)
-    table.drafting.ensure_drafts(rows, BLOCK)  # the drafter reads each prompt into its slot
+    for row, req in zip(rows, reqs):
+        table.sync(row, req)
+    table.drafting.ensure_drafts([r.state for r in rows], BLOCK)  # the drafter reads each prompt into its slot
     return rows
 
 

@@ -22,14 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-
-@dataclass(frozen=True, order=True)
-class Plan:
-    """One cycle's shape: `block` tokens per verify (1 = plain decoding), and whether the
-    drafter pre-drafts the next block while the target verifies."""
-
-    block: int
-    overlap: bool = False
+from sglang_d3d.speculative.cycle import Plan
 
 
 def expected_tokens(accept_rates: list[float], block: int) -> float:

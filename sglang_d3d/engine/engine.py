@@ -1,32 +1,34 @@
-"""The speculative engine: one `step()` = schedule -> draft -> verify (overlapped with
-pre-drafting) -> accept -> emit, for every running request at once.
+"""The speculative engine: one `step()` = schedule -> prefill or one speculative cycle
+(speculative/cycle.py: draft -> verify beside pre-drafting -> accept) -> emit, for every running
+request at once.
 
 Modes share everything but the drafting: `ar` verifies no drafts (plain decoding), `sync`
-drafts then verifies, `async` also pre-drafts the next block while the target verifies.
+drafts then verifies, `async` also pre-drafts the next block while the target verifies. The
+target runs on the calling thread, the drafter on an `Executor` thread (and CUDA stream).
 """
 
 from __future__ import annotations
 
 import time
+from functools import partial
 
 import torch
 
+from sglang_d3d.api import GenerationRequest, RequestTooLongError, TokenEvent
 from sglang_d3d.config import EngineConfig, Mode
-from sglang_d3d.engine.adaptive import BlockController, Plan
-from sglang_d3d.engine.api import GenerationRequest, RequestTooLongError, TokenEvent
-from sglang_d3d.engine.drafting import Drafting, draft_cache_len
+from sglang_d3d.engine.adaptive import BlockController
 from sglang_d3d.engine.scheduler import Scheduler, plan_chunks
 from sglang_d3d.engine.sequence import Sequence
-from sglang_d3d.engine.target_worker import TargetWorker
-from sglang_d3d.engine.threads import intra_op_threads
-from sglang_d3d.engine.timeline import CycleTimes, Timeline
 from sglang_d3d.models.decoder import Decoder
-from sglang_d3d.models.draft_runner import DraftRunner
 from sglang_d3d.models.drafter import D3DDrafter
 from sglang_d3d.models.target import TargetRunner
+from sglang_d3d.speculative.cycle import Outcome, Plan, Verdict, record, run_cycle
+from sglang_d3d.speculative.drafting import Drafting
+from sglang_d3d.speculative.executor import Executor
 from sglang_d3d.speculative.logprobs import token_logprobs
 from sglang_d3d.speculative.sampling import make_generator, sample, target_probs
-from sglang_d3d.speculative.stats import CycleStats
+from sglang_d3d.speculative.threads import intra_op_threads
+from sglang_d3d.speculative.timeline import Timeline
 from sglang_d3d.speculative.verify import verify_draft
 
 
@@ -47,15 +49,14 @@ class SpecEngine:
         self.target = TargetRunner(target, slots, cfg.max_context + block + 1)
         self.drafting = None
         if drafter is not None and cfg.mode is not Mode.AR:
-            size = draft_cache_len(cfg.max_context, block, drafter.cfg.smallest_block,
-                                   self._max_branches())
-            self.drafting = Drafting(DraftRunner(drafter, slots, size), cfg.spec,
-                                     cfg.prefill_chunk, cfg.max_prefill_tokens)
+            self.drafting = Drafting.create(drafter, slots, cfg.max_context, cfg.spec,
+                                            cfg.prefill_chunk, cfg.max_prefill_tokens)
         self.scheduler = Scheduler(slots, cfg.max_queue)
         # Prefill sharing (_share_prefills): follower id -> leader, leader id -> followers.
         self._leader_of: dict[int, Sequence] = {}
         self._followers: dict[int, list[Sequence]] = {}
-        self.worker = TargetWorker(cfg.target_threads, cfg.device)
+        draft_device = self.drafting.runner.device if self.drafting is not None else cfg.device
+        self.executor = Executor(draft_device, cfg.draft_threads)
         self.timeline = Timeline()
         self.cycle_listeners: list = []
         self.controller = BlockController(self._candidate_plans()) if cfg.adaptive else None
@@ -74,10 +75,6 @@ class SpecEngine:
         """Intra-op threads for one model running alone: in async mode, both models' share."""
         c = self.cfg
         return c.target_threads + (c.draft_threads if c.mode is Mode.ASYNC else 0)
-
-    def _max_branches(self) -> int:
-        s = self.cfg.spec
-        return s.num_outcomes * s.guesses_per_position
 
     # ---- requests ---------------------------------------------------------------------------
     def submit(self, req: GenerationRequest) -> None:
@@ -131,8 +128,7 @@ class SpecEngine:
         if rows and not started:  # new first tokens go out now; decoding resumes next step
             events.extend(self._cycle(rows, self.plan(len(rows))))
         for seq in [s for s in self.scheduler.running if s.finish_reason is not None]:
-            self.scheduler.release(seq)
-            self.target.free(seq.slot)
+            self._free(seq)
         return events
 
     def plan(self, batch: int) -> Plan:
@@ -183,8 +179,8 @@ class SpecEngine:
             if s.prefilled == 0:
                 self._start_prefill(s, t0)
         chunks = [(s.slot, s.prefilled, s.tokens[s.prefilled : s.prefilled + n]) for s, n in work]
-        fut = self.worker.submit(self.target.prefill_chunks, chunks, threads=self._alone_threads)
-        logits, _, _ = fut.result()  # [len(work), V]
+        with intra_op_threads(self._alone_threads):
+            logits = self.target.prefill_chunks(chunks)  # [len(work), V]
         events = []
         for i, (s, n) in enumerate(work):
             s.prefilled += n
@@ -206,7 +202,7 @@ class SpecEngine:
 
     def _fork_prefill(self, lead: Sequence, seq: Sequence, logits: torch.Tensor) -> TokenEvent:
         self._start_prefill(seq, lead.prefill_start)
-        self.worker.submit(self.target.fork, lead.slot, seq.slot).result()
+        self.target.fork(lead.slot, seq.slot)
         seq.prefilled = seq.num_prompt
         return self._first_token(seq, logits)
 
@@ -214,39 +210,46 @@ class SpecEngine:
         token = sample(target_probs(logits, seq.params), seq.generator)
         seq.stats.prefill_time = time.perf_counter() - seq.prefill_start
         if self.drafting is not None:
-            self.drafting.runner.reset(seq.slot)  # the slot may hold a finished request's tokens
-            seq.pending = seq.tokens + [token]
+            self.drafting.start(seq.slot, seq.tokens + [token], seq.params, seq.generator)
         return self._emit(seq, [token], logits.unsqueeze(0))
 
     # ---- one speculative cycle --------------------------------------------------------------
     def _cycle(self, rows: list[Sequence], plan: Plan) -> list[TokenEvent]:
         self._steps += 1
-        block = plan.block
-        ct = CycleTimes(step=self._steps, batch=len(rows), block=block)
-        t0 = time.perf_counter()
-        if block > 1:
-            with intra_op_threads(self._alone_threads):  # the target waits for these drafts
-                self.drafting.ensure_drafts(rows, block)
-        ct.draft_end = time.perf_counter() - t0
-        tokens = torch.tensor([[s.last_token] + (s.draft if block > 1 else []) for s in rows])
-        alone = None if plan.overlap else self._alone_threads  # no drafter work to overlap
-        fut = self.worker.submit(
-            self.target.forward_block, [s.slot for s in rows], tokens, threads=alone
-        )
-        if block > 1 and plan.overlap:
-            ct.predraft_start = time.perf_counter() - t0
-            self.drafting.predraft(rows, block)
-            ct.predraft_end = time.perf_counter() - t0
-        logits, v0, v1 = fut.result()
-        ct.verify_start, ct.verify_end = v0 - t0, v1 - t0
-        events = [self._accept(s, logits[i], block, ct) for i, s in enumerate(rows)]
-        ct.end = time.perf_counter() - t0
-        self.timeline.add(ct)
+        alone = self._alone_threads
+        verify = partial(self._verify, threads=self.cfg.target_threads if plan.overlap else alone)
+        outcomes = run_cycle(rows, self.drafting, verify, self.executor, plan, self._steps, alone)
+        times = outcomes[0].times
+        self.timeline.add(times)
         if self.controller is not None:
-            per_row = [s.last_cycle[:2] for s in rows if s.last_cycle is not None]
-            self.controller.observe(len(rows), plan, ct.end, per_row)
-        self._record(rows, ct)
-        return events
+            per_row = [(o.stats.num_drafts, o.stats.num_accepted) for o in outcomes if o.stats]
+            self.controller.observe(len(rows), plan, times.end, per_row)
+        return [self._settle(s, o) for s, o in zip(rows, outcomes, strict=True)]
+
+    def _verify(self, rows: list[Sequence], tokens: torch.Tensor, proposals: list,
+                threads: int) -> list[Verdict]:
+        """tokens [N, B]: the target scores every row's block in one pass, then each row is
+        accepted on its own, so one request's failure fails it alone."""
+        with intra_op_threads(threads):
+            logits = self.target.forward_block([s.slot for s in rows], tokens)  # [N, B, V]
+        verdicts = []
+        for i, s in enumerate(rows):
+            try:
+                n, token = verify_draft(tokens[i, 1:].tolist(), proposals[i], logits[i], s.params,
+                                        s.generator)
+            except Exception as e:  # noqa: BLE001 - one request's failure must not stop the others
+                verdicts.append(Verdict(error=f"{type(e).__name__}: {e}"))
+                continue
+            self.target.advance(s.slot, n + 1)  # the accepted drafts and the last verified token
+            verdicts.append(Verdict(n, token, logits[i, : n + 1]))
+        return verdicts
+
+    def _settle(self, s: Sequence, o: Outcome) -> TokenEvent:
+        """One request's books for the cycle: stats and listeners, then its tokens out."""
+        record(s.request_id, s.stats, o, self.cycle_listeners)
+        if o.error is not None:
+            return self._finish(s, "error", error=o.error)
+        return self._isolated(s, self._emit, s, o.tokens, o.logits)
 
     def _isolated(self, s: Sequence, fn, *args) -> TokenEvent:
         """Run one request's part of a step; its failure fails that request alone."""
@@ -254,39 +257,6 @@ class SpecEngine:
             return fn(*args)
         except Exception as e:  # noqa: BLE001 - one request's failure must not stop the others
             return self._finish(s, "error", error=f"{type(e).__name__}: {e}")
-
-    def _accept(self, s: Sequence, logits: torch.Tensor, block: int, ct: CycleTimes) -> TokenEvent:
-        """logits [block, V] from the verify pass -> emitted tokens for this request."""
-        return self._isolated(s, self._accept_row, s, logits, block, ct)
-
-    def _accept_row(self, s: Sequence, logits: torch.Tensor, block: int, ct: CycleTimes):
-        draft = s.draft if block > 1 else []
-        n, token = self._verify(s, draft, logits)
-        self.target.advance(s.slot, n + 1)
-        hit = None
-        if self.drafting is not None and block > 1:
-            hit = self.drafting.advance(s, n, token, block)
-        elif self.drafting is not None:
-            self.drafting.skip(s, [token])
-        ct.hits += hit is True
-        ct.misses += hit is False
-        s.last_cycle = (len(draft), n, hit)
-        return self._emit(s, draft[:n] + [token], logits[: n + 1])
-
-    def _verify(self, s: Sequence, draft: list[int], logits: torch.Tensor) -> tuple[int, int]:
-        return verify_draft(draft, s.draft_q, logits, s.params, s.generator)
-
-    def _record(self, rows: list[Sequence], ct: CycleTimes) -> None:
-        draft_time = ct.draft_end + (ct.predraft_end - ct.predraft_start)
-        for s in rows:
-            if s.last_cycle is None:
-                continue
-            g, n, hit = s.last_cycle
-            s.last_cycle = None
-            c = CycleStats(g, n, hit, draft_time, ct.verify_end - ct.verify_start, ct.end, ct.overlap)
-            s.stats.add_cycle(c)
-            for fn in self.cycle_listeners:
-                fn(s.request_id, c)
 
     # ---- output -----------------------------------------------------------------------------
     def _emit(self, s: Sequence, new: list[int], logits: torch.Tensor) -> TokenEvent:
@@ -312,7 +282,7 @@ class SpecEngine:
     def _finish(self, s: Sequence, reason: str, out=None, error=None, logprobs=None) -> TokenEvent:
         s.finish_reason = reason
         if s.slot >= 0 and reason == "abort":  # aborted sequences leave the schedule at once
-            self.target.free(s.slot)
+            self._free_slot(s.slot)
         return TokenEvent(s.request_id, out or [], True, reason, error, s.stats, logprobs)
 
     def fail_running(self, message: str) -> list[TokenEvent]:
@@ -320,9 +290,17 @@ class SpecEngine:
         events = []
         for seq in list(self.scheduler.running):
             events.append(self._finish(seq, "error", error=message))
-            self.scheduler.release(seq)
-            self.target.free(seq.slot)
+            self._free(seq)
         return events
+
+    def _free(self, seq: Sequence) -> None:
+        self.scheduler.release(seq)
+        self._free_slot(seq.slot)
+
+    def _free_slot(self, slot: int) -> None:
+        self.target.free(slot)
+        if self.drafting is not None:
+            self.drafting.release(slot)
 
     @property
     def num_running(self) -> int:
@@ -336,4 +314,4 @@ class SpecEngine:
         return self.scheduler.has_work()
 
     def shutdown(self) -> None:
-        self.worker.shutdown()
+        self.executor.shutdown()

@@ -12,7 +12,7 @@ import time
 
 import torch
 
-from sglang_d3d.engine.api import EventCallback, GenerationRequest, TokenEvent
+from sglang_d3d.api import EventCallback, GenerationRequest, TokenEvent
 from sglang_d3d.engine.engine import SpecEngine
 
 log = logging.getLogger(__name__)
@@ -92,7 +92,7 @@ class EngineLoop:
         self.engine.shutdown()
 
     def _run(self) -> None:
-        torch.set_num_threads(self.engine.cfg.draft_threads)
+        torch.set_num_threads(self.engine.cfg.target_threads)  # this thread runs the target
         while True:
             with self._wake:
                 while not self._stop and not self.engine.has_work():

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
 
+from sglang_d3d.api import GenerationRequest, TokenEvent
 from sglang_d3d.config import SamplingParams
-from sglang_d3d.engine.api import GenerationRequest, TokenEvent
 from sglang_d3d.engine.engine import SpecEngine
 from sglang_d3d.speculative.stats import RequestStats
 
@@ -21,11 +22,14 @@ class Output:
 
 
 def generate(
-    engine: SpecEngine, prompts: list[list[int]], params: SamplingParams | list[SamplingParams]
+    engine: SpecEngine,
+    prompts: list[list[int]],
+    params: SamplingParams | list[SamplingParams],
+    on_finish: Callable[[int], None] | None = None,  # on_finish(i): prompt i's output is done
 ) -> list[Output]:
     """Submit every prompt, step until all finish. Outputs are in prompt order."""
     plist = params if isinstance(params, list) else [params] * len(prompts)
-    torch.set_num_threads(engine.cfg.draft_threads)  # this thread runs the drafter
+    torch.set_num_threads(engine.cfg.target_threads)  # this thread runs the target
     outs = [Output() for _ in prompts]
 
     def collect(i: int):
@@ -35,6 +39,8 @@ def generate(
                 outs[i].finish_reason, outs[i].error, outs[i].stats = (
                     ev.finish_reason, ev.error, ev.stats,
                 )
+                if on_finish is not None:
+                    on_finish(i)
         return on_event
 
     callbacks = {}

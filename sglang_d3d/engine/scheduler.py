@@ -9,7 +9,7 @@ from __future__ import annotations
 import threading
 from collections import deque
 
-from sglang_d3d.engine.api import QueueFullError
+from sglang_d3d.api import QueueFullError
 from sglang_d3d.engine.sequence import Sequence
 
 

@@ -1,14 +1,12 @@
-"""Per-request decoding state inside the engine."""
+"""One request inside the engine: its tokens, cache slot, random streams and stats. What only
+drafting needs lives in drafting (speculative/draft_state.py)."""
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
 
-import torch
-
-from sglang_d3d.engine.api import GenerationRequest
-from sglang_d3d.speculative.branches import Branch
+from sglang_d3d.api import GenerationRequest
 from sglang_d3d.speculative.sampling import RequestRandom
 from sglang_d3d.speculative.stats import RequestStats
 
@@ -24,16 +22,6 @@ class Sequence:
     generator: RequestRandom | None = None  # per-device seeded streams (speculative/sampling.py)
     stats: RequestStats = field(default_factory=RequestStats)
     submit_time: float = field(default_factory=time.monotonic)
-    # Drafter state. `pending`: accepted tokens the drafter cache has not seen yet.
-    pending: list[int] = field(default_factory=list)
-    draft: list[int] | None = None  # drafts for the next verify
-    # [G+1, V] drafter distributions of those slots; None with a draft: a placeholder draft
-    # (drafter unavailable), proposed with probability one (engine/drafting.py).
-    draft_q: torch.Tensor | None = None
-    branches: list[Branch] = field(default_factory=list)  # pre-drafted for the verify in flight
-    branch_logits: torch.Tensor | None = None  # [num_branches, B, V]
-    drafter_faults: int = 0
-    last_cycle: tuple[int, int, bool | None] | None = None  # (drafts, accepted, branch hit)
     finish_reason: str | None = None
 
     @property

@@ -16,14 +16,14 @@ import logging
 import threading
 import time
 
-from sglang_d3d.config import EngineConfig, Mode
-from sglang_d3d.engine.api import (
+from sglang_d3d.api import (
     EventCallback,
     GenerationRequest,
     QueueFullError,
     RequestTooLongError,
     TokenEvent,
 )
+from sglang_d3d.config import EngineConfig, Mode
 from sglang_d3d.sglang_worker.backend_convert import (
     cycles_from_stats,
     engine_kwargs,

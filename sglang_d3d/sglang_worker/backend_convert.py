@@ -8,8 +8,8 @@ import json
 import shutil
 from pathlib import Path
 
+from sglang_d3d.api import GenerationRequest, TokenEvent
 from sglang_d3d.config import EngineConfig, Mode, SamplingParams
-from sglang_d3d.engine.api import GenerationRequest, TokenEvent
 from sglang_d3d.sglang_worker.drafter_loading import mark_for_sglang
 from sglang_d3d.sglang_worker.options import ENV_PREFIX
 from sglang_d3d.speculative.stats import CycleStats, RequestStats

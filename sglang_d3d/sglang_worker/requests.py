@@ -1,4 +1,5 @@
-"""Our per-request drafting state (the embedded engine's `Sequence`) for SGLang's requests.
+"""Our per-request record of SGLang's requests: a drafter cache slot with its `DraftState`, and
+the request's speculation stats.
 
 SGLang owns the requests; the drafter needs a cache slot and the tokens it has seen for each.
 The table keys them by request id and keeps them in step with SGLang's own record of the request
@@ -9,10 +10,29 @@ longer matches is rebuilt from scratch.
 
 from __future__ import annotations
 
-from sglang_d3d.engine.api import GenerationRequest
-from sglang_d3d.engine.drafting import Drafting
-from sglang_d3d.engine.sequence import Sequence
+from dataclasses import dataclass
+
 from sglang_d3d.sglang_worker.accept import request_generator, to_sampling_params
+from sglang_d3d.speculative.draft_state import DraftState
+from sglang_d3d.speculative.drafting import Drafting
+from sglang_d3d.speculative.stats import RequestStats
+
+
+@dataclass
+class RequestRow:
+    """One SGLang request as the worker tracks it; a `Row` of the speculative cycle."""
+
+    rid: str
+    state: DraftState  # drafting's (speculative/draft_state.py); read, never written, here
+    stats: RequestStats
+
+    @property
+    def slot(self) -> int:
+        return self.state.slot
+
+    @property
+    def last_token(self) -> int:
+        return self.state.last_token
 
 
 class RequestTable:
@@ -21,14 +41,14 @@ class RequestTable:
         self.vocab_size = vocab_size
         self.num_slots = num_slots
         self.free_slots = list(range(num_slots))
-        self.rows: dict[str, Sequence] = {}
+        self.rows: dict[str, RequestRow] = {}
         self._last_seen: dict[str, int] = {}
         self._step = 0
 
     def __len__(self) -> int:
         return len(self.rows)
 
-    def rows_for(self, reqs) -> list[Sequence]:
+    def rows_for(self, reqs) -> list[RequestRow]:
         """The batch's rows in batch order, each created on first sight. The whole batch is
         marked seen before any row is created: making room for a new request then evicts only
         requests that left, never a live one later in the same batch (issue 10)."""
@@ -37,47 +57,40 @@ class RequestTable:
             self._last_seen[req.rid] = self._step
         return [self._row(req) for req in reqs]
 
-    def _row(self, req) -> Sequence:
-        seq = self.rows.get(req.rid)
-        return seq if seq is not None else self._create(req)
+    def _row(self, req) -> RequestRow:
+        row = self.rows.get(req.rid)
+        return row if row is not None else self._create(req)
 
-    def sync(self, seq: Sequence, req) -> None:
-        """Bring seq.tokens up to SGLang's record of the request."""
+    def sync(self, row: RequestRow, req) -> None:
+        """Bring the drafter's view of the request up to SGLang's record of it."""
         full = list(req.origin_input_ids) + list(req.output_ids)
-        known = seq.tokens
+        known = row.state.tokens
         if full == known:
             return
         if full[: len(known)] == known:
-            self.drafting.skip(seq, full[len(known) :])
+            self.drafting.skip(row.state, full[len(known) :])
         else:  # rewritten history (should not happen): rebuild the drafter cache
-            self.drafting.runner.reset(seq.slot)
-            seq.pending = list(full)
-            seq.draft, seq.draft_q, seq.branches, seq.branch_logits = None, None, [], None
-        seq.tokens = full
+            self.drafting.restart(row.state, full)
 
     def release(self, rid: str) -> None:
-        seq = self.rows.pop(rid, None)
+        row = self.rows.pop(rid, None)
         self._last_seen.pop(rid, None)
-        if seq is not None:
-            self.drafting.runner.reset(seq.slot)
-            self.free_slots.append(seq.slot)
+        if row is not None:
+            self.drafting.release(row.slot)
+            self.free_slots.append(row.slot)
 
-    def _create(self, req) -> Sequence:
+    def _create(self, req) -> RequestRow:
         if not self.free_slots:
             self._evict_stale()
         params = to_sampling_params(req.sampling_params, self.vocab_size)
-        greq = GenerationRequest(req.rid, list(req.origin_input_ids), params)
-        # tokens = what the drafter has seen: nothing yet. The first sync makes the whole
-        # prompt (and SGLang's first sampled token) pending; the first synchronous draft reads
-        # it, as in the embedded engine.
-        seq = Sequence(req=greq, tokens=[])
-        seq.num_prompt = len(req.origin_input_ids)
-        seq.slot = self.free_slots.pop()
-        self.drafting.runner.reset(seq.slot)  # the slot may hold a finished request's cache
-        seq.generator = request_generator(req.rid, params.seed)
-        seq.stats.prompt_tokens = seq.num_prompt
-        self.rows[req.rid] = seq
-        return seq
+        # The drafter has seen nothing yet. The first sync makes the whole prompt (and SGLang's
+        # first sampled token) pending; the first synchronous draft reads it, as in the
+        # embedded engine.
+        state = self.drafting.start(self.free_slots.pop(), [], params,
+                                    request_generator(req.rid, params.seed))
+        row = RequestRow(req.rid, state, RequestStats(prompt_tokens=len(req.origin_input_ids)))
+        self.rows[req.rid] = row
+        return row
 
     def _evict_stale(self) -> None:
         """Free the slots of requests that left without a finish notice (aborted in the queue,

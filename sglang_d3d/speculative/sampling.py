@@ -43,16 +43,17 @@ def draft_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     return torch.softmax(logits.float() / temperature, dim=-1)
 
 
-def sample(probs: torch.Tensor, generator: RequestRandom | torch.Generator | None) -> int:
-    """One draw from probs [V]."""
-    g = on_device(generator, probs.device)
-    return int(torch.multinomial(probs, 1, generator=g).item())
-
-
 def sample_rows(probs: torch.Tensor, generator: RequestRandom | torch.Generator | None) -> list[int]:
-    """One draw per row of probs [R, V], with one host sync for all rows."""
+    """One draw per row of probs [R, V], with one host sync for all rows. The only sampler
+    outside verification (which draws by inverse CDF, verify.py): first tokens, drafts, and
+    through the engine's `ar` mode, training data (training/generation.py)."""
     g = on_device(generator, probs.device)
     return torch.multinomial(probs, 1, generator=g).squeeze(-1).tolist()
+
+
+def sample(probs: torch.Tensor, generator: RequestRandom | torch.Generator | None) -> int:
+    """One draw from probs [V]: `sample_rows` on one row (the same draw, the same stream)."""
+    return sample_rows(probs.unsqueeze(0), generator)[0]
 
 
 class RequestRandom:

@@ -50,8 +50,8 @@ def _attention(device: str) -> dict:
 
 
 def run_d3d(target: str, drafter: str, block: int, device: str) -> dict:
+    from sglang_d3d.api import GenerationRequest
     from sglang_d3d.config import EngineConfig, Mode, SamplingParams, SpecConfig
-    from sglang_d3d.engine.api import GenerationRequest
     from sglang_d3d.sglang_worker.backend import build_engine_loop
 
     cfg = EngineConfig(

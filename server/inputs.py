@@ -1,4 +1,5 @@
-"""Request -> prompt token ids: the chat template for messages, plain encoding for prompts.
+"""Request -> what the engine takes: prompt token ids (the chat template for messages, plain
+encoding for prompts) and SamplingParams, with the limits OpenAI's API enforces.
 
 Runs on a worker thread (tokenizing megabytes takes seconds). Text the tokenizer cannot take,
 such as a lone UTF-16 surrogate that JSON's `\\ud800` escape lets through, is a 400 naming the
@@ -17,9 +18,11 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 
+from sglang_d3d.server.body import release
 from sglang_d3d.server.errors import bad_request
-from sglang_d3d.server.heap import release
-from sglang_d3d.server.protocol import ChatMessage, CompletionRequest, ToolCall
+from sglang_d3d.server.protocol import ChatMessage, CompletionRequest, SamplingFields, ToolCall
+
+from sglang_d3d.config import SamplingParams
 
 
 def chat_prompt_ids(tokenizer, messages: Sequence[ChatMessage]) -> list[int]:
@@ -124,3 +127,45 @@ def check_token_ids(ids: Sequence[int], vocab_size: int) -> None:
     bad = [t for t in ids if not 0 <= t < vocab_size]
     if bad:
         raise bad_request(f"token ids out of the vocabulary [0, {vocab_size}): {bad[:5]}", "prompt")
+
+
+# ---- sampling ------------------------------------------------------------------------------
+def eos_ids(tokenizer) -> tuple[int, ...]:
+    eos = getattr(tokenizer, "eos_token_id", None)
+    if eos is None:
+        return ()
+    return tuple(eos) if isinstance(eos, (list, tuple)) else (int(eos),)
+
+
+def output_budget(
+    requested: int | None, prompt_len: int, max_context: int, prompt_param: str
+) -> int:
+    """max_tokens, checked against the context; None means "up to the end of the context"."""
+    if prompt_len >= max_context:
+        raise bad_request(
+            f"the prompt is {prompt_len} tokens; this model's context length is {max_context}",
+            prompt_param,
+            "context_length_exceeded",
+        )
+    if requested is None:
+        return max_context - prompt_len
+    if prompt_len + requested > max_context:
+        raise bad_request(
+            f"prompt ({prompt_len} tokens) + max_tokens ({requested}) exceeds the context "
+            f"length ({max_context})",
+            "max_tokens",
+            "context_length_exceeded",
+        )
+    return requested
+
+
+def sampling_params(fields: SamplingFields, max_new_tokens: int, tokenizer) -> SamplingParams:
+    top_k = fields.top_k or 0
+    return SamplingParams(
+        temperature=1.0 if fields.temperature is None else fields.temperature,  # OpenAI's default
+        top_p=1.0 if fields.top_p is None else fields.top_p,
+        top_k=max(0, top_k),  # -1 (vLLM's "off") and 0 both disable top-k
+        seed=fields.seed,
+        max_new_tokens=max_new_tokens,
+        stop_token_ids=eos_ids(tokenizer),
+    )

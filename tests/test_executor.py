@@ -1,15 +1,15 @@
-"""The drafter's thread and CUDA stream (sglang_worker/draft_executor.py)."""
+"""The drafter's thread and CUDA stream (speculative/executor.py), shared by both hosts."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from sglang_d3d.sglang_worker.draft_executor import DraftExecutor
+from sglang_d3d.speculative.executor import Executor
 
 
 def test_work_runs_on_the_drafter_thread_and_reports_its_span():
-    ex = DraftExecutor(torch.device("cpu"))
+    ex = Executor(torch.device("cpu"))
     try:
         out, start, end = ex.submit(lambda x: x * 2, torch.ones(3)).result()
         assert torch.equal(out, torch.full((3,), 2.0)) and start <= end
@@ -18,10 +18,20 @@ def test_work_runs_on_the_drafter_thread_and_reports_its_span():
         ex.shutdown()
 
 
+def test_thread_counts_per_executor_and_per_call():
+    ex = Executor("cpu", threads=2)
+    try:
+        assert ex.submit(torch.get_num_threads).result()[0] == 2
+        assert ex.submit(torch.get_num_threads, threads=1).result()[0] == 1  # this call only
+        assert ex.submit(torch.get_num_threads).result()[0] == 2
+    finally:
+        ex.shutdown()
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_drafter_work_runs_on_its_own_stream_and_is_finished_when_returned():
-    ex = DraftExecutor(torch.device("cuda", torch.cuda.current_device()))
+    ex = Executor(torch.device("cuda", torch.cuda.current_device()))
     try:
         a = torch.randn(2048, 2048, device="cuda")
 

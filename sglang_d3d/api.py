@@ -1,4 +1,5 @@
-"""What the engine promises its callers (the HTTP server, the CLI, benchmarks).
+"""What both backends (the embedded engine, SGLang) promise their callers (the HTTP server, the
+CLI, benchmarks).
 
 The engine runs its decode loop on a thread of its own. Callers submit a request and receive
 `TokenEvent`s through a callback that the engine calls from its loop thread; the callback must

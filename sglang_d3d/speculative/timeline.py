@@ -1,4 +1,5 @@
-"""Per-cycle times of the speculative loop, kept for timeline plots (benchmarks/plot_timeline.py)."""
+"""Per-cycle times of the speculative cycle (cycle.py), kept for timeline plots
+(benchmarks/plot_timeline.py)."""
 
 from __future__ import annotations
 

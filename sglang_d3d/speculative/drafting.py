@@ -1,5 +1,6 @@
-"""The engine's use of the drafter: synchronous drafts, asynchronous branches, and what to do
-after verification (commit a hit branch, or fall back to a synchronous draft on a miss).
+"""Drafting, for both hosts: synchronous drafts, asynchronous branches, and what to do after
+verification (commit a hit branch, or fall back to a synchronous draft on a miss). Each request's
+drafting state is a `DraftState` (draft_state.py) that drafting creates and alone writes.
 
 Drafter faults never cost tokens: a failing or garbage-producing drafter leaves the row with a
 placeholder draft whose proposal distribution is a point mass. Verification against a point
@@ -15,12 +16,13 @@ import logging
 
 import torch
 
-from sglang_d3d.config import BranchPolicy, SpecConfig
-from sglang_d3d.engine.sequence import Sequence
+from sglang_d3d.config import BranchPolicy, SamplingParams, SpecConfig
 from sglang_d3d.models.draft_runner import DraftRunner
+from sglang_d3d.models.drafter import D3DDrafter
 from sglang_d3d.models.packing import branch_pack, extend_pack
 from sglang_d3d.speculative.branches import match_branch, select_branches
-from sglang_d3d.speculative.sampling import draft_probs, sample_rows
+from sglang_d3d.speculative.draft_state import DraftState
+from sglang_d3d.speculative.sampling import RequestRandom, draft_probs, sample_rows
 
 log = logging.getLogger(__name__)
 MAX_DRAFTER_FAULTS = 3  # after this many, a request stops using the drafter
@@ -35,6 +37,11 @@ def draft_cache_len(context: int, block: int, drafter_block: int, num_branches: 
     return context + pack * (1 + num_branches)
 
 
+def max_branches(spec: SpecConfig) -> int:
+    """The most branches one verify can have pre-drafted (every outcome, every guess)."""
+    return spec.num_outcomes * spec.guesses_per_position
+
+
 class DrafterFault(RuntimeError):
     """The drafter raised or produced unusable output."""
 
@@ -45,14 +52,42 @@ class Drafting:
         self.runner = runner
         self.spec = spec
         self.prefill_chunk, self.max_prefill = prefill_chunk, max_prefill
+        self.states: dict[int, DraftState] = {}  # by drafter cache slot
+
+    @classmethod
+    def create(cls, drafter: D3DDrafter, num_slots: int, context: int, spec: SpecConfig,
+               prefill_chunk: int = 64, max_prefill: int = 1024) -> Drafting:
+        """Drafting with a drafter cache of `num_slots` rows, each sized for `context` tokens
+        plus the scratch of one cycle under `spec`."""
+        size = draft_cache_len(context, spec.block_size, drafter.cfg.smallest_block,
+                               max_branches(spec))
+        return cls(DraftRunner(drafter, num_slots, size), spec, prefill_chunk, max_prefill)
+
+    # ---- requests ---------------------------------------------------------------------------
+    def start(self, slot: int, tokens: list[int], params: SamplingParams,
+              generator: RequestRandom | None) -> DraftState:
+        """A request enters `slot` with `tokens` so far; the first draft reads them all."""
+        self.runner.reset(slot)  # the slot may hold a finished request's tokens
+        self.states[slot] = DraftState(slot, params, generator, list(tokens), list(tokens))
+        return self.states[slot]
+
+    def restart(self, s: DraftState, tokens: list[int]) -> None:
+        """The request's history was rewritten: forget the cache and read `tokens` afresh."""
+        self.runner.reset(s.slot)
+        s.tokens, s.pending = list(tokens), list(tokens)
+        s.clear_drafts()
+
+    def release(self, slot: int) -> None:
+        self.states.pop(slot, None)
+        self.runner.reset(slot)
 
     # ---- before verify ----------------------------------------------------------------------
-    def ensure_drafts(self, rows: list[Sequence], block: int) -> None:
+    def ensure_drafts(self, rows: list[DraftState], block: int) -> None:
         """Give every row `block - 1` drafts: a synchronous draft where none is ready."""
         for s in rows:
             if s.draft is not None and len(s.draft) < block - 1:
                 s.draft = None  # drafted for a smaller block
-        need = [s for s in rows if s.draft is None and s.drafter_faults < MAX_DRAFTER_FAULTS]
+        need = [s for s in rows if s.draft is None and s.faults < MAX_DRAFTER_FAULTS]
         alone = all(len(s.pending) > PREFILL_OVER for s in rows)  # nobody else would wait
         if need:
             self._guard_each(need, lambda part: self._sync_draft(part, block, alone))
@@ -63,7 +98,7 @@ class Drafting:
             if s.draft_q is not None:
                 s.draft_q = s.draft_q[:block]
 
-    def _sync_draft(self, rows: list[Sequence], block: int, alone: bool = True) -> None:
+    def _sync_draft(self, rows: list[DraftState], block: int, alone: bool = True) -> None:
         rows = [s for s in rows if s.draft is None]  # a retry skips rows already drafted
         for s in rows:
             if not s.pending:  # cache up to date (a hit's draft was dropped): re-read the anchor
@@ -80,7 +115,7 @@ class Drafting:
         for s, lg in zip(rows, logits):
             _set_draft(s, _checked(lg[0]))
 
-    def _catch_up(self, rows: list[Sequence], budget: int) -> None:
+    def _catch_up(self, rows: list[DraftState], budget: int) -> None:
         """Long pending tokens (a prompt) are read by causal prefill, at most `budget` tokens
         per cycle: a chunk while other requests decode (they wait for the drafter), all at once
         when nobody else would wait. A row still catching up decodes this cycle with a
@@ -94,14 +129,14 @@ class Drafting:
             s.pending = s.pending[n:]
             budget -= n
 
-    def predraft(self, rows: list[Sequence], block: int) -> None:
+    def predraft(self, rows: list[DraftState], block: int) -> None:
         """Pre-draft the next block for the likely outcomes of the verify in flight."""
         rows = [s for s in rows if s.draft_q is not None]  # no branches for placeholders
         if not rows:
             return
         self._guard_each(rows, lambda part: self._predraft_rows(part, block))
 
-    def _predraft_rows(self, rows: list[Sequence], block: int) -> None:
+    def _predraft_rows(self, rows: list[DraftState], block: int) -> None:
         for s in rows:
             s.branches = select_branches(
                 s.draft, s.draft_q, self.spec.branch_policy, self._budget(block),
@@ -114,7 +149,7 @@ class Drafting:
         ]
         self._store_branches(rows, self.runner.run(packs))
 
-    def _store_branches(self, rows: list[Sequence], logits: list[torch.Tensor]) -> None:
+    def _store_branches(self, rows: list[DraftState], logits: list[torch.Tensor]) -> None:
         for s, lg in zip(rows, logits):
             s.branch_logits = _checked(lg)
 
@@ -130,20 +165,22 @@ class Drafting:
         return self.spec.branch_budget
 
     # ---- after verify -----------------------------------------------------------------------
-    def advance(self, s: Sequence, accepted: int, token: int, block: int) -> bool | None:
+    def advance(self, s: DraftState, accepted: int, token: int, block: int) -> bool | None:
         """Bring the drafter up to date with the verified outcome. -> branch hit/miss/None.
         A fault here costs this request its drafter cache (rebuilt from its tokens), never its
         tokens and never another request's drafts."""
         run = list(s.draft or [])[:accepted] + [token]
         try:
-            return self._follow(s, accepted, token, block)
+            hit = self._follow(s, accepted, token, block)
         except Exception as e:  # noqa: BLE001 - any drafter failure degrades, never fails
             self._fault([s], e)
-            s.pending.extend(run)  # the caller appends this cycle's run to s.tokens after us
+            s.pending.extend(run)  # _reset queued the tokens before this cycle's run
             s.draft, s.draft_q = None, None
-            return None
+            hit = None
+        s.tokens.extend(run)
+        return hit
 
-    def _follow(self, s: Sequence, accepted: int, token: int, block: int) -> bool | None:
+    def _follow(self, s: DraftState, accepted: int, token: int, block: int) -> bool | None:
         hit_index = None
         had_branches = s.branch_logits is not None and bool(s.branches)
         if had_branches:
@@ -163,13 +200,15 @@ class Drafting:
         s.branches, s.branch_logits = [], None
         return None if not had_branches else hit_index is not None
 
-    def skip(self, s: Sequence, new_tokens: list[int]) -> None:
-        """A cycle ran without the drafter: remember what it has not seen."""
+    def skip(self, s: DraftState, new_tokens: list[int]) -> None:
+        """Tokens came without the drafter (a cycle without drafts, or the host's own record):
+        remember what it has not seen."""
+        s.tokens.extend(new_tokens)
         s.pending.extend(new_tokens)
         s.draft, s.branches, s.branch_logits = None, [], None
 
     # ---- faults -----------------------------------------------------------------------------
-    def _guard_each(self, rows: list[Sequence], fn) -> None:
+    def _guard_each(self, rows: list[DraftState], fn) -> None:
         """fn(rows) as one batch; if that faults, fn([row]) for each row, so only the rows that
         fault on their own are charged. Safe to retry: a pass advances the drafter's committed
         lengths only after it has run."""
@@ -183,20 +222,19 @@ class Drafting:
             for s in rows:
                 self._guard([s], lambda s=s: fn([s]))
 
-    def _guard(self, rows: list[Sequence], fn) -> None:
+    def _guard(self, rows: list[DraftState], fn) -> None:
         try:
             fn()
         except Exception as e:  # noqa: BLE001 - any drafter failure degrades, never fails
             self._fault(rows, e)
 
-    def _fault(self, rows: list[Sequence], e: Exception) -> None:
+    def _fault(self, rows: list[DraftState], e: Exception) -> None:
         log.warning("drafter fault on %d request(s): %s", len(rows), e)
         for s in rows:
             self._reset(s)
 
-    def _reset(self, s: Sequence) -> None:
-        s.drafter_faults += 1
-        s.stats.fallbacks += 1
+    def _reset(self, s: DraftState) -> None:
+        s.faults += 1
         self.runner.reset(s.slot)
         s.pending = list(s.tokens)  # rebuild the drafter cache from scratch next time
         # A draft already under verification stays: only the drafter's own state is dropped.
@@ -209,7 +247,7 @@ def _checked(logits: torch.Tensor) -> torch.Tensor:
     return logits
 
 
-def _set_draft(s: Sequence, slot_logits: torch.Tensor) -> None:
+def _set_draft(s: DraftState, slot_logits: torch.Tensor) -> None:
     """slot_logits [B, V] -> drafts (argmax, or sampled from q) and q [B, V]."""
     q = draft_probs(slot_logits, s.params)
     if s.params.greedy:
@@ -219,7 +257,7 @@ def _set_draft(s: Sequence, slot_logits: torch.Tensor) -> None:
     s.draft, s.draft_q = tokens[:-1], q
 
 
-def _placeholder(s: Sequence, block: int) -> None:
+def _placeholder(s: DraftState, block: int) -> None:
     """Drafts that are the last token repeated, proposed with probability one (exact)."""
     s.draft = [s.last_token] * (block - 1)
     s.draft_q = None  # the mark of a placeholder: verify_draft's point-mass proposal

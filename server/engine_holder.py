@@ -1,0 +1,92 @@
+"""The engine, loaded in the background: the server answers /health while the models load."""
+
+from __future__ import annotations
+
+import gc
+import logging
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from sglang_d3d.server.errors import UNAVAILABLE, APIError, unavailable
+
+from sglang_d3d.config import EngineConfig
+
+log = logging.getLogger(__name__)
+
+EngineFactory = Callable[[EngineConfig], Any]  # -> an EngineLoop (or the sglang backend's twin)
+CycleListener = Callable[[str, Any], None]
+
+
+class EngineHolder:
+    """Builds and starts the engine on a thread, so the server answers /health while loading."""
+
+    def __init__(
+        self,
+        factory: EngineFactory,
+        cfg: EngineConfig,
+        retry_after: int,
+        on_failure: Callable[[], None] | None = None,
+    ) -> None:
+        self._factory, self._cfg, self._retry_after = factory, cfg, retry_after
+        self._on_failure = on_failure
+        self._engine: Any = None
+        self._error: str | None = None
+        self._closed = False
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._listeners: list[CycleListener] = []
+
+    def add_cycle_listener(self, fn: CycleListener) -> None:
+        self._listeners.append(fn)
+
+    def start_loading(self) -> None:
+        self._thread = threading.Thread(target=self._load, name="d3d-engine-load", daemon=True)
+        self._thread.start()
+
+    def _load(self) -> None:
+        try:
+            engine = self._factory(self._cfg)
+            for fn in self._listeners:
+                engine.add_cycle_listener(fn)
+            engine.start()
+            # Everything loaded so far (model, imports) lives as long as the server: keep it
+            # out of garbage collections, whose pauses would otherwise walk it all (body.py).
+            gc.freeze()
+        except Exception as e:  # noqa: BLE001 - reported on /health and in the log
+            log.exception("loading the engine failed")
+            self._error = f"{type(e).__name__}: {e}"
+            if self._on_failure is not None:
+                self._on_failure()
+            return
+        with self._lock:
+            if not self._closed:
+                self._engine = engine
+                log.info("engine ready")
+                return
+        engine.shutdown(0.0)  # the server stopped while we were loading
+
+    @property
+    def ready(self) -> bool:
+        return self._engine is not None
+
+    @property
+    def error(self) -> str | None:
+        return self._error
+
+    def get(self) -> Any:
+        """The running engine, or a 503 the client can retry."""
+        if self._engine is not None:
+            return self._engine
+        if self._error is not None:
+            raise APIError(
+                503, f"the model failed to load: {self._error}", UNAVAILABLE, code="failed"
+            )
+        raise unavailable("the model is still loading", "loading", self._retry_after)
+
+    def shutdown(self, drain_timeout: float) -> None:
+        with self._lock:
+            self._closed = True
+            engine, self._engine = self._engine, None
+        if engine is not None:
+            engine.shutdown(drain_timeout)

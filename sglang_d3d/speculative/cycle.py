@@ -1,0 +1,148 @@
+"""One speculative cycle, for both hosts (the embedded engine and the SGLang worker):
+
+    draft      synchronous drafts for rows with none ready (drafter, on the executor)
+    verify     the host's target scores [last token, drafts] and accepts  } at the
+    pre-draft  the drafter pre-drafts the next block for likely outcomes  } same time
+    follow     the drafter commits the hit branch or queues the new tokens
+    -> one `Outcome` per row: tokens to emit, stats, timings
+
+The host keeps its own books from the outcomes (emit, stats, timeline); nothing here writes to
+the host's request objects. The drafter always runs on the `Executor` and the target on the
+caller's thread, so the two passes overlap (executor.py).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+from sglang_d3d.speculative.draft_state import DraftState
+from sglang_d3d.speculative.drafting import Drafting
+from sglang_d3d.speculative.executor import Executor
+from sglang_d3d.speculative.stats import CycleStats, RequestStats
+from sglang_d3d.speculative.timeline import CycleTimes
+
+
+@dataclass(frozen=True, order=True)
+class Plan:
+    """One cycle's shape: `block` tokens per verify (1 = plain decoding), and whether the
+    drafter pre-drafts the next block while the target verifies."""
+
+    block: int
+    overlap: bool = False
+
+
+class Row(Protocol):
+    """What the cycle reads of a host's request: its cache slot (the drafter's and the
+    target's) and the token the next verify block starts with."""
+
+    slot: int
+
+    @property
+    def last_token(self) -> int: ...
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The target's word on one row's block, from the host's `verify_fn`."""
+
+    accepted: int = 0  # drafts accepted
+    token: int = 0  # the target's own next token (a correction, or the bonus)
+    logits: torch.Tensor | None = None  # [accepted + 1, V] rows that scored the emitted tokens
+    error: str | None = None  # this row's verification failed (it alone)
+
+
+# (rows, tokens [N, B]: last token then drafts, proposals [N]: drafter probs [>=B-1, V] or None
+# for drafts proposed surely) -> one Verdict per row.
+VerifyFn = Callable[[Sequence[Row], torch.Tensor, list], list[Verdict]]
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """One row's cycle."""
+
+    tokens: list[int]  # to emit: accepted drafts, then the target's token ([] on error)
+    stats: CycleStats | None  # None where verification failed
+    faults: int  # drafter faults charged to this row during the cycle
+    times: CycleTimes  # the whole cycle's (shared by its rows)
+    logits: torch.Tensor | None = None  # Verdict.logits
+    error: str | None = None
+
+
+def run_cycle(
+    rows: Sequence[Row],
+    drafting: Drafting | None,  # None: target-only decoding
+    verify_fn: VerifyFn,
+    executor: Executor,
+    plan: Plan,
+    step: int = 0,
+    draft_threads: int | None = None,  # intra-op threads for drafting the target waits for
+) -> list[Outcome]:
+    t0 = time.perf_counter()
+    times = CycleTimes(step=step, batch=len(rows), block=plan.block)
+    states = [drafting.states[r.slot] for r in rows] if drafting is not None else []
+    faults = [s.faults for s in states]
+    drafted = bool(states) and plan.block > 1
+    # draft: rows without a ready draft (a pre-drafted branch that hit) draft now
+    if drafted:
+        executor.submit(drafting.ensure_drafts, states, plan.block, threads=draft_threads).result()
+    times.draft_end = time.perf_counter() - t0
+    drafts = [list(s.draft) for s in states] if drafted else [[] for _ in rows]
+    proposals = [s.draft_q for s in states] if drafted else [None] * len(rows)
+    tokens = torch.tensor([[r.last_token] + d for r, d in zip(rows, drafts)], dtype=torch.int64)
+    # verify on this thread, pre-drafting the next block on the executor at the same time
+    predraft = None
+    if drafted and plan.overlap:
+        predraft = executor.submit(drafting.predraft, states, plan.block)
+    v0 = time.perf_counter()
+    verdicts = verify_fn(rows, tokens, proposals)
+    times.verify_start, times.verify_end = v0 - t0, time.perf_counter() - t0
+    if predraft is not None:
+        _, p0, p1 = predraft.result()
+        times.predraft_start, times.predraft_end = p0 - t0, p1 - t0
+    # accept: the drafter follows each verified outcome (commits a hit branch, or queues)
+    hits = [None] * len(rows)
+    if states:
+        hits, _, _ = executor.submit(_follow, drafting, states, verdicts, plan.block).result()
+    times.hits, times.misses = hits.count(True), hits.count(False)
+    times.end = time.perf_counter() - t0
+    new_faults = [s.faults - f for s, f in zip(states, faults)] or [0] * len(rows)
+    return [_outcome(*row, times) for row in zip(drafts, verdicts, hits, new_faults, strict=True)]
+
+
+def _follow(drafting: Drafting, states: list[DraftState], verdicts: list[Verdict], block: int):
+    """Bring the drafter up to date with each verified row. -> branch hit/miss/None per row."""
+    hits: list[bool | None] = []
+    for s, v in zip(states, verdicts, strict=True):
+        if v.error is not None:
+            hits.append(None)
+        elif block > 1:
+            hits.append(drafting.advance(s, v.accepted, v.token, block))
+        else:  # a cycle without drafts
+            drafting.skip(s, [v.token])
+            hits.append(None)
+    return hits
+
+
+def _outcome(draft: list[int], v: Verdict, hit, faults: int, t: CycleTimes) -> Outcome:
+    if v.error is not None:
+        return Outcome([], None, faults, t, error=v.error)
+    draft_time = t.draft_end + (t.predraft_end - t.predraft_start)
+    stats = CycleStats(len(draft), v.accepted, hit, draft_time, t.verify_end - t.verify_start,
+                       t.end, t.overlap)
+    return Outcome(draft[: v.accepted] + [v.token], stats, faults, t, v.logits)
+
+
+def record(request_id: str, stats: RequestStats, o: Outcome, listeners: list) -> None:
+    """Fold one row's outcome into its request's stats, and hand it to the cycle listeners
+    (fn(request_id, CycleStats): the Prometheus recorder)."""
+    stats.fallbacks += o.faults
+    if o.stats is None:
+        return
+    stats.add_cycle(o.stats)
+    for fn in listeners:
+        fn(request_id, o.stats)

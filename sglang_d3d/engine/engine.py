@@ -50,7 +50,8 @@ class SpecEngine:
         self.drafting = None
         if drafter is not None and cfg.mode is not Mode.AR:
             self.drafting = Drafting.create(drafter, slots, cfg.max_context, cfg.spec,
-                                            cfg.prefill_chunk, cfg.max_prefill_tokens)
+                                            cfg.prefill_chunk, cfg.max_prefill_tokens,
+                                            self.target.cache)
         self.scheduler = Scheduler(slots, cfg.max_queue)
         # Prefill sharing (_share_prefills): follower id -> leader, leader id -> followers.
         self._leader_of: dict[int, Sequence] = {}

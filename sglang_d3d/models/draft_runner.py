@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from sglang_d3d.models.drafter import D3DDrafter
+from sglang_d3d.models.kv_cache import KVCache
 from sglang_d3d.models.packing import Pack, branch_token_index
 
 
@@ -78,6 +79,14 @@ class DraftRunner:
             mask[r, :, :base] = True
             mask[r, :, base : base + t] = p.intra_mask(t)
         return ids, pos, write, mask
+
+    def adopt(self, slot: int, source: KVCache, n: int) -> None:
+        """Commit the next n tokens by copying their keys and values from `source` (the
+        target's cache, same slot and positions) instead of computing them: at full depth a
+        clean token's entries are the target's own (models/adapters.py)."""
+        base = self.lengths[slot]
+        self.cache.copy_range_from(source, slot, base, base + n)
+        self.lengths[slot] = base + n
 
     def commit(self, slot: int, n: int) -> None:
         """Keep n more tokens already written at their final indices (e.g. accepted drafts)."""

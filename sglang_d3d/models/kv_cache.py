@@ -56,6 +56,11 @@ class KVCache:
         self.k[:, slot, d] = self.k[:, slot, s]
         self.v[:, slot, d] = self.v[:, slot, s]
 
+    def copy_range_from(self, other: KVCache, slot: int, start: int, end: int) -> None:
+        """Entries [start, end) of `slot` become `other`'s (same layers and heads), all layers."""
+        self.k[:, slot, start:end] = other.k[:, slot, start:end]
+        self.v[:, slot, start:end] = other.v[:, slot, start:end]
+
     def copy_slot(self, src: int, dst: int, length: int) -> None:
         """dst's first `length` entries become src's, all layers."""
         self.k[:, dst, :length] = self.k[:, src, :length]

@@ -19,6 +19,7 @@ import torch
 from sglang_d3d.config import BranchPolicy, SamplingParams, SpecConfig
 from sglang_d3d.models.draft_runner import DraftRunner
 from sglang_d3d.models.drafter import D3DDrafter
+from sglang_d3d.models.kv_cache import KVCache
 from sglang_d3d.models.packing import branch_pack, extend_pack
 from sglang_d3d.speculative.branches import match_branch, select_branches
 from sglang_d3d.speculative.draft_state import DraftState
@@ -48,20 +49,29 @@ class DrafterFault(RuntimeError):
 
 class Drafting:
     def __init__(self, runner: DraftRunner, spec: SpecConfig, prefill_chunk: int = 64,
-                 max_prefill: int = 1024) -> None:
+                 max_prefill: int = 1024, target_cache: KVCache | None = None) -> None:
         self.runner = runner
         self.spec = spec
         self.prefill_chunk, self.max_prefill = prefill_chunk, max_prefill
         self.states: dict[int, DraftState] = {}  # by drafter cache slot
+        # A full-depth drafter's prefix cache is the target's (clean tokens run the target's
+        # layers unchanged), so the tokens it has not read yet, except the newest (which the
+        # target has not read either), are copied from the target's cache instead of being
+        # computed: the prompt after prefill, accepted drafts, plain-decoding cycles.
+        self.target_cache = target_cache if runner.model.is_full_depth else None
 
     @classmethod
     def create(cls, drafter: D3DDrafter, num_slots: int, context: int, spec: SpecConfig,
-               prefill_chunk: int = 64, max_prefill: int = 1024) -> Drafting:
+               prefill_chunk: int = 64, max_prefill: int = 1024,
+               target_cache: KVCache | None = None) -> Drafting:
         """Drafting with a drafter cache of `num_slots` rows, each sized for `context` tokens
-        plus the scratch of one cycle under `spec`."""
+        plus the scratch of one cycle under `spec`. `target_cache`: the target's slot cache
+        (same slots and positions), which a full-depth drafter copies its prefix from; None
+        where the host's target cache has another layout (SGLang's paged pool)."""
         size = draft_cache_len(context, spec.block_size, drafter.cfg.smallest_block,
                                max_branches(spec))
-        return cls(DraftRunner(drafter, num_slots, size), spec, prefill_chunk, max_prefill)
+        return cls(DraftRunner(drafter, num_slots, size), spec, prefill_chunk, max_prefill,
+                   target_cache)
 
     # ---- requests ---------------------------------------------------------------------------
     def start(self, slot: int, tokens: list[int], params: SamplingParams,
@@ -104,6 +114,7 @@ class Drafting:
             if not s.pending:  # cache up to date (a hit's draft was dropped): re-read the anchor
                 self.runner.rollback(s.slot, 1)
                 s.pending = [s.last_token]
+        self._adopt(rows)
         self._catch_up(rows, self.max_prefill if alone else self.prefill_chunk)
         rows = [s for s in rows if len(s.pending) <= PREFILL_OVER]
         if not rows:
@@ -114,6 +125,16 @@ class Drafting:
             s.pending = []  # committed by the pass, whatever happens to the drafts below
         for s, lg in zip(rows, logits):
             _set_draft(s, _checked(lg[0]))
+
+    def _adopt(self, rows: list[DraftState]) -> None:
+        """Copy the entries of every pending token but the newest from the target's cache
+        (only before verification, while the target's cache is not being written)."""
+        if self.target_cache is None:
+            return
+        for s in rows:
+            if len(s.pending) > 1:
+                self.runner.adopt(s.slot, self.target_cache, len(s.pending) - 1)
+                s.pending = s.pending[-1:]
 
     def _catch_up(self, rows: list[DraftState], budget: int) -> None:
         """Long pending tokens (a prompt) are read by causal prefill, at most `budget` tokens

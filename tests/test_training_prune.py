@@ -96,3 +96,15 @@ def test_a_rerun_continues_after_the_last_finished_round(pruned):
     assert [r["depth"] for r in again] == [3, 2, 1]
     assert again[:2] == rows[:2]  # the finished rounds are not redone
     assert set(again[1]["removed_source_layers"]) < set(again[2]["removed_source_layers"])
+
+
+def test_remeasure_re_times_every_depth_and_keeps_acceptance(pruned):
+    root, rows, cfg = pruned
+    import dataclasses
+
+    again = Pruner(dataclasses.replace(cfg, remeasure=True)).remeasure()
+    assert [r["depth"] for r in again] == [r["depth"] for r in rows]
+    assert [r["accept_len"] for r in again] == [r["accept_len"] for r in rows]
+    assert all(r["tokens_per_s"] > 0 and r["ar_tokens_per_s"] > 0 for r in again)
+    saved = json.loads((root / "run" / "prune_rows.json").read_text())
+    assert [r["sync_tokens_per_s"] for r in saved] == [r["sync_tokens_per_s"] for r in again]

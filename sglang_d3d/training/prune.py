@@ -61,6 +61,7 @@ class PruneConfig:
     e2e_block: int = 0  # the engine's block size in the end-to-end runs (0: the drafter's)
     threads: int = 1
     seed: int = 0
+    remeasure: bool = False  # only re-time the finished depths (on a quiet machine)
 
     def __post_init__(self) -> None:
         if self.per_round < 1 or self.min_layers < 1:
@@ -179,6 +180,25 @@ class Pruner:
         out.mkdir(parents=True, exist_ok=True)
         (out / ROWS).write_text(json.dumps(rows, indent=1))
 
+    def remeasure(self) -> list[dict]:
+        """Re-time every finished depth (branch pass and end to end) without pruning, for a
+        run whose timings shared the machine with other work; accepted lengths are kept."""
+        from sglang_d3d.models.drafter import D3DDrafter
+
+        out = Path(self.cfg.out_dir)
+        rows = json.loads((out / ROWS).read_text())
+        for r in rows:
+            d = self.full if r["depth"] == self.full.num_layers else \
+                D3DDrafter.from_pretrained(out / f"depth_{r['depth']}", self.target).eval()
+            r["draft_s_per_branch_batch"] = branch_batch_seconds(d, self.block,
+                                                                 self.cfg.branch_budget)
+            if self.cfg.e2e_prompts > 0:
+                r.update(self.end_to_end(d))
+            print(json.dumps({k: r[k] for k in r if k != "candidate_accept_len"}), flush=True)
+        self._save_rows(out, rows)
+        write_report(rows, Path(self.cfg.results_dir), asdict(self.cfg), len(self.held))
+        return rows
+
     def run(self) -> list[dict]:
         cfg, out = self.cfg, Path(self.cfg.out_dir)
         rows, current = self.resume(out)
@@ -210,12 +230,19 @@ def add_prune_args(p: argparse.ArgumentParser) -> None:
     d = PruneConfig()
     for f in fields(PruneConfig):
         flag, default = "--" + f.name.replace("_", "-"), getattr(d, f.name)
+        if isinstance(default, bool):
+            p.add_argument(flag, action="store_true")
+            continue
         p.add_argument(flag, type=type(default) if default is not None else str, default=default)
 
 
 def run_prune(args: argparse.Namespace) -> int:
     names = {f.name for f in fields(PruneConfig)}
-    Pruner(PruneConfig(**{k: v for k, v in vars(args).items() if k in names})).run()
+    pruner = Pruner(PruneConfig(**{k: v for k, v in vars(args).items() if k in names}))
+    if pruner.cfg.remeasure:
+        pruner.remeasure()
+    else:
+        pruner.run()
     return 0
 
 

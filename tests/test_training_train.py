@@ -129,3 +129,11 @@ def test_stop_at_step_keeps_the_long_schedule(tiny_data):
     assert arm.opt.param_groups[0]["lr"] == pytest.approx(lr_at(1, arm.cfg))
     assert lr_at(2, arm.cfg) > lr_at(49, arm.cfg)
     assert Trainer(_cfg(root, target, out="arm", max_steps=50, warmup_steps=1)).step == 2
+
+
+def test_an_arm_sharing_its_start_can_skip_the_initial_evaluation(tiny_data):
+    root, target = tiny_data
+    Trainer(_cfg(root, target, out="noeval", max_steps=50, eval_every=1, stop_at_step=1,
+                 initial_eval=False)).run()
+    rows = [json.loads(x) for x in (root / "noeval" / "history.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if "accept_len" in r] == [1]  # its own, not step 0

@@ -70,6 +70,7 @@ class TrainConfig:
     threads: int = 1
     seed: int = 0
     export_to: str | None = None  # copy the final drafter folder here
+    initial_eval: bool = True  # evaluate the untrained drafter first (off: arms sharing a start)
 
     def __post_init__(self) -> None:
         if self.block_size < 2 or self.batch_size < 1 or self.grad_accum < 1:
@@ -237,7 +238,7 @@ class Trainer:
         self.t0 = last_ckpt = session_start = time.monotonic()
         stream = self._micro_batches()
         self.drafter.train()
-        if self.step == 0:
+        if self.step == 0 and cfg.initial_eval:
             self._log(self.evaluate())
         with stop_requests() as asked:
             stopped = self._loop(stream, last_ckpt, session_start, asked)
@@ -278,6 +279,8 @@ def add_train_args(p: argparse.ArgumentParser) -> None:
         elif f.name in ("loss", "dtype"):
             choices = ["kl", "ce"] if f.name == "loss" else ["auto", "float32", "bfloat16"]
             p.add_argument(flag, choices=choices, default=default)
+        elif isinstance(default, bool):
+            p.add_argument(flag, action=argparse.BooleanOptionalAction, default=default)
         elif default is None:
             kind = {"session_minutes": float, "stop_at_step": int}.get(f.name, str)
             p.add_argument(flag, type=kind, default=None)

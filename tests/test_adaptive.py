@@ -87,3 +87,20 @@ def test_re_measuring_speeds_up_again_when_the_best_plan_changes():
         p = c.choose(1)
         c.observe(1, p, 0.05 if p == one else 0.01, [] if p == one else [(3, 3)])
     assert c.schedule[1][0] == 4
+
+
+def test_a_clearly_losing_plan_is_sampled_once():
+    one, four, eight = Plan(1), Plan(4), Plan(8)
+    c = BlockController(candidates=(one, four, eight), warmup=3, explore_every=1000)
+    picks = []
+    for _ in range(9):
+        p = c.choose(1)
+        picks.append(p)
+        if p == eight:  # four times slower per token than plain decoding
+            c.observe(1, p, 0.40, [(7, 0)])
+        elif p == four:  # close to plain decoding (better, in fact): its full warm-up
+            c.observe(1, p, 0.06, [(3, 1)])
+        else:
+            c.observe(1, p, 0.05, [])
+    assert picks.count(eight) == 1 and picks.count(one) == 3  # then the best, four
+    assert picks[-2:] == [four, four]

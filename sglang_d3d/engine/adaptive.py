@@ -40,6 +40,7 @@ class BlockController:
     explore_every: int = 16
     max_explore_every: int = 512
     warmup: int = 3
+    dominated: float = 0.6
     decay: float = 0.8  # weight of the old estimate in the moving averages
     times: dict[tuple[int, Plan], float] = field(default_factory=dict)  # (N, plan) -> seconds
     samples: dict[tuple[int, Plan], int] = field(default_factory=dict)
@@ -60,7 +61,7 @@ class BlockController:
         allowed = [p for p in self.candidates if max_block is None or p.block <= max(1, max_block)]
         batch = bucket(batch)
         self.cycles += 1
-        young = [b for b in allowed if self.samples.get((batch, b), 0) < self.warmup]
+        young = [b for b in allowed if self._warming(batch, b, allowed)]
         if young:
             return young[0]
         ranked = sorted(allowed, key=lambda b: -self.score(batch, b))
@@ -69,6 +70,19 @@ class BlockController:
             others = ranked[1:]
             return others[self.explored % len(others)]
         return ranked[0]
+
+    def _warming(self, batch: int, plan: Plan, allowed: list[Plan]) -> bool:
+        """A plan is measured `warmup` times, except that one sample suffices for a plan whose
+        score is under `dominated` times the best measured one: re-sampling a plan that lost by
+        that much costs slow cycles at every batch size (the server warms up each bucket) and
+        re-measurement catches the rare unlucky sample."""
+        n = self.samples.get((batch, plan), 0)
+        if n == 0:
+            return True
+        if n >= self.warmup:
+            return False
+        best = max(self.score(batch, p) for p in allowed if (batch, p) in self.times)
+        return self.score(batch, plan) >= self.dominated * best
 
     def _explore_now(self, batch: int, best: Plan) -> bool:
         """Whether this cycle re-measures another plan; the interval doubles while the best

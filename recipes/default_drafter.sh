@@ -33,6 +33,11 @@ $PY -m sglang_d3d.training.prune --drafter-path data/train_v2/drafter --out-dir 
   --results-dir benchmarks/results --per-round 4 --min-layers 18 --eval-samples 24 \
   --score-samples 6 --recover-steps 20 --e2e-prompts 4 --e2e-max-new-tokens 64 --e2e-block 8
 
+# 3b. The rounds above time end to end while other jobs share the machine; re-time every depth
+#     with them paused (kill -STOP) before choosing:
+$PY -m sglang_d3d.training.prune --drafter-path data/train_v2/drafter --out-dir runs/prune \
+  --results-dir benchmarks/results --e2e-prompts 4 --e2e-max-new-tokens 64 --e2e-block 8 --remeasure
+
 # 4. Ship the depth with the highest measured end-to-end tokens/s (prune_table.md says which).
 mkdir -p sglang_d3d/assets/drafter
 cp data/train_v2/drafter/config.json data/train_v2/drafter/model.safetensors \

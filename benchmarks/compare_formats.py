@@ -35,7 +35,7 @@ def checkpoint_mb(drafter_dir: Path) -> float:
 
 
 def table(rows: dict[str, dict]) -> str:
-    lines = ["| arm | steps | accept len (block 16) | block 4 | P(d2) | P(d3) | s/step | "
+    lines = ["| arm | steps | accept len (block 16) | block 4 | P(d2) | P(d3) | wall s/step (shared, paused) | "
              "checkpoint MB |", "|---|---|---|---|---|---|---|---|"]
     for name, r in rows.items():
         p = r["by_position"]

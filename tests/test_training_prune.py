@@ -108,3 +108,11 @@ def test_remeasure_re_times_every_depth_and_keeps_acceptance(pruned):
     assert all(r["tokens_per_s"] > 0 and r["ar_tokens_per_s"] > 0 for r in again)
     saved = json.loads((root / "run" / "prune_rows.json").read_text())
     assert [r["sync_tokens_per_s"] for r in saved] == [r["sync_tokens_per_s"] for r in again]
+
+
+def test_remeasure_without_a_run_says_so(pruned, tmp_path):
+    import dataclasses
+
+    _, _, cfg = pruned
+    with pytest.raises(FileNotFoundError, match="run d3d prune without --remeasure first"):
+        Pruner(dataclasses.replace(cfg, out_dir=str(tmp_path / "none"), remeasure=True)).remeasure()

@@ -186,6 +186,9 @@ class Pruner:
         from sglang_d3d.models.drafter import D3DDrafter
 
         out = Path(self.cfg.out_dir)
+        if not (out / ROWS).exists():
+            raise FileNotFoundError(f"--remeasure needs a pruning run in {out} ({ROWS} not "
+                                    "found): run d3d prune without --remeasure first")
         rows = json.loads((out / ROWS).read_text())
         for r in rows:
             d = self.full if r["depth"] == self.full.num_layers else \

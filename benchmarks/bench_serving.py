@@ -16,6 +16,11 @@ Each load runs in request variants (--variants): `plain`; `logprobs` (logprobs w
 Their cost is reported against the plain requests of the same mode, dataset and concurrency:
 output tokens/s, TTFT and per-sequence TPOT, each as a ratio to plain.
 
+Before each dataset and concurrency, --warmup-rounds rounds of `concurrency` requests (other
+prompts from the same dataset) go through the server unmeasured: a long-running server has
+compiled its paths and, with the adaptive controller, measured its plans at that batch size
+already; the benchmark reports that steady state. `--warmup-rounds 0` measures a cold server.
+
 Latencies are given as mean, p50 and p99 in milliseconds. Results are printed as a table and
 saved as JSON (one row per mode x dataset x concurrency x variant, and the cost ratios).
 
@@ -353,6 +358,7 @@ def bench_mode(url: str, mode: str, args) -> list[dict]:
     for dataset in args.datasets:
         prompts = load_prompts(dataset, datasets_dir() / NAMED[dataset], args.num_prompts, args.seed)
         for conc in args.concurrency:
+            warm_up(url, model, dataset, conc, args)
             for variant in args.variants:
                 before = scrape(url, headers)
                 results, wall = asyncio.run(run_load(url, model, prompts, conc, variant, args))
@@ -362,6 +368,15 @@ def bench_mode(url: str, mode: str, args) -> list[dict]:
                 print_table([row], header=not rows)
                 rows.append(row)
     return rows
+
+
+def warm_up(url: str, model: str, dataset: str, concurrency: int, args) -> None:
+    """Unmeasured requests at this concurrency, from prompts the measured run does not use."""
+    n = concurrency * args.warmup_rounds
+    if n == 0:
+        return
+    pool = load_prompts(dataset, datasets_dir() / NAMED[dataset], args.num_prompts + n, args.seed)
+    asyncio.run(run_load(url, model, pool[args.num_prompts :], concurrency, "plain", args))
 
 
 async def run_load_once(url: str, body: dict, headers: dict) -> None:
@@ -377,6 +392,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--concurrency", nargs="+", type=int, default=[1, 4, 16])
     p.add_argument("--num-prompts", type=int, default=32, help="per dataset and concurrency")
     p.add_argument("--max-tokens", type=int, default=128)
+    p.add_argument("--warmup-rounds", type=int, default=1,
+                   help="unmeasured rounds of `concurrency` requests before each load (0: cold)")
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS),

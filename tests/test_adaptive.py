@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from sglang_d3d.engine.adaptive import BlockController, Plan, bucket, expected_tokens
 
 
@@ -28,12 +30,12 @@ def test_controller_prefers_measured_throughput():
 def test_controller_re_measures_every_candidate():
     one, four, eight = Plan(1), Plan(4), Plan(8, True)
     c = BlockController(candidates=(one, four, eight), warmup=1, explore_every=2,
-                        max_explore_every=2)
+                        explore_share=0.5)
     c.observe(1, one, 0.05, [])
-    c.observe(1, four, 5.0, [(3, 0)])  # one unlucky, very slow sample
-    c.observe(1, eight, 5.0, [(7, 0)])
-    picks = [c.choose(1) for _ in range(12)]
-    assert picks.count(one) >= 6 and four in picks and eight in picks  # re-measured in turn
+    c.observe(1, four, 0.5, [(3, 0)])  # one unlucky, slow sample
+    c.observe(1, eight, 0.5, [(7, 0)])
+    picks = [c.choose(1) for _ in range(200)]
+    assert picks.count(one) >= 150 and four in picks and eight in picks  # re-measured in turn
 
 
 def test_controller_shares_estimates_within_a_power_of_two():
@@ -50,48 +52,42 @@ def test_controller_respects_the_verify_token_budget():
     assert Plan(16, True) not in picks and picks <= {Plan(1), Plan(4)}
 
 
-def test_re_measuring_backs_off_while_the_best_plan_holds():
-    """A drafter that always loses: plain decoding stays best, so re-measurements of the
-    speculative plans grow rarer (doubling up to the cap) instead of costing every 16th cycle."""
-    one, four = Plan(1), Plan(4)
-    c = BlockController(candidates=(one, four), warmup=1, explore_every=4, max_explore_every=32)
-    c.observe(1, one, 0.05, [])
-    c.observe(1, four, 0.50, [(3, 0)])
+def _run(c: BlockController, cycles: int, seconds: dict, per_row: dict) -> list:
     picks = []
-    for _ in range(200):
+    for _ in range(cycles):
         p = c.choose(1)
         picks.append(p)
-        c.observe(1, p, 0.05 if p == one else 0.50, [] if p == one else [(3, 0)])
-    at = [i for i, p in enumerate(picks) if p == four]
-    gaps = [b - a for a, b in zip(at, at[1:])]
-    assert gaps[:3] == [8, 16, 32] and set(gaps[3:]) == {32}
-    assert len(at) <= 200 // 16  # a fixed interval of 4 would have re-measured 50 times
+        c.observe(1, p, seconds[p], per_row[p])
+    return picks
 
 
-def test_re_measuring_speeds_up_again_when_the_best_plan_changes():
+def test_re_measuring_costs_at_most_its_share_of_the_time():
+    """A drafter that always loses: plain decoding stays best, and the slow speculative cycles
+    spent re-measuring stay within `explore_share` of the time; a plan that loses by little
+    is re-measured more often than one that loses by much."""
+    one, four, eight = Plan(1), Plan(4), Plan(8)
+    seconds = {one: 0.05, four: 0.06, eight: 0.50}
+    per_row = {one: [], four: [(3, 0)], eight: [(7, 0)]}
+    c = BlockController(candidates=(one, four, eight), warmup=1, explore_every=4,
+                        explore_share=0.05)
+    picks = _run(c, 3000, seconds, per_row)
+    lost = sum(seconds[p] - seconds[one] for p in picks[3:])  # past the warm-up
+    assert lost <= 0.05 * sum(seconds[p] for p in picks[3:])
+    assert picks[3:].count(four) > 3 * picks[3:].count(eight) > 0
+
+
+def test_a_plan_that_becomes_faster_takes_over():
     one, four = Plan(1), Plan(4)
-    c = BlockController(candidates=(one, four), warmup=1, explore_every=4, max_explore_every=64,
-                        decay=0.0)
-    c.observe(1, one, 0.05, [])
-    c.observe(1, four, 0.50, [(3, 3)])
-    for _ in range(100):  # plain decoding best; the interval grows
-        p = c.choose(1)
-        c.observe(1, p, 0.05 if p == one else 0.50, [] if p == one else [(3, 3)])
-    assert c.schedule[1][0] == 64
-    c.observe(1, four, 0.01, [(3, 3)])  # the load changed: speculation now wins
-    while c.choose(1) != four:
-        pass
-    for _ in range(200):
-        if c.schedule[1][0] == 4:
-            break
-        p = c.choose(1)
-        c.observe(1, p, 0.05 if p == one else 0.01, [] if p == one else [(3, 3)])
-    assert c.schedule[1][0] == 4
+    seconds, per_row = {one: 0.05, four: 0.50}, {one: [], four: [(3, 3)]}
+    c = BlockController(candidates=(one, four), warmup=1, explore_every=4, decay=0.0)
+    assert _run(c, 300, seconds, per_row)[-1] == one
+    seconds[four] = 0.02  # the load changed: speculation now wins
+    assert _run(c, 300, seconds, per_row)[-100:].count(four) >= 90  # plain decoding re-measured
 
 
 def test_a_clearly_losing_plan_is_sampled_once():
     one, four, eight = Plan(1), Plan(4), Plan(8)
-    c = BlockController(candidates=(one, four, eight), warmup=3, explore_every=1000)
+    c = BlockController(candidates=(one, four, eight), warmup=3, explore_share=0.0)
     picks = []
     for _ in range(9):
         p = c.choose(1)
@@ -104,3 +100,67 @@ def test_a_clearly_losing_plan_is_sampled_once():
             c.observe(1, p, 0.05, [])
     assert picks.count(eight) == 1 and picks.count(one) == 3  # then the best, four
     assert picks[-2:] == [four, four]
+
+
+def test_a_new_batch_bucket_borrows_the_nearest_estimates():
+    """Bucket 1 found speculation four times slower per token; at bucket 4 the controller
+    warms up plain decoding only, instead of paying a slow cycle per losing plan again."""
+    one, four, eight = Plan(1), Plan(4), Plan(8)
+    c = BlockController(candidates=(one, four, eight), warmup=2, explore_share=0.0)
+    for _ in range(2):
+        c.observe(1, one, 0.05, [])
+        c.observe(1, four, 0.60, [(3, 0)])
+        c.observe(1, eight, 0.90, [(7, 0)])
+    picks = []
+    for _ in range(6):
+        p = c.choose(4)
+        picks.append(p)
+        c.observe(4, p, 0.06 if p == one else 0.8, [] if p == one else [(p.block - 1, 0)] * 4)
+    assert picks == [one] * 6
+    assert c.samples.get((4, four)) is None and c.samples.get((4, eight)) is None
+    # the guess is scaled by plain decoding's cost at each bucket: 0.60 * 0.06 / 0.05
+    assert abs(c.score(4, four) - 4 * expected_tokens(c.accept_rates(), 4) / 0.72) < 1e-9
+
+
+def test_a_borrowed_estimate_close_to_the_best_is_still_measured():
+    one, four = Plan(1), Plan(4)
+    c = BlockController(candidates=(one, four), warmup=2, explore_share=0.0)
+    for _ in range(2):
+        c.observe(1, one, 0.05, [])
+        c.observe(1, four, 0.10, [(3, 3)])  # speculation wins at batch 1
+    for _ in range(2):  # plain decoding, close enough to the borrowed best, is warmed up...
+        assert c.choose(2) == one
+        c.observe(2, one, 0.05, [])
+    assert c.choose(2) == four  # ...and so is the borrowed winner
+
+
+def test_score_without_any_estimate_is_a_clear_error():
+    c = BlockController(candidates=(Plan(1),))
+    with pytest.raises(KeyError, match="no estimate"):
+        c.score(1, Plan(1))
+
+
+def test_a_larger_block_that_cannot_win_is_not_warmed_up():
+    """At a new bucket, block 4 loses clearly; blocks 8 and 16 would be slower still (more rows)
+    and, at these acceptance rates, would not make up for it, so neither is sampled."""
+    one, four, eight, sixteen = Plan(1), Plan(4), Plan(8), Plan(16)
+    c = BlockController(candidates=(one, four, eight, sixteen), warmup=2, explore_share=0.0)
+    picks = []
+    for _ in range(8):
+        p = c.choose(4)
+        picks.append(p)
+        seconds = 0.04 if p == one else 0.30 * p.block / 4
+        c.observe(4, p, seconds, [] if p == one else [(p.block - 1, 1)] * 4)
+    assert picks.count(four) == 1 and eight not in picks and sixteen not in picks
+    assert c.score(4, eight) < c.dominated * c.score(4, one)  # an upper bound, from block 4's time
+
+
+def test_a_larger_block_that_might_win_is_still_measured():
+    one, four, eight = Plan(1), Plan(4), Plan(8)
+    c = BlockController(candidates=(one, four, eight), warmup=1, explore_share=0.0)
+    seen = set()
+    for _ in range(5):
+        p = c.choose(1)
+        seen.add(p)
+        c.observe(1, p, 0.05 if p == one else 0.06, [] if p == one else [(p.block - 1, p.block - 1)])
+    assert seen == {one, four, eight}

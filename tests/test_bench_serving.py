@@ -52,3 +52,27 @@ def test_request_bodies_per_variant():
     assert bench.request_body("m", "hi", args, "n") == plain | {"n": 4}
     r = bench.RequestResult(ok=True, latency=1.0, ttft=0.2, output_tokens=9, sequences=3)
     assert r.tpot == pytest.approx(0.8 / 2)  # 3 tokens per choice
+
+
+def test_warm_up_sends_other_prompts_unmeasured(tmp_path, monkeypatch):
+    data = tmp_path / "datasets"
+    (data / "gsm8k").mkdir(parents=True)
+    rows = [{"question": f"question {i}"} for i in range(20)]
+    (data / "gsm8k" / "test.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
+    monkeypatch.setenv("D3D_DATASETS", str(data))
+    sent = []
+
+    async def fake_load(url, model, prompts, concurrency, variant, args):
+        sent.append((list(prompts), concurrency, variant))
+        return [], 0.0
+
+    monkeypatch.setattr(bench, "run_load", fake_load)
+    args = bench.build_parser().parse_args(["--num-prompts", "6", "--warmup-rounds", "2"])
+    bench.warm_up("http://x", "m", "gsm8k", 3, args)
+    measured = bench.load_prompts("gsm8k", data / "gsm8k" / "test.jsonl", 6, args.seed)
+    (prompts, conc, variant), = sent
+    assert len(prompts) == 6 and conc == 3 and variant == "plain"
+    assert not set(prompts) & set(measured)
+    args.warmup_rounds = 0
+    bench.warm_up("http://x", "m", "gsm8k", 3, args)
+    assert len(sent) == 1  # a cold run sends nothing first

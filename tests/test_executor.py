@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 import torch
 
@@ -19,11 +21,14 @@ def test_work_runs_on_the_drafter_thread_and_reports_its_span():
 
 
 def test_thread_counts_per_executor_and_per_call():
-    ex = Executor("cpu", threads=2)
+    ex = Executor("cpu", threads=1)
+    before = torch.get_num_threads()
     try:
-        assert ex.submit(torch.get_num_threads).result()[0] == 2
-        assert ex.submit(torch.get_num_threads, threads=1).result()[0] == 1  # this call only
-        assert ex.submit(torch.get_num_threads).result()[0] == 2
+        assert ex.submit(torch.get_num_threads).result()[0] == 1  # its own share, always
+        out, start, end = ex.run(lambda: (threading.current_thread(), torch.get_num_threads()),
+                                 threads=2)
+        assert out == (threading.current_thread(), 2) and start <= end  # here, every core
+        assert torch.get_num_threads() == before  # for that call only
     finally:
         ex.shutdown()
 
@@ -38,9 +43,9 @@ def test_drafter_work_runs_on_its_own_stream_and_is_finished_when_returned():
         def work():
             return torch.cuda.current_stream(), a @ a
 
-        (stream, out), _, _ = ex.submit(work).result()
-        assert stream == ex.stream and stream != torch.cuda.default_stream()
-        assert ex.stream.query()  # synchronised before the future resolved
-        assert torch.allclose(out, a @ a, rtol=1e-3, atol=1e-2)
+        for (stream, out), _, _ in (ex.submit(work).result(), ex.run(work)):
+            assert stream == ex.stream and stream != torch.cuda.default_stream()
+            assert ex.stream.query()  # synchronised before the result was handed back
+            assert torch.allclose(out, a @ a, rtol=1e-3, atol=1e-2)
     finally:
         ex.shutdown()

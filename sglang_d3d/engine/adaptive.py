@@ -13,9 +13,16 @@ Each (N, B) pair is measured `warmup` times before the controller trusts it; aft
 and then, one of the other candidates, in turn, is re-measured, so one unlucky sample cannot
 rule a block size out for good and the estimates follow the load. Re-measuring a losing plan
 costs a slow cycle (after plain decoding the drafter must also catch up on the tokens it did
-not see), so the interval starts at `explore_every` cycles and doubles, up to
-`max_explore_every`, each time the best plan has not changed since the last re-measurement
-(measured: a fixed interval of 16 kept a poor drafter's server 17% slower than plain decoding).
+not see), so each plan is re-measured when the time it would lose is covered by its share of a
+budget, `explore_share` of all cycle time: near-best plans often, slow losers rarely (measured:
+a fixed interval of 16 kept a poor drafter's server 17% slower than plain decoding).
+Warm-up cycles of losing plans are what a server pays for this (on a CPU a speculative cycle
+at batch 4 costs 6-35 plain steps), so a plan not yet measured at a bucket gets a first guess:
+the nearest measured bucket's time for it, scaled by the ratio of the two buckets'
+plain-decoding times, or at least the time of a smaller block of its kind measured here (more
+rows are never faster). A plan whose guess is under `dominated` times the best is not warmed
+up (re-measurement still reaches it in turn), so a server whose batch size wanders does not
+pay every plan's slow warm-up cycles in every bucket.
 """
 
 from __future__ import annotations
@@ -23,6 +30,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from sglang_d3d.speculative.cycle import Plan
+
+PLAIN = Plan(1)  # target-only decoding: the yardstick for borrowed estimates
 
 
 def expected_tokens(accept_rates: list[float], block: int) -> float:
@@ -37,8 +46,8 @@ def expected_tokens(accept_rates: list[float], block: int) -> float:
 @dataclass
 class BlockController:
     candidates: tuple[Plan, ...]  # Plan(1) = target only
-    explore_every: int = 16
-    max_explore_every: int = 512
+    explore_every: int = 16  # the fewest cycles between two re-measurements at one bucket
+    explore_share: float = 0.03  # at most this share of the time goes to re-measuring
     warmup: int = 3
     dominated: float = 0.6
     decay: float = 0.8  # weight of the old estimate in the moving averages
@@ -48,9 +57,9 @@ class BlockController:
     reached: list[int] = field(default_factory=list)  # [i]: cycles that proposed draft i+1
     # after accepting drafts 1..i (so that draft i+1 was really put to the test)
     cycles: int = 0
-    explored: int = 0
-    # per batch bucket: (interval, cycle of the next re-measurement, best plan at the last one)
-    schedule: dict[int, tuple[int, int, Plan | None]] = field(default_factory=dict)
+    # (N, plan) -> seconds banked towards re-measuring that plan at that bucket
+    credit: dict[tuple[int, Plan], float] = field(default_factory=dict)
+    last_explored: dict[int, int] = field(default_factory=dict)  # bucket -> cycle
 
     def accept_rates(self) -> list[float]:
         """P(draft i accepted | drafts before it accepted), with a +1/+2 prior."""
@@ -64,12 +73,8 @@ class BlockController:
         young = [b for b in allowed if self._warming(batch, b, allowed)]
         if young:
             return young[0]
-        ranked = sorted(allowed, key=lambda b: -self.score(batch, b))
-        if len(ranked) > 1 and self._explore_now(batch, ranked[0]):
-            self.explored += 1
-            others = ranked[1:]
-            return others[self.explored % len(others)]
-        return ranked[0]
+        ranked = sorted(allowed, key=lambda b: -self.score(batch, b))  # all estimated now
+        return self._explore(batch, ranked) or ranked[0]
 
     def _warming(self, batch: int, plan: Plan, allowed: list[Plan]) -> bool:
         """A plan is measured `warmup` times, except that one sample suffices for a plan whose
@@ -77,30 +82,73 @@ class BlockController:
         that much costs slow cycles at every batch size (the server warms up each bucket) and
         re-measurement catches the rare unlucky sample."""
         n = self.samples.get((batch, plan), 0)
-        if n == 0:
-            return True
         if n >= self.warmup:
             return False
-        best = max(self.score(batch, p) for p in allowed if (batch, p) in self.times)
+        if self._time(batch, plan) is None:
+            return True  # nothing to go on
+        best = max(self.score(batch, p) for p in allowed if self._time(batch, p) is not None)
         return self.score(batch, plan) >= self.dominated * best
 
-    def _explore_now(self, batch: int, best: Plan) -> bool:
-        """Whether this cycle re-measures another plan; the interval doubles while the best
-        plan stays the same and falls back to `explore_every` when it changes."""
-        first = (self.explore_every, self.cycles + self.explore_every, best)
-        interval, due, last_best = self.schedule.setdefault(batch, first)
-        if self.cycles < due:
-            return False
-        if best == last_best:
-            interval = min(2 * interval, self.max_explore_every)
-        else:
-            interval = self.explore_every
-        self.schedule[batch] = (interval, self.cycles + interval, best)
-        return True
+    def _explore(self, batch: int, ranked: list[Plan]) -> Plan | None:
+        """A plan to re-measure this cycle, or None. Every cycle banks `explore_share` of the
+        best plan's cycle time, split among the other plans; a plan is re-measured once its
+        account covers what that costs (the time it loses against the best plan for the
+        tokens it yields). So a near-best plan is re-measured often, a slow loser rarely, and
+        re-measuring never costs more than `explore_share` of the time."""
+        best, others = ranked[0], ranked[1:]
+        if not others:
+            return None
+        share = self.explore_share * self._time(batch, best) / len(others)
+        due = None
+        for plan in sorted(others):
+            cost = self._time(batch, plan) * (1 - self.score(batch, plan) / self.score(batch, best))
+            banked = min(self.credit.get((batch, plan), 0.0) + share, cost)
+            self.credit[(batch, plan)] = banked
+            if due is None and banked >= cost:
+                due = plan
+        since = self.cycles - self.last_explored.get(batch, -self.explore_every)
+        if due is None or since < self.explore_every:
+            return None
+        self.credit[(batch, due)] = 0.0
+        self.last_explored[batch] = self.cycles
+        return due
 
     def score(self, batch: int, plan: Plan) -> float:
+        """Tokens per second; for a plan not yet measured at this bucket, the borrowed guess."""
         batch = bucket(batch)
-        return batch * expected_tokens(self.accept_rates(), plan.block) / self.times[(batch, plan)]
+        seconds = self._time(batch, plan)
+        if seconds is None:
+            raise KeyError(f"no estimate for {plan} at batch {batch}")
+        return batch * expected_tokens(self.accept_rates(), plan.block) / seconds
+
+    def _time(self, batch: int, plan: Plan) -> float | None:
+        """The measured cycle time or, for a plan not yet measured at this bucket, the larger
+        of two guesses: one borrowed from the nearest bucket that has it (`_borrowed`), and
+        the floor that a smaller block of the same kind sets (`_floor`)."""
+        own = self.times.get((batch, plan))
+        if own is not None:
+            return own
+        guesses = [t for t in (self._borrowed(batch, plan), self._floor(batch, plan)) if t]
+        return max(guesses) if guesses else None
+
+    def _borrowed(self, batch: int, plan: Plan) -> float | None:
+        """The nearest bucket's time for this plan, scaled by the ratio of the two buckets'
+        plain-decoding times where both are known."""
+        others = [b for b, p in self.times if p == plan]
+        if not others:
+            return None
+        near = min(others, key=lambda b: (abs(b.bit_length() - batch.bit_length()), b))
+        base, here = self.times.get((near, PLAIN)), self.times.get((batch, PLAIN))
+        scale = here / base if plan != PLAIN and base is not None and here is not None else 1.0
+        return self.times[(near, plan)] * scale
+
+    def _floor(self, batch: int, plan: Plan) -> float | None:
+        """A larger block of the same kind puts more rows through both models, so its cycle
+        is at least as slow as the largest smaller block measured at this bucket: a plan that
+        loses even at that time need not be warmed up to know it loses."""
+        smaller = [p.block for (b, p) in self.times
+                   if b == batch and p.overlap == plan.overlap and 1 < p.block < plan.block]
+        return self.times[(batch, Plan(max(smaller), plan.overlap))] if smaller else None
 
     def observe(self, batch: int, plan: Plan, seconds: float, per_row: list[tuple[int, int]]):
         """per_row: (drafts proposed, drafts accepted) for each row of the cycle."""

@@ -1,14 +1,15 @@
 """One speculative cycle, for both hosts (the embedded engine and the SGLang worker):
 
-    draft      synchronous drafts for rows with none ready (drafter, on the executor)
+    draft      synchronous drafts for rows with none ready (drafter, on this thread)
     verify     the host's target scores [last token, drafts] and accepts  } at the
     pre-draft  the drafter pre-drafts the next block for likely outcomes  } same time
     follow     the drafter commits the hit branch or queues the new tokens
     -> one `Outcome` per row: tokens to emit, stats, timings
 
 The host keeps its own books from the outcomes (emit, stats, timeline); nothing here writes to
-the host's request objects. The drafter always runs on the `Executor` and the target on the
-caller's thread, so the two passes overlap (executor.py).
+the host's request objects. The target runs on the caller's thread; the pre-draft runs on the
+`Executor`'s thread, so the two passes overlap (executor.py). Drafter work the target waits for
+anyway runs on the caller's thread with every core, on the drafter's stream (`Executor.run`).
 """
 
 from __future__ import annotations
@@ -89,7 +90,7 @@ def run_cycle(
     drafted = bool(states) and plan.block > 1
     # draft: rows without a ready draft (a pre-drafted branch that hit) draft now
     if drafted:
-        executor.submit(drafting.ensure_drafts, states, plan.block, threads=draft_threads).result()
+        executor.run(drafting.ensure_drafts, states, plan.block, threads=draft_threads)
     times.draft_end = time.perf_counter() - t0
     drafts = [list(s.draft) for s in states] if drafted else [[] for _ in rows]
     proposals = [s.draft_q for s in states] if drafted else [None] * len(rows)
@@ -107,7 +108,7 @@ def run_cycle(
     # accept: the drafter follows each verified outcome (commits a hit branch, or queues)
     hits = [None] * len(rows)
     if states:
-        hits, _, _ = executor.submit(_follow, drafting, states, verdicts, plan.block).result()
+        hits, _, _ = executor.run(_follow, drafting, states, verdicts, plan.block)
     times.hits, times.misses = hits.count(True), hits.count(False)
     times.end = time.perf_counter() - t0
     new_faults = [s.faults - f for s, f in zip(states, faults)] or [0] * len(rows)

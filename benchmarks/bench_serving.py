@@ -49,7 +49,7 @@ import numpy as np
 from prometheus_client.parser import text_string_to_metric_families
 
 import sglang_d3d
-from sglang_d3d.prompts import NAMED, datasets_dir
+from sglang_d3d.prompts import NAMED, datasets_dir, question_text
 
 DATASETS = tuple(NAMED)  # gsm8k (test split), mt_bench
 DEFAULT_OUT = Path("benchmarks/results/bench_serving.json")  # from the checkout root
@@ -59,10 +59,16 @@ VARIANTS = ("plain", "logprobs", "n")
 # ---- prompts ----------------------------------------------------------------------------------
 
 
-def load_prompts(name: str, path: Path, n: int, seed: int = 0) -> list[str]:
-    """n prompts from a dataset (GSM8K: `question`; MT-Bench: `turns[0]`), cycled if short."""
+def dataset_path(name: str) -> Path:
+    """A named set (gsm8k, mt_bench) in the datasets folder, or any JSONL file."""
+    return Path(name) if name.endswith(".jsonl") else datasets_dir() / NAMED[name]
+
+
+def load_prompts(path: Path, n: int, seed: int = 0) -> list[str]:
+    """n prompts from a JSONL file (a `question`, `prompt` or `turns[0]` per line), shuffled
+    with `seed` and cycled if short."""
     rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    texts = [r["turns"][0] if name == "mt_bench" else r["question"] for r in rows]
+    texts = [question_text(r) for r in rows]
     random.Random(seed).shuffle(texts)
     return [texts[i % len(texts)] for i in range(n)]
 
@@ -356,7 +362,7 @@ def bench_mode(url: str, mode: str, args) -> list[dict]:
     asyncio.run(run_load_once(url, warm, headers))
     rows = []
     for dataset in args.datasets:
-        prompts = load_prompts(dataset, datasets_dir() / NAMED[dataset], args.num_prompts, args.seed)
+        prompts = load_prompts(dataset_path(dataset), args.num_prompts, args.seed)
         for conc in args.concurrency:
             warm_up(url, model, dataset, conc, args)
             for variant in args.variants:
@@ -375,7 +381,7 @@ def warm_up(url: str, model: str, dataset: str, concurrency: int, args) -> None:
     n = concurrency * args.warmup_rounds
     if n == 0:
         return
-    pool = load_prompts(dataset, datasets_dir() / NAMED[dataset], args.num_prompts + n, args.seed)
+    pool = load_prompts(dataset_path(dataset), args.num_prompts + n, args.seed)
     asyncio.run(run_load(url, model, pool[args.num_prompts :], concurrency, "plain", args))
 
 
@@ -384,11 +390,18 @@ async def run_load_once(url: str, body: dict, headers: dict) -> None:
         await stream_one(client, url, body)
 
 
+def _dataset(name: str) -> str:
+    if name in DATASETS or (name.endswith(".jsonl") and Path(name).is_file()):
+        return name
+    raise argparse.ArgumentTypeError(f"{name!r}: use {', '.join(DATASETS)} or an existing .jsonl file")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="d3d bench-serving", description=__doc__.split("\n")[0])
     p.add_argument("--url", help="benchmark this running server (its mode) instead of --modes")
     p.add_argument("--modes", nargs="+", default=["ar", "async"], choices=["ar", "sync", "async"])
-    p.add_argument("--datasets", nargs="+", default=list(DATASETS), choices=list(DATASETS))
+    p.add_argument("--datasets", nargs="+", default=list(DATASETS), type=_dataset,
+                   help=f"{', '.join(DATASETS)}, or a JSONL file of prompts (e.g. code tasks)")
     p.add_argument("--concurrency", nargs="+", type=int, default=[1, 4, 16])
     p.add_argument("--num-prompts", type=int, default=32, help="per dataset and concurrency")
     p.add_argument("--max-tokens", type=int, default=128)

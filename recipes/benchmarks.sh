@@ -29,3 +29,12 @@ $D3D bench --dataset mt_bench --num-prompts 20 --max-new-tokens 128 --modes ar,s
 $D3D bench --dataset runs/mbpp20.jsonl --num-prompts 10 --max-new-tokens 128 \
   --modes ar,sync,async,async-adaptive --block-size $BLOCK --branch-budget 1 --drafter "$DRAFTER" \
   --out $OUT/bench_mbpp10_${TAG}.json
+
+# Pass timings (1 and 2 threads), target and drafter.
+$PY benchmarks/bench_passes.py --block $BLOCK --drafter "$DRAFTER" --json $OUT/passes_${TAG}.json
+
+# Through the server (its defaults: block 16, adaptive controller): ar vs async, concurrency
+# 1/4/16, streaming chat requests, one unmeasured warm-up round per concurrency.
+$D3D bench-serving --modes ar async --datasets gsm8k mt_bench runs/mbpp20.jsonl \
+  --concurrency 1 4 16 --num-prompts 16 --max-tokens 64 --variants plain \
+  --server-args "--drafter $DRAFTER" --out $OUT/bench_serving_${TAG}.json

@@ -69,10 +69,21 @@ def test_warm_up_sends_other_prompts_unmeasured(tmp_path, monkeypatch):
     monkeypatch.setattr(bench, "run_load", fake_load)
     args = bench.build_parser().parse_args(["--num-prompts", "6", "--warmup-rounds", "2"])
     bench.warm_up("http://x", "m", "gsm8k", 3, args)
-    measured = bench.load_prompts("gsm8k", data / "gsm8k" / "test.jsonl", 6, args.seed)
+    measured = bench.load_prompts(data / "gsm8k" / "test.jsonl", 6, args.seed)
     (prompts, conc, variant), = sent
     assert len(prompts) == 6 and conc == 3 and variant == "plain"
     assert not set(prompts) & set(measured)
     args.warmup_rounds = 0
     bench.warm_up("http://x", "m", "gsm8k", 3, args)
     assert len(sent) == 1  # a cold run sends nothing first
+
+
+def test_datasets_are_named_sets_or_jsonl_files(tmp_path, capsys):
+    code = tmp_path / "code.jsonl"
+    code.write_text('{"prompt": "Write a function."}\n{"prompt": "Sort a list."}\n')
+    args = bench.build_parser().parse_args(["--datasets", "gsm8k", str(code)])
+    assert args.datasets == ["gsm8k", str(code)]
+    assert sorted(bench.load_prompts(code, 2)) == ["Sort a list.", "Write a function."]
+    with pytest.raises(SystemExit):
+        bench.build_parser().parse_args(["--datasets", str(tmp_path / "missing.jsonl")])
+    assert "existing .jsonl file" in capsys.readouterr().err

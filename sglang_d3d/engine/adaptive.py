@@ -70,26 +70,36 @@ class BlockController:
         allowed = [p for p in self.candidates if max_block is None or p.block <= max(1, max_block)]
         batch = bucket(batch)
         self.cycles += 1
-        young = [b for b in allowed if self._warming(batch, b, allowed)]
+        est = self._estimates(batch, allowed)
+        young = [p for p in allowed if self._warming(batch, p, est)]
         if young:
             return young[0]
-        ranked = sorted(allowed, key=lambda b: -self.score(batch, b))  # all estimated now
-        return self._explore(batch, ranked) or ranked[0]
+        ranked = sorted(allowed, key=lambda p: -est[p][1])  # all estimated now
+        return self._explore(batch, ranked, est) or ranked[0]
 
-    def _warming(self, batch: int, plan: Plan, allowed: list[Plan]) -> bool:
+    def _estimates(self, batch: int, plans: list[Plan]) -> dict[Plan, tuple[float, float]]:
+        """plan -> (cycle seconds, tokens/s) for the plans with an estimate at this bucket,
+        computed once per cycle (the acceptance rates are shared by all plans)."""
+        rates, est = self.accept_rates(), {}
+        for p in plans:
+            seconds = self._time(batch, p)
+            if seconds is not None:
+                est[p] = (seconds, batch * expected_tokens(rates, p.block) / seconds)
+        return est
+
+    def _warming(self, batch: int, plan: Plan, est: dict[Plan, tuple[float, float]]) -> bool:
         """A plan is measured `warmup` times, except that one sample suffices for a plan whose
         score is under `dominated` times the best measured one: re-sampling a plan that lost by
         that much costs slow cycles at every batch size (the server warms up each bucket) and
         re-measurement catches the rare unlucky sample."""
-        n = self.samples.get((batch, plan), 0)
-        if n >= self.warmup:
+        if self.samples.get((batch, plan), 0) >= self.warmup:
             return False
-        if self._time(batch, plan) is None:
+        if plan not in est:
             return True  # nothing to go on
-        best = max(self.score(batch, p) for p in allowed if self._time(batch, p) is not None)
-        return self.score(batch, plan) >= self.dominated * best
+        return est[plan][1] >= self.dominated * max(score for _, score in est.values())
 
-    def _explore(self, batch: int, ranked: list[Plan]) -> Plan | None:
+    def _explore(self, batch: int, ranked: list[Plan],
+                 est: dict[Plan, tuple[float, float]]) -> Plan | None:
         """A plan to re-measure this cycle, or None. Every cycle banks `explore_share` of the
         best plan's cycle time, split among the other plans; a plan is re-measured once its
         account covers what that costs (the time it loses against the best plan for the
@@ -98,10 +108,12 @@ class BlockController:
         best, others = ranked[0], ranked[1:]
         if not others:
             return None
-        share = self.explore_share * self._time(batch, best) / len(others)
+        best_seconds, best_score = est[best]
+        share = self.explore_share * best_seconds / len(others)
         due = None
         for plan in sorted(others):
-            cost = self._time(batch, plan) * (1 - self.score(batch, plan) / self.score(batch, best))
+            seconds, score = est[plan]
+            cost = seconds * (1 - score / best_score)
             banked = min(self.credit.get((batch, plan), 0.0) + share, cost)
             self.credit[(batch, plan)] = banked
             if due is None and banked >= cost:
@@ -116,10 +128,10 @@ class BlockController:
     def score(self, batch: int, plan: Plan) -> float:
         """Tokens per second; for a plan not yet measured at this bucket, the borrowed guess."""
         batch = bucket(batch)
-        seconds = self._time(batch, plan)
-        if seconds is None:
+        est = self._estimates(batch, [plan])
+        if plan not in est:
             raise KeyError(f"no estimate for {plan} at batch {batch}")
-        return batch * expected_tokens(self.accept_rates(), plan.block) / seconds
+        return est[plan][1]
 
     def _time(self, batch: int, plan: Plan) -> float | None:
         """The measured cycle time or, for a plan not yet measured at this bucket, the larger

@@ -396,6 +396,13 @@ def _dataset(name: str) -> str:
     raise argparse.ArgumentTypeError(f"{name!r}: use {', '.join(DATASETS)} or an existing .jsonl file")
 
 
+def _count(text: str) -> int:
+    n = int(text)
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"{n}: must be 0 or more")
+    return n
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="d3d bench-serving", description=__doc__.split("\n")[0])
     p.add_argument("--url", help="benchmark this running server (its mode) instead of --modes")
@@ -405,7 +412,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--concurrency", nargs="+", type=int, default=[1, 4, 16])
     p.add_argument("--num-prompts", type=int, default=32, help="per dataset and concurrency")
     p.add_argument("--max-tokens", type=int, default=128)
-    p.add_argument("--warmup-rounds", type=int, default=1,
+    p.add_argument("--warmup-rounds", type=_count, default=1,
                    help="unmeasured rounds of `concurrency` requests before each load (0: cold)")
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--seed", type=int, default=0)

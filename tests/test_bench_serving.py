@@ -87,3 +87,9 @@ def test_datasets_are_named_sets_or_jsonl_files(tmp_path, capsys):
     with pytest.raises(SystemExit):
         bench.build_parser().parse_args(["--datasets", str(tmp_path / "missing.jsonl")])
     assert "existing .jsonl file" in capsys.readouterr().err
+
+
+def test_negative_warm_up_rounds_are_refused(capsys):
+    with pytest.raises(SystemExit):
+        bench.build_parser().parse_args(["--warmup-rounds", "-1"])
+    assert "must be 0 or more" in capsys.readouterr().err

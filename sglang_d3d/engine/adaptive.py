@@ -17,7 +17,7 @@ not see), so each plan is re-measured when the time it would lose is covered by 
 budget, `explore_share` of all cycle time: near-best plans often, slow losers rarely (measured:
 a fixed interval of 16 kept a poor drafter's server 17% slower than plain decoding).
 Warm-up cycles of losing plans are what a server pays for this (on a CPU a speculative cycle
-at batch 4 costs 6-35 plain steps), so a plan not yet measured at a bucket gets a first guess:
+at batch 4 costs 4-11 plain steps, `benchmarks/bench_controller.py`), so a plan not yet measured at a bucket gets a first guess:
 the nearest measured bucket's time for it, scaled by the ratio of the two buckets'
 plain-decoding times, or at least the time of a smaller block of its kind measured here (more
 rows are never faster). A plan whose guess is under `dominated` times the best is not warmed

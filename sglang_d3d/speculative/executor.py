@@ -9,9 +9,9 @@ CUDA, kernels issued from two threads onto the default stream would serialise, h
 Drafter work that nothing overlaps (the synchronous draft, following a verified outcome) runs on
 the caller's thread instead (`run`), still on the drafter's stream, with every core: on CPU a
 second thread that once ran with several intra-op threads keeps its own OpenMP team, and with two
-teams on two cores the target ran about 25% slower from then on, even with the drafter idle
-(measured: 35 -> 44 ms per plain-decoding token in the same process, back to 35 once the
-drafter's thread had only ever used its own share).
+teams on two cores every later target pass was slower, even with the drafter idle (measured
+side by side in one `d3d bench` process: plain decoding 21-22 tok/s before this change, 27-28
+after; `benchmarks/results/README.md`, sxs_executor_*).
 """
 
 from __future__ import annotations

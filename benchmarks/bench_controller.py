@@ -1,0 +1,67 @@
+"""What the adaptive controller chooses and what each plan's cycles cost, at one concurrency.
+
+ar and async (adaptive, the server's defaults unless overridden) engines share one target; the
+prompts run in groups of --concurrency, each group through both engines in turn. Prints the
+tokens/s of both, then, for async, the cycles per (batch, block) with their mean time, and the
+controller's estimates per bucket. No timing is asserted; pause background jobs first.
+
+    .venv/bin/python benchmarks/bench_controller.py --concurrency 4 --num-prompts 16
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import time
+
+from sglang_d3d.cli_args import add_engine_args, engine_config
+from sglang_d3d.config import SamplingParams
+from sglang_d3d.engine.engine import SpecEngine
+from sglang_d3d.engine.factory import load_models
+from sglang_d3d.engine.offline import generate
+from sglang_d3d.prompts import chat_ids, load_questions
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_engine_args(p, adaptive=True)
+    p.add_argument("--dataset", default="gsm8k")
+    p.add_argument("--num-prompts", type=int, default=16)
+    p.add_argument("--concurrency", type=int, default=1)
+    p.add_argument("--max-new-tokens", type=int, default=64)
+    a = p.parse_args()
+    if a.concurrency < 1 or a.num_prompts < 1:
+        p.error("--concurrency and --num-prompts must be at least 1")
+    target, drafter, tok = load_models(engine_config(a, "async"))
+    engines = {"ar": SpecEngine(engine_config(a, "ar"), target, None),
+               "async": SpecEngine(engine_config(a, "async"), target, drafter)}
+    prompts = [chat_ids(tok, q) for q in load_questions(a.dataset, a.num_prompts)]
+    params = SamplingParams(max_new_tokens=a.max_new_tokens, stop_token_ids=(tok.eos_token_id,))
+    generate(engines["ar"], prompts[:1], SamplingParams(max_new_tokens=8))  # first-call costs
+    seconds, tokens = collections.Counter(), collections.Counter()
+    for i in range(0, len(prompts), a.concurrency):
+        for name, e in engines.items():
+            t0 = time.perf_counter()
+            outs = generate(e, prompts[i : i + a.concurrency], params)
+            seconds[name] += time.perf_counter() - t0
+            tokens[name] += sum(len(o.token_ids) for o in outs)
+    print({n: f"{tokens[n] / seconds[n]:.1f} tok/s" for n in engines})
+    _print_cycles(engines["async"])
+
+
+def _print_cycles(engine: SpecEngine) -> None:
+    per = collections.defaultdict(list)
+    for c in engine.timeline.cycles:
+        per[(c.batch, c.block)].append(c.end)
+    for (batch, block), ts in sorted(per.items()):
+        print(f"batch {batch:2d} block {block:2d}: {len(ts):4d} cycles, mean {1e3 * sum(ts) / len(ts):6.1f} ms")
+    ctl = engine.controller
+    for b in sorted({k[0] for k in ctl.times}):
+        est = ctl._estimates(b, list(ctl.candidates))
+        print(f"bucket {b:2d}: " + "  ".join(
+            f"{p.block}{'o' if p.overlap else ''} {1e3 * s:.0f} ms {t:.1f} tok/s"
+            for p, (s, t) in est.items()))
+
+
+if __name__ == "__main__":
+    main()

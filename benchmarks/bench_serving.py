@@ -406,7 +406,7 @@ def _count(text: str) -> int:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="d3d bench-serving", description=__doc__.split("\n")[0])
     p.add_argument("--url", help="benchmark this running server (its mode) instead of --modes")
-    p.add_argument("--modes", nargs="+", default=["ar", "async"], choices=["ar", "sync", "async"])
+    p.add_argument("--modes", nargs="+", default=["ar", "async"], choices=["ar", "sync", "async", "fused"])
     p.add_argument("--datasets", nargs="+", default=list(DATASETS), type=_dataset,
                    help=f"{', '.join(DATASETS)}, or a JSONL file of prompts (e.g. code tasks)")
     p.add_argument("--concurrency", nargs="+", type=int, default=[1, 4, 16])

@@ -1,4 +1,4 @@
-"""`d3d bench`: ar, sync and async side by side in one process, on the same prompts.
+"""`d3d bench`: ar, sync, async and fused side by side in one process, on the same prompts.
 
 Modes are interleaved prompt by prompt so that machine noise hits them alike; greedy outputs
 must be identical across modes (checked, reported, and a non-zero exit if not).
@@ -25,7 +25,7 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dataset", default="gsm8k", help="gsm8k | mt_bench | FILE.jsonl")
     p.add_argument("--num-prompts", type=int, default=20)
     p.add_argument("--modes", default="ar,sync,async",
-                   help="comma-separated: ar, sync, async; a '-adaptive' suffix (sync-adaptive, "
+                   help="comma-separated: ar, sync, async, fused; a '-adaptive' suffix (sync-adaptive, "
                    "async-adaptive) runs that mode under the adaptive controller, which falls "
                    "back to plain decoding where speculation measures slower")
     p.add_argument("--max-new-tokens", type=int, default=256)
@@ -67,7 +67,7 @@ def mode_config(args: argparse.Namespace, name: str):
     controller on (whatever --adaptive says for the plain names)."""
     base, _, suffix = name.partition("-")
     if suffix not in ("", "adaptive"):
-        raise ValueError(f"unknown mode {name!r}: use ar, sync, async, or <mode>-adaptive")
+        raise ValueError(f"unknown mode {name!r}: use ar, sync, async, fused, or <mode>-adaptive")
     cfg = engine_config(args, Mode(base).value)
     return dataclasses.replace(cfg, adaptive=True) if suffix else cfg
 

@@ -10,11 +10,14 @@ from dataclasses import dataclass, field
 
 
 class Mode(str, enum.Enum):
-    """Decoding mode; all three run in one engine so they can be measured side by side."""
+    """Decoding mode; all of them run in one engine so they can be measured side by side."""
 
     AR = "ar"  # target only
     SYNC = "sync"  # draft, then verify, then draft (the DFlash-style sequential loop)
     ASYNC = "async"  # D3D: pre-draft branches for round k+1 while the target verifies round k
+    # The drafter's next blocks ride in the target's verify pass, anchored at the drafts under
+    # verification (speculative/fused.py): a full-depth drafter on the target's device only.
+    FUSED = "fused"
 
 
 class BranchPolicy(str, enum.Enum):
@@ -63,7 +66,7 @@ class SpecConfig:
 
     block_size: int = 16
     branch_policy: BranchPolicy = BranchPolicy.TOPK
-    branch_budget: int = 4  # number of branches pre-drafted under TOPK
+    branch_budget: int = 4  # number of branches pre-drafted under TOPK (fused: per verify)
     guesses_per_position: int = 1  # correction-token guesses per rejection position
 
     def __post_init__(self) -> None:

@@ -8,6 +8,16 @@ from sglang_d3d.config import BranchPolicy, EngineConfig, Mode, SpecConfig
 from sglang_d3d.engine.engine import SpecEngine
 
 
+# Modes that run over any drafter; fused runs drafter and target as one model, so it needs a
+# full-depth drafter (the "production" layout: tiny_prod_models).
+SEPARATE_MODES = [m for m in Mode if m is not Mode.FUSED]
+
+
+def mode_layouts(layouts: list[str]) -> list[tuple[str, Mode]]:
+    """(layout, mode) pairs a test can run: fused only over the full-depth layout."""
+    return [(lay, m) for lay in layouts for m in Mode if m is not Mode.FUSED or lay == "production"]
+
+
 def make_engine(models, mode: Mode, block: int = 4, policy=BranchPolicy.TOPK, budget: int = 4,
                 guesses: int = 1, batch: int = 4, context: int = 256, **kw) -> SpecEngine:
     _, target, drafter = models

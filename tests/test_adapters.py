@@ -4,7 +4,8 @@ import pytest
 import torch
 from torch import nn
 
-from sglang_d3d.models.adapters import Gate, LowRankDelta, StackedDelta, plus_gated
+from sglang_d3d.models.adapters import Gate, LowRankDelta, SmallDelta, StackedDelta, plus_gated
+from sglang_d3d.models.cpu_linear import probe
 
 
 def _group(gate: Gate, outs=(12, 4, 4), rank=3, seed=0):
@@ -23,9 +24,12 @@ def _base(deltas, x):  # [N, T, in] -> [N, T, sum out], the fused projection wit
     return torch.cat([d.base(x) for d in deltas], -1)
 
 
+@pytest.mark.parametrize("small_rows", [SmallDelta.MAX_ROWS, 0])  # OpenBLAS path, torch path
 @pytest.mark.parametrize("mask", [[[0, 1, 1, 0], [1, 0, 0, 1]], [[1, 1, 1, 1], [1, 1, 1, 1]],
-                                  [[0, 0, 0, 0], [0, 0, 0, 0]]])
-def test_stacked_form_matches_per_delta_form(mask):
+                                  [[0, 0, 0, 0], [0, 0, 0, 0]], [[0, 0, 1, 1], [1, 1, 0, 0]]])
+def test_stacked_form_matches_per_delta_form(mask, small_rows, monkeypatch):
+    """Scattered mask rows, all rows, none, and one run of rows (views, no gather)."""
+    monkeypatch.setattr(SmallDelta, "MAX_ROWS", small_rows)
     gate = Gate()
     deltas = _group(gate)
     x = torch.randn(2, 4, 8, generator=torch.Generator().manual_seed(1))  # [N, T, in]
@@ -61,6 +65,18 @@ def test_stacked_form_follows_training_updates():
 def test_gate_rows_are_the_mask_tokens():
     gate = Gate()
     gate.set(torch.tensor([[False, True], [True, False]]), torch.float32)
-    assert gate.rows.tolist() == [1, 2]
+    assert gate.rows.tolist() == [1, 2] and gate.span == (1, 3)
+    gate.set(torch.tensor([[True, False], [False, True]]), torch.float32)
+    assert gate.rows.tolist() == [0, 3] and gate.span is None
     gate.clear()
-    assert gate.value is None and gate.rows is None
+    assert gate.value is None and gate.rows is None and gate.span is None
+
+
+def test_small_delta_is_built_for_fp32_cpu_only():
+    gate = Gate()
+    stacked = StackedDelta(_group(gate))
+    stacked.weights()
+    assert (stacked.small is not None) == (probe().openblas is not None)
+    double = StackedDelta(tuple(d.double() for d in _group(Gate())))
+    double.weights()
+    assert double.small is None

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 from conftest import layout_models, reference_greedy
-from engine_helpers import make_engine
+from engine_helpers import make_engine, mode_layouts
 
 from sglang_d3d.api import RequestTooLongError
 from sglang_d3d.config import Mode, SamplingParams
@@ -74,9 +74,9 @@ def test_drafter_recovers_after_a_transient_fault(request, layout, block):
     assert state["n"] > 6  # the drafter was used again after the fault
 
 
-@pytest.mark.parametrize("layout,block", [("tiny", 7), ("production", 16)])
-@pytest.mark.parametrize("mode", list(Mode))
-def test_prompt_near_the_context_limit(request, layout, block, mode):
+@pytest.mark.parametrize("layout,mode", mode_layouts(["tiny", "production"]))
+def test_prompt_near_the_context_limit(request, layout, mode):
+    block = {"tiny": 7, "production": 16}[layout]
     models = layout_models(request, layout)
     eng = make_engine(models, mode, block=block, context=64)
     prompt = (list(range(3, 90)) * 2)[:54]

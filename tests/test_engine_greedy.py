@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 from conftest import reference_greedy
-from engine_helpers import OracleDrafter, make_engine
+from engine_helpers import SEPARATE_MODES, OracleDrafter, make_engine
 
 from sglang_d3d.config import BranchPolicy, Mode, SamplingParams
 from sglang_d3d.engine.adaptive import Plan
@@ -22,9 +22,10 @@ def _prompts(seed: int, n: int = 3) -> list[list[int]]:
 
 @pytest.mark.parametrize("mode", list(Mode))
 @pytest.mark.parametrize("block", [2, 4, 7])
-def test_modes_equal_target_greedy(tiny_models, mode, block):
-    hf = tiny_models[0]
-    outs = generate(make_engine(tiny_models, mode, block), PROMPTS, SamplingParams(max_new_tokens=24))
+def test_modes_equal_target_greedy(request, mode, block):
+    models = request.getfixturevalue("tiny_prod_models" if mode is Mode.FUSED else "tiny_models")
+    hf = models[0]
+    outs = generate(make_engine(models, mode, block), PROMPTS, SamplingParams(max_new_tokens=24))
     for prompt, out in zip(PROMPTS, outs):
         assert out.error is None
         assert out.token_ids == reference_greedy(hf, prompt, 24)
@@ -88,7 +89,7 @@ def test_async_branch_budgets_equal_target_greedy(tiny_models, seed, policy, bud
 
 def test_qwen3_family(tiny_qwen_models):
     hf = tiny_qwen_models[0]
-    for mode in Mode:
+    for mode in SEPARATE_MODES:  # fused over Qwen3: test_engine_fused.py
         outs = generate(make_engine(tiny_qwen_models, mode, 5), PROMPTS[:2], SamplingParams(max_new_tokens=16))
         for prompt, out in zip(PROMPTS, outs):
             assert out.token_ids == reference_greedy(hf, prompt, 16)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 from conftest import layout_models
-from engine_helpers import make_engine
+from engine_helpers import make_engine, mode_layouts
 
 from sglang_d3d.config import Mode, SamplingParams
 from sglang_d3d.engine.offline import generate
@@ -14,9 +14,9 @@ from sglang_d3d.speculative.sampling import target_probs
 PROMPT = [5, 6, 7, 8]
 
 
-@pytest.mark.parametrize("layout,block", [("tiny", 4), ("production", 16)])
-@pytest.mark.parametrize("mode", list(Mode))
-def test_same_seed_same_output(request, layout, block, mode):
+@pytest.mark.parametrize("layout,mode", mode_layouts(["tiny", "production"]))
+def test_same_seed_same_output(request, layout, mode):
+    block = {"tiny": 4, "production": 16}[layout]
     models = layout_models(request, layout)
     p = SamplingParams(temperature=0.8, top_p=0.9, seed=11, max_new_tokens=20)
     a = generate(make_engine(models, mode, block=block), [PROMPT], p)[0].token_ids

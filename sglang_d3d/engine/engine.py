@@ -3,7 +3,8 @@
 request at once.
 
 Modes share everything but the drafting: `ar` verifies no drafts (plain decoding), `sync`
-drafts then verifies, `async` also pre-drafts the next block while the target verifies. The
+drafts then verifies, `async` also pre-drafts the next block while the target verifies, and
+`fused` drafts the next block inside the verify pass itself (speculative/fused.py). The
 target runs on the calling thread, the drafter on an `Executor` thread (and CUDA stream).
 """
 
@@ -21,10 +22,12 @@ from sglang_d3d.engine.scheduler import Scheduler, plan_chunks
 from sglang_d3d.engine.sequence import Sequence
 from sglang_d3d.models.decoder import Decoder
 from sglang_d3d.models.drafter import D3DDrafter
+from sglang_d3d.models.fused_runner import FusedRunner
 from sglang_d3d.models.target import TargetRunner
 from sglang_d3d.speculative.cycle import Outcome, Plan, Verdict, record, run_cycle
 from sglang_d3d.speculative.drafting import Drafting
 from sglang_d3d.speculative.executor import Executor
+from sglang_d3d.speculative.fused import FusedDrafting
 from sglang_d3d.speculative.logprobs import token_logprobs
 from sglang_d3d.speculative.sampling import make_generator, sample, target_probs
 from sglang_d3d.speculative.threads import intra_op_threads
@@ -46,9 +49,13 @@ class SpecEngine:
         self.vocab_size = target.arch.vocab_size
         self.eos_token_ids = frozenset(eos_token_ids)
         slots, block = cfg.max_batch_size, cfg.spec.block_size
-        self.target = TargetRunner(target, slots, cfg.max_context + block + 1)
-        self.drafting = None
-        if drafter is not None and cfg.mode is not Mode.AR:
+        fused = cfg.mode is Mode.FUSED
+        scratch = FusedDrafting.scratch(cfg.spec, drafter.cfg.smallest_block) if fused else 0
+        self.target = TargetRunner(target, slots, cfg.max_context + block + 1 + scratch)
+        self.drafting: Drafting | FusedDrafting | None = None
+        if fused:
+            self.drafting = FusedDrafting(FusedRunner(drafter, self.target), cfg.spec)
+        elif drafter is not None and cfg.mode is not Mode.AR:
             self.drafting = Drafting.create(drafter, slots, cfg.max_context, cfg.spec,
                                             cfg.prefill_chunk, cfg.max_prefill_tokens,
                                             self.target.cache)
@@ -56,12 +63,17 @@ class SpecEngine:
         # Prefill sharing (_share_prefills): follower id -> leader, leader id -> followers.
         self._leader_of: dict[int, Sequence] = {}
         self._followers: dict[int, list[Sequence]] = {}
-        draft_device = self.drafting.runner.device if self.drafting is not None else cfg.device
+        draft_device = self.drafting.runner.device if self._separate_drafter else cfg.device
         self.executor = Executor(draft_device, cfg.draft_threads)
         self.timeline = Timeline()
         self.cycle_listeners: list = []
         self.controller = BlockController(self._candidate_plans()) if cfg.adaptive else None
         self._steps = 0
+
+    @property
+    def _separate_drafter(self) -> bool:
+        """The drafter runs passes of its own (sync, async), on the executor's device."""
+        return isinstance(self.drafting, Drafting)
 
     def _candidate_plans(self) -> tuple[Plan, ...]:
         s = self.cfg
@@ -218,31 +230,47 @@ class SpecEngine:
     def _cycle(self, rows: list[Sequence], plan: Plan) -> list[TokenEvent]:
         self._steps += 1
         alone = self._alone_threads
-        verify = partial(self._verify, threads=self.cfg.target_threads if plan.overlap else alone)
-        outcomes = run_cycle(rows, self.drafting, verify, self.executor, plan, self._steps, alone)
+        if isinstance(self.drafting, FusedDrafting):
+            with intra_op_threads(alone):
+                outcomes = self.drafting.cycle(rows, self._accept, plan, self._steps)
+        else:
+            verify = partial(self._verify, threads=self.cfg.target_threads if plan.overlap else alone)
+            outcomes = run_cycle(rows, self.drafting, verify, self.executor, plan, self._steps, alone)
         times = outcomes[0].times
         self.timeline.add(times)
         if self.controller is not None:
-            per_row = [(o.stats.num_drafts, o.stats.num_accepted) for o in outcomes if o.stats]
-            self.controller.observe(len(rows), plan, times.end, per_row)
+            self.controller.observe(len(rows), plan, times.end, self._tested(plan, outcomes))
         return [self._settle(s, o) for s, o in zip(rows, outcomes, strict=True)]
+
+    def _tested(self, plan: Plan, outcomes: list[Outcome]) -> list[tuple[int, int]]:
+        """(drafts put to the test, accepted) per row, for the controller's acceptance rates.
+        A fused cycle that missed its branches verifies no drafts the next time; counting its
+        block's drafts as rejected folds that miss rate into the rates, so the controller's
+        expected tokens per cycle stay right."""
+        fused = isinstance(self.drafting, FusedDrafting) and plan.block > 1
+        return [(max(o.stats.num_drafts, plan.block - 1) if fused else o.stats.num_drafts,
+                 o.stats.num_accepted) for o in outcomes if o.stats]
 
     def _verify(self, rows: list[Sequence], tokens: torch.Tensor, proposals: list,
                 threads: int) -> list[Verdict]:
-        """tokens [N, B]: the target scores every row's block in one pass, then each row is
-        accepted on its own, so one request's failure fails it alone."""
+        """tokens [N, B]: the target scores every row's block in one pass."""
         with intra_op_threads(threads):
             logits = self.target.forward_block([s.slot for s in rows], tokens)  # [N, B, V]
+        return self._accept(rows, tokens[:, 1:].tolist(), proposals, list(logits))
+
+    def _accept(self, rows: list[Sequence], drafts: list[list[int]], proposals: list,
+                logits: list[torch.Tensor]) -> list[Verdict]:
+        """logits [G+1, V] per row: each row is accepted on its own, so one request's failure
+        fails it alone; the target keeps the accepted drafts and the last verified token."""
         verdicts = []
         for i, s in enumerate(rows):
             try:
-                n, token = verify_draft(tokens[i, 1:].tolist(), proposals[i], logits[i], s.params,
-                                        s.generator)
+                n, token = verify_draft(drafts[i], proposals[i], logits[i], s.params, s.generator)
             except Exception as e:  # noqa: BLE001 - one request's failure must not stop the others
                 verdicts.append(Verdict(error=f"{type(e).__name__}: {e}"))
                 continue
             self.target.advance(s.slot, n + 1)  # the accepted drafts and the last verified token
-            verdicts.append(Verdict(n, token, logits[i, : n + 1]))
+            verdicts.append(Verdict(n, token, logits[i][: n + 1]))
         return verdicts
 
     def _settle(self, s: Sequence, o: Outcome) -> TokenEvent:

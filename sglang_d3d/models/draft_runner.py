@@ -6,7 +6,7 @@ import torch
 
 from sglang_d3d.models.drafter import D3DDrafter
 from sglang_d3d.models.kv_cache import KVCache
-from sglang_d3d.models.packing import Pack, branch_token_index
+from sglang_d3d.models.packing import Pack, branch_token_index, layout
 
 
 class DraftRunner:
@@ -30,7 +30,7 @@ class DraftRunner:
         slots = [s for s, _ in rows]
         t = max(len(p.input_ids) for _, p in rows)
         lens = [self.lengths[s] for s in slots]
-        ids, pos, write, mask = self._layout(rows, lens, t)
+        ids, pos, write, mask = layout([p for _, p in rows], lens, t)
         dev = self.device
         h = self.model.hidden(
             ids.to(dev), pos.to(dev), mask.to(dev), self.cache, slots, write.to(dev),
@@ -61,24 +61,6 @@ class DraftRunner:
             mask = torch.ones(c, base + c, dtype=torch.bool, device=dev).tril(base)  # causal
             self.model.hidden(part, pos, mask.unsqueeze(0), self.cache, [slot], pos, fast=self.fast)
             self.lengths[slot] = base + c
-
-    def _layout(self, rows, lens: list[int], t: int):
-        n = len(rows)
-        span = max(lens) + t
-        ids = torch.zeros(n, t, dtype=torch.long)
-        pos = torch.zeros(n, t, dtype=torch.long)
-        write = torch.zeros(n, t, dtype=torch.long)
-        mask = torch.zeros(n, t, span, dtype=torch.bool)
-        for r, ((_, p), base) in enumerate(zip(rows, lens)):
-            m = len(p.input_ids)
-            ids[r, :m] = torch.tensor(p.input_ids)
-            pos[r, :m] = base + torch.tensor(p.rel_pos)
-            pos[r, m:] = base
-            write[r] = base + torch.arange(t)  # padding lands in scratch past the pack
-            write[r, :m] = base + torch.tensor(p.rel_write)
-            mask[r, :, :base] = True
-            mask[r, :, base : base + t] = p.intra_mask(t)
-        return ids, pos, write, mask
 
     def adopt(self, slot: int, source: KVCache, n: int) -> None:
         """Commit the next n tokens by copying their keys and values from `source` (the

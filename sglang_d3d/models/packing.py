@@ -17,6 +17,12 @@ branch pack (asynchronous pre-drafting): [d1 .. dG | c_1 masks | c_2 masks | ...
     The d's are written at their final cache indices, so on a hit only c_b has to be moved
     (cache index L + branch_token_index(...) -> L + n_b), and on a miss d1..dn are already
     in place.
+fused pack (verify and draft in one pass):  [c d1 .. dG | masks after d_j1 | masks after d_j2 ...]
+    run over the target's own cache by a full-depth drafter (speculative/fused.py): the clean
+    tokens are the target's verify block (causal, written where the target writes them), and
+    each branch is B-1 masks anchored at a verify token itself (pack index j: "j drafts
+    accepted"), seeing c, d1..dj and each other. No token is guessed: whatever the target
+    emits after d_j, the masks already predict the tokens after it.
 """
 
 from __future__ import annotations
@@ -86,6 +92,42 @@ def branch_pack(drafts: list[int], branches: list[tuple[int, int]], block: int) 
         c = p.add(tok, n, ctx)
         p.add_block(c, ctx, block)
     return p
+
+
+def fused_pack(verify: list[int], anchors: list[int], block: int) -> Pack:
+    """verify: the last accepted token then the drafts under verification; anchors: pack
+    indices (0 .. len(verify) - 1) after which a branch of B-1 masks predicts the next block.
+    blocks[0] is the verify block (its positions score the drafts), blocks[1 + k] branch k."""
+    p = Pack()
+    for i, tok in enumerate(verify):
+        p.add(tok, i, list(range(i)))
+    p.blocks.append(list(range(len(verify))))
+    for j in anchors:
+        p.add_block(j, list(range(j)), block)
+    return p
+
+
+def layout(packs: list[Pack], lens: list[int], t: int):
+    """Packs padded to t inputs, each after its row's committed length. -> input ids, RoPE
+    positions and cache write indices [N, t], and the attention mask [N, t, max(lens) + t]
+    (the committed prefix, then the pack's own `sees`; padding sees only itself and writes to
+    scratch past the pack)."""
+    n = len(packs)
+    span = max(lens) + t
+    ids = torch.zeros(n, t, dtype=torch.long)
+    pos = torch.zeros(n, t, dtype=torch.long)
+    write = torch.zeros(n, t, dtype=torch.long)
+    mask = torch.zeros(n, t, span, dtype=torch.bool)
+    for r, (p, base) in enumerate(zip(packs, lens)):
+        m = len(p.input_ids)
+        ids[r, :m] = torch.tensor(p.input_ids)
+        pos[r, :m] = base + torch.tensor(p.rel_pos)
+        pos[r, m:] = base
+        write[r] = base + torch.arange(t)
+        write[r, :m] = base + torch.tensor(p.rel_write)
+        mask[r, :, :base] = True
+        mask[r, :, base : base + t] = p.intra_mask(t)
+    return ids, pos, write, mask
 
 
 def branch_token_index(num_drafts: int, branch: int, block: int) -> int:

@@ -36,6 +36,11 @@ class PluginOptions:
                 f"{ENV_PREFIX}MODE=ar makes no sense for a speculative algorithm; "
                 "drop --speculative-algorithm instead"
             )
+        if self.mode is Mode.FUSED:
+            raise ValueError(
+                f"{ENV_PREFIX}MODE=fused runs only in the embedded engine (`d3d serve`): it "
+                "puts mask rows into the target's own forward pass, which here is SGLang's"
+            )
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> PluginOptions:

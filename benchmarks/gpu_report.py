@@ -85,6 +85,9 @@ def print_table(result: dict) -> None:
         row += "".join(f"{c[k]['cycle_over_max']:>8.2f}" for k in sorted(c))
         row += f"{c[_near(c, 4)]['back_to_back_over_max']:>9.2f}"
         print(row)
+        f = s.get("fused_ms", {})
+        if f:
+            print(f"{'':<22}fused B x k: " + "  ".join(f"{n} {ms:.1f}" for n, ms in f.items()))
     print("ms; v = target verify at block B, d = drafter pass with k branches, c/max = async")
     print("cycle / max(draft, verify) at block 16 (1.0 = full overlap), b2b = back to back.")
     for name, rows in result["projection"].items():

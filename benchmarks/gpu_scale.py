@@ -1,7 +1,8 @@
 """How D3D's passes scale on one GPU, and whether the drafter really overlaps the verify.
 
 For each model shape (random weights, gpu_shapes.py): the target's AR step, its verify pass at
-block sizes 4/8/16, the drafter's branch pass for 1/4/17 branches, and one async cycle (the
+block sizes 4/8/16, the drafter's branch pass for 1/4/17 branches, fused passes (a verify block
+of B with k mask blocks anchored at its tokens, the whole of a fused-mode cycle), and one async cycle (the
 drafter on its own thread and CUDA stream, as in both hosts' speculative Executor, while the
 target verifies a block of 16) against the same two passes back to back, as
 cycle / max(draft, verify): 1.0 is perfect overlap, (draft + verify) / max is none. Then a
@@ -29,7 +30,8 @@ from gpu_report import acceptance_sources, print_table, projections
 from gpu_shapes import BLOCK, DEFAULT_SHAPES, SHAPES, build_drafter, build_target
 
 from sglang_d3d.models.draft_runner import DraftRunner
-from sglang_d3d.models.packing import branch_pack, extend_pack
+from sglang_d3d.models.fused_runner import FusedRunner
+from sglang_d3d.models.packing import branch_pack, extend_pack, fused_pack
 from sglang_d3d.models.target import TargetRunner
 from sglang_d3d.speculative.drafting import draft_cache_len
 from sglang_d3d.speculative.executor import Executor
@@ -40,6 +42,7 @@ class Plan:
     context: int = 512  # tokens already in both caches
     blocks: tuple[int, ...] = (4, 8, 16)  # verify block sizes
     branches: tuple[int, ...] = (1, 4, 17)  # pre-drafted branches per drafter pass
+    fused: tuple[tuple[int, int], ...] = ((4, 1), (8, 2), (16, 4), (16, 16))  # (block, branches)
     warmup: int = 3
     iters: int = 10
 
@@ -82,7 +85,8 @@ class Passes:
         g = torch.Generator().manual_seed(seed)
         vocab = target.arch.vocab_size
         prompt = torch.randint(0, vocab, (plan.context,), generator=g).tolist()
-        self.target = TargetRunner(target, 1, plan.context + max(plan.blocks) + 1)
+        scratch = max(b + k * (b - 1) for b, k in plan.fused)  # a fused pack past the context
+        self.target = TargetRunner(target, 1, plan.context + max(max(plan.blocks), scratch) + 1)
         size = draft_cache_len(plan.context, BLOCK, BLOCK, max(plan.branches))
         self.drafter = DraftRunner(drafter, 1, size)
         self.target.prefill(0, prompt)
@@ -91,6 +95,16 @@ class Passes:
         drafts = torch.randint(0, vocab, (BLOCK - 1,), generator=g).tolist()
         hypotheses = [(i % BLOCK, (7 * i) % vocab) for i in range(max(plan.branches))]
         self.packs = {k: branch_pack(drafts, hypotheses[:k], BLOCK) for k in plan.branches}
+        self.fused_runner = FusedRunner(drafter, self.target)
+        self.fused_packs = {
+            (b, k): fused_pack(torch.randint(0, vocab, (b,), generator=g).tolist(),
+                               list(range(b))[-k:], b)
+            for b, k in plan.fused
+        }
+
+    def fused(self, block: int, branches: int) -> None:
+        """One fused-mode pass: verify `block` tokens, draft `branches` next blocks."""
+        self.fused_runner.run([(0, self.fused_packs[(block, branches)])])  # commits nothing
 
     def verify(self, block: int) -> None:
         self.target.forward_block([0], self.blocks[block])  # writes scratch, commits nothing
@@ -120,12 +134,14 @@ def measure_passes(passes: Passes, plan: Plan, device: torch.device) -> dict:
     fns = {"ar": passes.ar_step}
     fns.update({f"v{b}": (lambda b=b: passes.verify(b)) for b in plan.blocks})
     fns.update({f"d{k}": (lambda k=k: passes.draft(k)) for k in plan.branches})
+    fns.update({f"f{b}x{k}": (lambda b=b, k=k: passes.fused(b, k)) for b, k in plan.fused})
     with torch.inference_mode():
         ms = interleaved_ms(fns, device, plan)
     return {
         "ar_step_ms": ms["ar"],
         "verify_ms": {b: ms[f"v{b}"] for b in plan.blocks},
         "draft_ms": {k: ms[f"d{k}"] for k in plan.branches},
+        "fused_ms": {f"{b}x{k}": ms[f"f{b}x{k}"] for b, k in plan.fused},
         "cycle": {k: measure_cycle(passes, k, device, plan) for k in plan.branches},
     }
 

@@ -25,7 +25,8 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dataset", default="gsm8k", help="gsm8k | mt_bench | FILE.jsonl")
     p.add_argument("--num-prompts", type=int, default=20)
     p.add_argument("--modes", default="ar,sync,async",
-                   help="comma-separated: ar, sync, async, fused; a '-adaptive' suffix (sync-adaptive, "
+                   help="comma-separated: ar, sync, async, fused; an '@B' suffix sets the block "
+                   "size of that mode (fused@4); a '-adaptive' suffix (sync-adaptive, "
                    "async-adaptive) runs that mode under the adaptive controller, which falls "
                    "back to plain decoding where speculation measures slower")
     p.add_argument("--max-new-tokens", type=int, default=256)
@@ -64,11 +65,17 @@ def run_bench(args: argparse.Namespace) -> int:
 
 def mode_config(args: argparse.Namespace, name: str):
     """'async' -> the engine config for async; 'async-adaptive' -> the same with the adaptive
-    controller on (whatever --adaptive says for the plain names)."""
+    controller on (whatever --adaptive says for the plain names); an '@B' suffix ('fused@4',
+    'sync-adaptive@8') sets that mode's block size, so modes can run side by side each at
+    its own best block."""
+    name, _, block = name.partition("@")
     base, _, suffix = name.partition("-")
-    if suffix not in ("", "adaptive"):
-        raise ValueError(f"unknown mode {name!r}: use ar, sync, async, fused, or <mode>-adaptive")
+    if suffix not in ("", "adaptive") or (block and not block.isdigit()):
+        raise ValueError(f"unknown mode {name!r}: use ar, sync, async, fused, or "
+                         "<mode>-adaptive, optionally with @<block size>")
     cfg = engine_config(args, Mode(base).value)
+    if block:
+        cfg = dataclasses.replace(cfg, spec=dataclasses.replace(cfg.spec, block_size=int(block)))
     return dataclasses.replace(cfg, adaptive=True) if suffix else cfg
 
 

@@ -60,8 +60,12 @@ def test_bench_mode_names(tiny_pair_dir):
     assert mode_config(args, "async-adaptive").adaptive
     assert mode_config(args, "async-adaptive").mode is Mode.ASYNC
     assert not mode_config(args, "sync").adaptive
-    with pytest.raises(ValueError, match="unknown mode"):
-        mode_config(args, "async-fast")
+    assert mode_config(args, "sync@3").spec.block_size == 3
+    assert mode_config(args, "fused-adaptive@8").adaptive
+    assert mode_config(args, "fused-adaptive@8").spec.block_size == 8
+    for bad in ("async-fast", "sync@x"):
+        with pytest.raises(ValueError, match="unknown mode"):
+            mode_config(args, bad)
 
 
 def test_bad_dataset_row_is_reported(tmp_path):

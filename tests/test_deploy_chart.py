@@ -337,6 +337,8 @@ def test_schema_refuses_invalid_values(chart, values):
         ({"server": {"draftDevice": "cuda:1"}, "gpu": {"count": 1}}, "needs gpu.count > 1"),
         ({"server": {"draftDevice": "cuda"}}, "needs gpu.count > 0"),
         ({"server": {"backend": "sglang"}}, "backend=sglang runs on CUDA"),
+        ({"server": {"backend": "sglang", "mode": "fused"}, "gpu": {"count": 1}},
+         "fused runs in the embedded backend only"),
         ({"server": {"metricsNeedKey": True}}, "metricsNeedKey needs server.apiKeySecret.name"),
         (
             {"autoscaling": {"enabled": True, "minReplicas": 5, "maxReplicas": 2}},

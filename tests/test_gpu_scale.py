@@ -23,6 +23,8 @@ def test_the_whole_check_runs_on_cpu_with_tiny_shapes(tmp_path):
     assert shape["shape"]["family"] == "qwen3" and shape["ar_step_ms"] > 0
     assert sorted(shape["verify_ms"]) == ["16", "4", "8"]
     assert sorted(shape["draft_ms"]) == ["1", "17", "4"]
+    assert sorted(shape["fused_ms"]) == ["16x16", "16x4", "4x1", "8x2"]
+    assert all(ms > 0 for ms in shape["fused_ms"].values())
     for c in shape["cycle"].values():
         assert c["async_cycle_ms"] > 0 and c["cycle_over_max"] > 0
     (proj, *_) = saved["projection"]["qwen3-8b"]

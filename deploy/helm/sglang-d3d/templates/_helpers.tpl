@@ -57,7 +57,8 @@ app.kubernetes.io/component: server
 
 {{/*
 Checks the schema cannot express: the drafter's device must be one of the GPUs requested,
-the sglang backend needs a GPU (server/args.py: CUDA only), a closed /metrics needs an API key,
+the sglang backend needs a GPU (server/args.py: CUDA only) and cannot run fused mode (its verify
+pass is SGLang's), a closed /metrics needs an API key,
 and the autoscaler's bounds must be ordered.
 */}}
 {{- define "sglang-d3d.validate" -}}
@@ -72,6 +73,9 @@ and the autoscaler's bounds must be ordered.
 {{- end }}
 {{- if and (eq .Values.server.backend "sglang") (eq $gpus 0) }}
 {{- fail "server.backend=sglang runs on CUDA: set gpu.count >= 1 (or use backend embedded on CPU)" }}
+{{- end }}
+{{- if and (eq .Values.server.backend "sglang") (eq .Values.server.mode "fused") }}
+{{- fail "server.mode=fused runs in the embedded backend only: use async or sync with backend sglang" }}
 {{- end }}
 {{- if and .Values.server.metricsNeedKey (not .Values.server.apiKeySecret.name) }}
 {{- fail "server.metricsNeedKey needs server.apiKeySecret.name: a key to scrape /metrics with" }}

@@ -113,3 +113,16 @@ def test_fast_path_matches_the_plain_modules(tiny_models, tmp_path, fp32):
     assert DraftRunner(drafter, 1, 8).fast
     for plain, fused in zip(*outs):
         assert torch.allclose(plain, fused, atol=1e-4 if fp32 else 1e-8)
+
+
+def test_the_fast_path_is_built_before_the_first_pass(tiny_prod_models):
+    """A runner stacks every delta group at construction, so the first draft does not pay for
+    it (the adaptive controller would take that cost for the plan's)."""
+    import copy
+
+    drafter = copy.deepcopy(tiny_prod_models[2])  # a fresh fast path, not built yet
+    assert drafter._fused is None
+    DraftRunner(drafter, 1, 32)
+    groups = [g for layer in drafter.fused_layers()
+              for g in (layer._qkv, layer._o, layer._gate_up, layer._down)]
+    assert groups and all(g.a is not None and g.b is not None for g in groups)

@@ -189,6 +189,11 @@ class GatedFused:
         self._gate_up = StackedDelta((m.gate_proj, m.up_proj))
         self._down = StackedDelta((m.down_proj,))
 
+    def prepare(self) -> None:
+        """Stack every group's delta weights now (they are rebuilt if training changes them)."""
+        for group in (self._qkv, self._o, self._gate_up, self._down):
+            group.weights()
+
     def qkv(self, x: torch.Tensor) -> torch.Tensor:
         return self._qkv(self.base.qkv(x), x)
 

@@ -16,6 +16,8 @@ class DraftRunner:
         self.lengths = [0] * num_slots
         # The target's fused CPU kernels plus the deltas (models/adapters.py GatedFused).
         self.fast = fast and self.device.type == "cpu"
+        if self.fast:
+            drafter.prepare_inference()
 
     @property
     def device(self) -> torch.device:

@@ -34,6 +34,8 @@ class FusedRunner:
             )
         self.model = drafter
         self.target = target
+        if target.fast:
+            drafter.prepare_inference()
 
     @torch.inference_mode()
     def run(self, rows: list[tuple[int, Pack]]) -> list[tuple[torch.Tensor, torch.Tensor]]:

@@ -7,7 +7,6 @@ import torch
 from sglang_d3d.config import BranchPolicy, EngineConfig, Mode, SpecConfig
 from sglang_d3d.engine.engine import SpecEngine
 
-
 # Modes that run over any drafter; fused runs drafter and target as one model, so it needs a
 # full-depth drafter (the "production" layout: tiny_prod_models).
 SEPARATE_MODES = [m for m in Mode if m is not Mode.FUSED]

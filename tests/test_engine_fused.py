@@ -9,13 +9,13 @@ import torch
 from conftest import _load, reference_greedy
 from engine_helpers import make_engine
 
-from sglang_d3d.config import EngineConfig, Mode, SamplingParams
+from sglang_d3d.config import Mode, SamplingParams
 from sglang_d3d.engine.adaptive import Plan
-from sglang_d3d.engine.engine import SpecEngine
 from sglang_d3d.engine.offline import generate
 from sglang_d3d.models.drafter import MASK_ID
 from sglang_d3d.models.fused_runner import FusedRunner
 from sglang_d3d.models.packing import fused_pack
+from sglang_d3d.models.target import TargetRunner
 from sglang_d3d.speculative.fused import choose_anchors, outcome_probs
 from sglang_d3d.speculative.sampling import target_probs
 
@@ -49,12 +49,12 @@ def test_fused_pack_anchors_masks_at_verify_tokens():
     assert sorted(p.sees[6]) == [0, 1, 2, 5, 6]
 
 
-def test_fused_pass_verifies_exactly_as_the_target(tiny_prod_models):
+@pytest.mark.parametrize("fast", [True, False])  # False: the HF modules, as on a GPU
+def test_fused_pass_verifies_exactly_as_the_target(tiny_prod_models, fast):
     """The verify rows of a fused pass give the target's logits and cache entries; the masks
     change neither, and nothing is committed."""
     _, target, drafter = tiny_prod_models
-    eng = SpecEngine(EngineConfig(mode=Mode.AR, max_batch_size=2, max_context=64), target, None)
-    runner = eng.target
+    runner = TargetRunner(target, 2, 80, fast=fast)
     runner.prefill(0, [5, 6, 7, 8, 9])
     runner.prefill(1, [10, 11])
     fused = FusedRunner(drafter, runner)

@@ -2,11 +2,13 @@
 
 PROJECTION, not a measurement: the accepted lengths and branch hit rates come from `d3d bench`
 runs on CPU (SmolLM2-135M target, the project's trained drafter); the pass times come from the
-GPU run. Per shape, with tau the mean accepted length, h the branch hit rate and k the branch
-budget of that CPU run:
+GPU run. Per shape, with tau the mean accepted length (tokens per cycle), h the branch hit rate
+and k the branch budget of that CPU run, by the mode of the CPU row:
 
-    cycle      = h * async_cycle(k) + (1 - h) * (async_cycle(k) + draft(1))
-                 (a miss adds a synchronous draft, about one single-branch pass)
+    async  cycle = h * async_cycle(k) + (1 - h) * (async_cycle(k) + draft(1))
+                   (a miss adds a synchronous draft, about one single-branch pass)
+    sync   cycle = draft(1) + verify(B)
+    fused  cycle = fused(B x 1)  (one pass; a miss's next pass is no longer)
     projection = tau * ar_step / cycle
 
 It assumes the CPU acceptance carries over to each shape's family and size, which it need not.
@@ -18,44 +20,73 @@ import json
 from pathlib import Path
 
 RESULTS = Path(__file__).resolve().parent / "results"
-DEFAULT_SOURCES = ("bench_gsm8k20_step450.json", "bench_mtbench_step600.json")
+DEFAULT_SOURCES = (
+    "bench_gsm8k30_v2_step351.json", "bench_mtbench20_v2_step351.json",  # async, sitting 3
+    "bench_fused_gsm8k30_v2_step351.json", "bench_fused_mtbench20_v2_step351.json",  # sync, fused
+)
+PROJECTED = ("async", "sync", "fused")  # fixed plans only: an adaptive row mixes plans
 
 
 def acceptance_sources(paths: list[str] | None) -> list[dict]:
-    """The async rows of CPU `d3d bench` result files (missing files are skipped)."""
+    """The async, sync and fused rows (mode names as `d3d bench` writes them: 'sync@8') of CPU
+    `d3d bench` result files; missing files are skipped."""
     files = [Path(p) for p in paths] if paths else [RESULTS / f for f in DEFAULT_SOURCES]
     out = []
     for f in files:
         if not f.is_file():
             continue
         run = json.loads(f.read_text())
-        row = run.get("modes", {}).get("async")
-        if row is None:
-            continue
-        out.append(
-            {
-                "source": f.name,
-                "dataset": run.get("dataset"),
-                "drafter": run.get("drafter"),
-                "branch_budget": run.get("branch_budget", 4),
-                "mean_accepted_length": row["mean_accepted_length"],
-                "branch_hit_rate": row.get("branch_hit_rate") or 0.0,
-            }
-        )
+        for name, row in run.get("modes", {}).items():
+            mode, _, block = name.partition("@")
+            if mode not in PROJECTED:
+                continue
+            out.append(
+                {
+                    "source": f"{f.name}:{name}",
+                    "mode": mode,
+                    "block": int(block or run.get("block_size") or 16),
+                    "dataset": run.get("dataset"),
+                    "drafter": run.get("drafter"),
+                    "branch_budget": run.get("branch_budget", 4),
+                    "mean_accepted_length": row["mean_accepted_length"],
+                    "branch_hit_rate": row.get("branch_hit_rate") or 0.0,
+                }
+            )
     return out
+
+
+def _nearest(d: dict, key):
+    return d[min(d, key=lambda k: abs(_num(k) - _num(key)))]
+
+
+def _num(k) -> float:
+    return float(str(k).split("x")[0])  # "4x1" -> 4: fused passes are keyed "BxK"
+
+
+def project_cycle(shape: dict, acc: dict) -> tuple[float, int]:
+    """-> (the projected cycle in ms, branches it assumes)."""
+    mode = acc.get("mode", "async")
+    one_branch = shape["draft_ms"][min(shape["draft_ms"], key=float)]
+    if mode == "sync":
+        return one_branch + _nearest(shape["verify_ms"], acc["block"]), 0
+    if mode == "fused":
+        ones = {k: v for k, v in shape["fused_ms"].items() if k.endswith("x1")}
+        return _nearest(ones, acc["block"]), 1
+    cycles = shape["cycle"]
+    k = min(cycles, key=lambda b: abs(float(b) - acc["branch_budget"]))  # nearest measured budget
+    hit = cycles[k]["async_cycle_ms"]
+    h = acc["branch_hit_rate"]
+    return h * hit + (1 - h) * (hit + one_branch), k
 
 
 def project(shape: dict, acc: dict) -> dict:
     """One shape's projected speedup over its AR step, from one CPU acceptance source."""
-    cycles = shape["cycle"]
-    k = min(cycles, key=lambda b: abs(b - acc["branch_budget"]))  # nearest measured budget
-    hit = cycles[k]["async_cycle_ms"]
-    miss = hit + shape["draft_ms"][min(shape["draft_ms"])]
+    cycle, k = project_cycle(shape, acc)
     h = acc["branch_hit_rate"]
-    cycle = h * hit + (1 - h) * miss
     return {
         "label": "PROJECTION (CPU acceptance x GPU pass times), not a measured speedup",
         "source": acc["source"],
+        "mode": acc.get("mode", "async"),
         "dataset": acc["dataset"],
         "mean_accepted_length": acc["mean_accepted_length"],
         "branch_hit_rate": h,
@@ -93,7 +124,7 @@ def print_table(result: dict) -> None:
     for name, rows in result["projection"].items():
         for p in rows:
             print(
-                f"PROJECTION {name}: {p['projected_speedup']:.2f}x over AR "
+                f"PROJECTION {name} {p.get('mode', 'async')}: {p['projected_speedup']:.2f}x over AR "
                 f"(tau {p['mean_accepted_length']:.2f}, hit rate {p['branch_hit_rate']:.2f}, "
                 f"from {p['source']}; not measured)"
             )

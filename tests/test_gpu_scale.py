@@ -43,3 +43,35 @@ def test_projection_is_the_documented_formula():
     # cycle = 0.25 * 12 + 0.75 * (12 + 4) = 15; speedup = 2.0 * 10 / 15
     assert p["branches"] == 4 and p["projected_cycle_ms"] == pytest.approx(15.0)
     assert p["projected_speedup"] == pytest.approx(20.0 / 15.0)
+
+
+def test_sync_and_fused_projections():
+    shape = {
+        "ar_step_ms": 10.0,
+        "verify_ms": {4: 11.0, 8: 12.0},
+        "draft_ms": {1: 4.0, 4: 6.0},
+        "fused_ms": {"4x1": 13.0, "8x2": 15.0, "16x1": 20.0},
+        "cycle": {1: {"async_cycle_ms": 11.0}},
+    }
+    base = dict(dataset="d", branch_budget=1, branch_hit_rate=0.7)  # fmt: skip
+    sync = gpu_report.project(shape, dict(base, source="s", mode="sync", block=8,
+                                          mean_accepted_length=2.8))
+    assert sync["projected_cycle_ms"] == pytest.approx(4.0 + 12.0)  # a draft, then a verify
+    fused = gpu_report.project(shape, dict(base, source="f", mode="fused", block=4,
+                                           mean_accepted_length=1.5))
+    assert fused["projected_cycle_ms"] == pytest.approx(13.0)  # one pass: verify 4 + 1 branch
+    assert fused["projected_speedup"] == pytest.approx(1.5 * 10.0 / 13.0)
+
+
+def test_acceptance_sources_read_fixed_plans_only(tmp_path):
+    run = {"dataset": "gsm8k", "block_size": 8, "branch_budget": 1, "modes": {
+        "ar": {"mean_accepted_length": 1.0},
+        "sync@8": {"mean_accepted_length": 2.8},
+        "async-adaptive@8": {"mean_accepted_length": 2.6, "branch_hit_rate": 0.2},
+        "fused@4": {"mean_accepted_length": 1.5, "branch_hit_rate": 0.7},
+        "async": {"mean_accepted_length": 2.7, "branch_hit_rate": 0.1},
+    }}
+    f = tmp_path / "run.json"
+    f.write_text(json.dumps(run))
+    got = {(a["mode"], a["block"]) for a in gpu_report.acceptance_sources([str(f)])}
+    assert got == {("sync", 8), ("fused", 4), ("async", 8)}

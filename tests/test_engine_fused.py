@@ -64,7 +64,7 @@ def test_fused_pass_verifies_exactly_as_the_target(tiny_prod_models, fast):
     keys = runner.cache.k[:, :2, :9].clone()
     for slot, (verify, branches), toks in zip((0, 1), out, blocks):
         want = runner.forward_block([slot], torch.tensor([toks]))[0]
-        assert torch.allclose(verify, want.float(), atol=1e-9)
+        assert verify.dtype == want.dtype and torch.allclose(verify, want, atol=1e-12)
         assert branches.shape[1] == 3 and torch.isfinite(branches).all()
     assert out[0][1].shape[0] == 2 and out[1][1].shape[0] == 1
     assert torch.allclose(runner.cache.k[:, 0, 5:9], keys[:, 0, 5:9])  # verify entries: the target's

@@ -151,3 +151,20 @@ def test_submit_all_is_all_or_nothing(tiny_models):
     with pytest.raises(QueueFullError):
         eng.submit_all(reqs)
     assert eng.num_waiting == 0
+
+
+def test_fused_logprobs_are_the_targets(tiny_prod_models):
+    """Fused mode scores emitted tokens with the verify rows of its one pass (oracle branches:
+    long acceptances, so most tokens come from draft rows)."""
+    from test_engine_fused import OracleBranches
+
+    hf = tiny_prod_models[0]
+    eng = make_engine(tiny_prod_models, Mode.FUSED, block=5, budget=1)
+    OracleBranches(eng, hf)
+    spec = run(eng, greedy_requests(3))
+    assert sum(len(e.token_ids) > 1 for evs in spec.values() for e in evs) > 0
+    for i, prompt in enumerate(PROMPTS):
+        toks, lps = tokens_and_logprobs(spec[f"r{i}"])
+        assert toks == reference_greedy(hf, prompt, 20)
+        ref = forward_logprobs(hf, prompt, toks)
+        assert [x.logprob for x in lps] == pytest.approx(ref.tolist(), abs=1e-9)

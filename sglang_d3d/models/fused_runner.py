@@ -40,7 +40,8 @@ class FusedRunner:
     @torch.inference_mode()
     def run(self, rows: list[tuple[int, Pack]]) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """One pass over fused packs (one per target slot). -> per row (verify logits
-        [G+1, V], branch logits [K, B-1, V] of each branch's masks), float32.
+        [G+1, V], branch logits [K, B-1, V] of each branch's masks), in the model's dtype, as the
+        target's own verify logits.
 
         Writes every input's keys and values past the row's length without advancing it: the
         verify block lands where `TargetRunner.forward_block` puts it, the masks in scratch
@@ -53,7 +54,7 @@ class FusedRunner:
                               write.to(dev), fast=self.target.fast)  # [N, t, H]
         picks = [_scored(p) for p in packs]
         flat = torch.cat([h[r, idx.to(dev)] for r, idx in enumerate(picks)])  # [sum, H]
-        logits = self.model.logits(flat, fast=self.target.fast).float()  # [sum, V]
+        logits = self.model.logits(flat, fast=self.target.fast)  # [sum, V]
         return _split(logits, packs)
 
 

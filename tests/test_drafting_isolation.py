@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-import sglang_d3d.speculative.drafting as drafting_mod
+import sglang_d3d.speculative.sampling as sampling_mod
 from sglang_d3d.config import SamplingParams, SpecConfig
 from sglang_d3d.models.draft_runner import DraftRunner
 from sglang_d3d.speculative.drafting import MAX_DRAFTER_FAULTS, Drafting
@@ -40,14 +40,14 @@ def test_one_faulting_request_never_costs_the_others_their_drafts(tiny_models, m
     bad = rows[1]
     if fault == "sampling":
         # What a CPU generator meeting CUDA probabilities did: the draw raises for one request.
-        real = drafting_mod.sample_rows
+        real = sampling_mod.sample_rows  # what drafts are drawn with (draw_drafts)
 
         def sample_rows(q, generator):
             if generator is bad.generator:
                 raise RuntimeError("Expected a 'cuda' device type for generator")
             return real(q, generator)
 
-        monkeypatch.setattr(drafting_mod, "sample_rows", sample_rows)
+        monkeypatch.setattr(sampling_mod, "sample_rows", sample_rows)
     else:
         # The batched pass itself raises whenever the bad request's slot is in it.
         real_run = runner.run

@@ -20,8 +20,11 @@ from __future__ import annotations
 import copy
 import math
 
+import numpy as np
 import torch
 from torch import nn
+
+from sglang_d3d.models.cpu_linear import probe
 
 ATTN_PROJ = ("q_proj", "k_proj", "v_proj", "o_proj")
 MLP_PROJ = ("gate_proj", "up_proj", "down_proj")
@@ -153,8 +156,6 @@ class SmallDelta:
 
     @classmethod
     def build(cls, deltas: tuple[LowRankDelta, ...]) -> SmallDelta | None:
-        from sglang_d3d.models.cpu_linear import probe
-
         w = deltas[0].delta_a
         if w.dtype != torch.float32 or w.device.type != "cpu" or probe().openblas is None:
             return None
@@ -168,8 +169,6 @@ class SmallDelta:
 
     def __call__(self, xs: torch.Tensor) -> torch.Tensor:
         """xs [M, in] -> [M, out]."""
-        import numpy as np
-
         t = xs.contiguous().numpy() @ self.a_t  # [M, sum r]
         outs = [t[:, rs] @ bt for rs, bt in self.parts]
         return torch.from_numpy(outs[0] if len(outs) == 1 else np.concatenate(outs, axis=1))

@@ -23,7 +23,7 @@ from sglang_d3d.models.kv_cache import KVCache
 from sglang_d3d.models.packing import branch_pack, extend_pack
 from sglang_d3d.speculative.branches import match_branch, select_branches
 from sglang_d3d.speculative.draft_state import DraftState
-from sglang_d3d.speculative.sampling import RequestRandom, draft_probs, sample_rows
+from sglang_d3d.speculative.sampling import RequestRandom, draw_drafts
 
 log = logging.getLogger(__name__)
 MAX_DRAFTER_FAULTS = 3  # after this many, a request stops using the drafter
@@ -269,13 +269,9 @@ def _checked(logits: torch.Tensor) -> torch.Tensor:
 
 
 def _set_draft(s: DraftState, slot_logits: torch.Tensor) -> None:
-    """slot_logits [B, V] -> drafts (argmax, or sampled from q) and q [B, V]."""
-    q = draft_probs(slot_logits, s.params)
-    if s.params.greedy:
-        tokens = slot_logits.argmax(-1).tolist()
-    else:
-        tokens = sample_rows(q, s.generator)  # on q's device, one host sync
-    s.draft, s.draft_q = tokens[:-1], q
+    """slot_logits [B, V] -> drafts (the last slot only guesses the bonus) and q [B, V]."""
+    tokens, s.draft_q = draw_drafts(slot_logits, s.params, s.generator)
+    s.draft = tokens[:-1]
 
 
 def _placeholder(s: DraftState, block: int) -> None:

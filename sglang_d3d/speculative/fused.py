@@ -28,7 +28,7 @@ from sglang_d3d.config import SamplingParams, SpecConfig
 from sglang_d3d.models.fused_runner import FusedRunner
 from sglang_d3d.models.packing import fused_pack
 from sglang_d3d.speculative.cycle import Outcome, Plan, Row, Verdict
-from sglang_d3d.speculative.sampling import RequestRandom, draft_probs, sample_rows
+from sglang_d3d.speculative.sampling import RequestRandom, draw_drafts
 from sglang_d3d.speculative.stats import CycleStats
 from sglang_d3d.speculative.timeline import CycleTimes
 
@@ -136,9 +136,7 @@ class FusedDrafting:
         if not torch.isfinite(logits).any(-1).all():
             s.faults += 1  # no drafts this time: the next cycle verifies the token alone
             return False
-        q = draft_probs(logits, s.params)
-        s.draft = logits.argmax(-1).tolist() if s.params.greedy else sample_rows(q, s.generator)
-        s.draft_q = q
+        s.draft, s.draft_q = draw_drafts(logits, s.params, s.generator)
         return True
 
 

@@ -43,6 +43,16 @@ def draft_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     return torch.softmax(logits.float() / temperature, dim=-1)
 
 
+def draw_drafts(logits: torch.Tensor, params: SamplingParams,
+                generator: RequestRandom | torch.Generator | None) -> tuple[list[int], torch.Tensor]:
+    """Drafter slot logits [B, V] -> (one draft per slot: argmax, or drawn from q; q [B, V]).
+    Drafts must be drawn from the q that verification is given, or sampling is not exact."""
+    q = draft_probs(logits, params)
+    if params.greedy:
+        return logits.argmax(-1).tolist(), q
+    return sample_rows(q, generator), q  # on q's device, one host sync
+
+
 def sample_rows(probs: torch.Tensor, generator: RequestRandom | torch.Generator | None) -> list[int]:
     """One draw per row of probs [R, V], with one host sync for all rows. The only sampler
     outside verification (which draws by inverse CDF, verify.py): first tokens, drafts, and

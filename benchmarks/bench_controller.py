@@ -16,6 +16,7 @@ import time
 
 from sglang_d3d.cli_args import add_engine_args, engine_config
 from sglang_d3d.config import SamplingParams
+from sglang_d3d.engine.calibrate import calibrate
 from sglang_d3d.engine.engine import SpecEngine
 from sglang_d3d.engine.factory import load_models
 from sglang_d3d.engine.offline import generate
@@ -38,6 +39,10 @@ def main() -> None:
     prompts = [chat_ids(tok, q) for q in load_questions(a.dataset, a.num_prompts)]
     params = SamplingParams(max_new_tokens=a.max_new_tokens, stop_token_ids=(tok.eos_token_id,))
     generate(engines["ar"], prompts[:1], SamplingParams(max_new_tokens=8))  # first-call costs
+    if a.calibrate:  # as the server does at start-up (--no-calibrate: learn from traffic)
+        t0 = time.perf_counter()
+        table = calibrate(engines["async"])
+        print(f"calibrated in {time.perf_counter() - t0:.1f} s: {table}")
     seconds, tokens = collections.Counter(), collections.Counter()
     for i in range(0, len(prompts), a.concurrency):
         for name, e in engines.items():

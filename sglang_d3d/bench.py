@@ -14,6 +14,7 @@ from pathlib import Path
 
 from sglang_d3d.cli_args import add_engine_args, engine_config
 from sglang_d3d.config import Mode, SamplingParams
+from sglang_d3d.engine.calibrate import CalibrationConfig, calibrate
 from sglang_d3d.engine.engine import SpecEngine
 from sglang_d3d.engine.factory import load_models
 from sglang_d3d.engine.offline import generate
@@ -22,6 +23,7 @@ from sglang_d3d.prompts import chat_ids, load_questions
 
 def add_bench_args(p: argparse.ArgumentParser) -> None:
     add_engine_args(p, modes=True)
+    p.set_defaults(calibrate=True)  # adaptive modes start calibrated, as the server's does
     p.add_argument("--dataset", default="gsm8k", help="gsm8k | mt_bench | FILE.jsonl")
     p.add_argument("--num-prompts", type=int, default=20)
     p.add_argument("--modes", default="ar,sync,async",
@@ -47,13 +49,14 @@ def run_bench(args: argparse.Namespace) -> int:
         stop_token_ids=(tok.eos_token_id,), seed=0,
     )
     _warmup(engines, prompts[0], params)
+    calibration = _calibrate(engines)
     runs = {m: [] for m in modes}
     for i, ids in enumerate(prompts):
         for m in modes:
             runs[m].append(_timed(engines[m], ids, params))
         print(f"prompt {i + 1}/{len(prompts)}: " + "  ".join(
             f"{m} {r[-1]['tokens'] / r[-1]['seconds']:.1f} tok/s" for m, r in runs.items()))
-    report = _report(args, runs, params.greedy)
+    report = _report(args, runs, params.greedy) | {"calibration": calibration}
     _print(report)
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
@@ -84,6 +87,14 @@ def _warmup(engines, ids, params) -> None:
     for e in engines.values():
         generate(e, [ids], short)
         e.timeline.cycles.clear()
+
+
+def _calibrate(engines: dict) -> dict:
+    """Adaptive modes time their plans before the first prompt, as `d3d serve` does at
+    start-up; prompts run one at a time here, so batch 1 is all there is to time.
+    {mode: {bucket: {plan: seconds}}} for the report."""
+    return {m: calibrate(e, CalibrationConfig(max_batch=1))
+            for m, e in engines.items() if e.cfg.adaptive and e.cfg.calibrate}
 
 
 def _timed(engine: SpecEngine, ids: list[int], params: SamplingParams) -> dict:
@@ -145,4 +156,6 @@ def _print(report: dict) -> None:
     for m, s in report["modes"].items():
         vals = [s[c] for c in cols]
         print(f"{m:<6} " + " ".join(f"{v:>14.3f}" if isinstance(v, float) else f"{str(v):>14}" for v in vals))
+    for m, table in report.get("calibration", {}).items():
+        print(f"{m} calibrated (seconds per cycle by batch and plan): {table}")
     print(f"greedy outputs identical across modes: {report['greedy_identical']}")

@@ -39,6 +39,10 @@ def add_engine_args(
     g.add_argument("--adaptive", action=argparse.BooleanOptionalAction, default=adaptive,
                    help="choose the block size (or plain decoding) per batch size by measured "
                    f"throughput (default: {'on' if adaptive else 'off'})")
+    g.add_argument("--calibrate", action=argparse.BooleanOptionalAction, default=adaptive,
+                   help="with --adaptive: time every plan at every batch size on synthetic "
+                   "requests at start-up, before serving (default: "
+                   f"{'on' if adaptive else 'off'})")
     g.add_argument("--threads", type=int, default=None, help="CPU threads in all (default: all cores)")
 
 
@@ -76,6 +80,7 @@ def engine_config(args: argparse.Namespace, mode: str | None = None) -> EngineCo
         prefill_chunk=getattr(args, "prefill_chunk", EngineConfig.prefill_chunk),
         max_prefill_tokens=getattr(args, "max_prefill_tokens", EngineConfig.max_prefill_tokens),
         adaptive=getattr(args, "adaptive", False),
+        calibrate=getattr(args, "calibrate", False),
         target_threads=target_threads,
         draft_threads=draft_threads,
     )

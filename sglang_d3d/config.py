@@ -105,6 +105,9 @@ class EngineConfig:
     # adaptive=True replaces the budget rule by measurement: per batch size, the block size
     # (or target-only decoding) with the best measured tokens/s (engine/adaptive.py).
     adaptive: bool = False
+    # With adaptive: time every plan at every batch bucket on synthetic requests before serving
+    # (engine/calibrate.py), so no real request pays for the controller's warm-up cycles.
+    calibrate: bool = False
     # Chunked prefill: while other requests decode, a step prefills at most prefill_chunk
     # prompt tokens (one packed pass, then their decode cycle), so a long prompt no longer
     # stalls every stream; with nobody decoding, a pass takes up to max_prefill_tokens.

@@ -164,3 +164,54 @@ def test_a_larger_block_that_might_win_is_still_measured():
         seen.add(p)
         c.observe(1, p, 0.05 if p == one else 0.06, [] if p == one else [(p.block - 1, p.block - 1)])
     assert seen == {one, four, eight}
+
+
+def test_before_any_cycle_every_draft_reads_the_flat_prior():
+    c = BlockController(candidates=(Plan(1), Plan(4)))
+    assert c.accept_rates() == [0.5, 0.5, 0.5]  # one per draft of the largest block
+
+
+def test_the_drafters_measured_rates_lead_until_traffic_outweighs_them():
+    prior = (0.99, 0.6, 0.45)
+    c = BlockController(candidates=(Plan(1), Plan(4)), prior=prior, prior_weight=8.0)
+    assert c.accept_rates() == pytest.approx(list(prior))
+    for _ in range(8):  # real traffic accepts only the first draft
+        c.observe(1, Plan(4), 0.1, [(3, 1)])
+    rates = c.accept_rates()
+    assert rates[0] == pytest.approx((8 + 8 * 0.99) / 16)
+    assert rates[1] == pytest.approx((0 + 8 * 0.6) / 16)  # halfway to what traffic shows
+    assert rates[2] == pytest.approx(0.45)  # never reached: the prior alone
+
+
+def test_a_calibrated_time_counts_as_a_sample_but_teaches_no_acceptance():
+    c = BlockController(candidates=(Plan(1), Plan(4)), warmup=1)
+    c.observe_time(4, Plan(1), 0.04)
+    c.observe_time(4, Plan(4), 0.20)
+    assert c.samples == {(4, Plan(1)): 1, (4, Plan(4)): 1}
+    assert c.accepted == [] and c.reached == []
+    # both warmed up: the flat prior (1.875 tokens per row) cannot pay for 5x the time
+    assert c.choose(4) == Plan(1)
+
+
+def test_within_a_bucket_the_estimate_follows_the_actual_batch_size():
+    from sglang_d3d.engine.adaptive import along
+
+    assert along(0.1, 0.2, 2, 2) == 0.1 and along(0.1, 0.2, 2, 3) == pytest.approx(0.15)
+    one, four = Plan(1), Plan(4)
+    c = BlockController(candidates=(one, four), warmup=1, prior=(1.0, 0.6, 0.47))
+    for b, plain, spec in ((2, 0.040, 0.10), (4, 0.045, 0.20)):  # a CPU: spec rows are compute
+        c.observe_time(b, one, plain)
+        c.observe_time(b, four, spec)
+    # 2.88 tokens per row: at batch 2 speculating wins (57.6 vs 50 tok/s) ...
+    assert c.choose(2) == four
+    # ... at batch 3 (same bucket) its cycle takes 0.15 s, not 0.10: plain wins (70.6 vs 57.6)
+    assert c.choose(3) == one
+
+
+def test_a_cycle_measured_above_the_buckets_size_is_stored_at_that_size():
+    one = Plan(1)
+    c = BlockController(candidates=(one, Plan(4)), decay=0.5)
+    c.observe_time(2, one, 0.10)
+    c.observe_time(4, one, 0.20)
+    c.observe_time(3, one, 0.15)  # exactly the line between the two buckets
+    assert c.times[(2, one)] == pytest.approx(0.10)

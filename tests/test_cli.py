@@ -46,6 +46,9 @@ def test_bench_saves_a_report(tiny_pair_dir, tmp_path, capsys):
     report = json.loads(out.read_text())
     assert report["greedy_identical"] is True
     assert set(report["modes"]) == {"ar", "sync", "async", "async-adaptive"}
+    # the adaptive mode timed its plans at batch 1 (the only batch here) before the prompts
+    assert set(report["calibration"]) == {"async-adaptive"}
+    assert set(report["calibration"]["async-adaptive"]) == {"1"}  # JSON keys
     assert report["modes"]["ar"]["speedup_vs_ar"] == pytest.approx(1.0)
     assert "greedy outputs identical across modes: True" in capsys.readouterr().out
 

@@ -22,9 +22,12 @@ def test_no_flags_gives_the_engine_defaults():
 
     cfg = parse_args([])
     # A server adapts its block size to the load, and splits the cores between the two models.
-    assert cfg.engine.adaptive is True
+    # It times its plans at start-up, so no request pays for the controller's warm-up.
+    assert cfg.engine.adaptive is True and cfg.engine.calibrate is True
+    assert parse_args(["--no-calibrate"]).engine.calibrate is False
     assert cfg.engine.target_threads + cfg.engine.draft_threads == max(2, os.cpu_count() or 1)
-    same = dataclasses.replace(cfg.engine, adaptive=False, target_threads=1, draft_threads=1)
+    same = dataclasses.replace(cfg.engine, adaptive=False, calibrate=False, target_threads=1,
+                               draft_threads=1)
     assert same == EngineConfig()
     assert cfg.backend is Backend.EMBEDDED and cfg.model_name == "SmolLM2-135M-Instruct"
 

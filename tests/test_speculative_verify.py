@@ -114,3 +114,12 @@ def test_extreme_but_legal_sampling_values_stay_finite():
     assert torch.equal(tiny_p, torch.tensor([0.0, 1.0, 0.0]))  # the top token always survives
     cold = SamplingParams(temperature=1e-300)
     assert cold.greedy and torch.equal(target_probs(logits, cold), torch.tensor([0.0, 1.0, 0.0]))
+
+
+def test_usable_logits_need_a_finite_value_in_every_row():
+    from sglang_d3d.speculative.sampling import usable
+
+    ok = torch.tensor([[0.0, float("-inf")], [1.0, 2.0]])
+    assert usable(ok)
+    assert not usable(torch.tensor([[float("nan"), float("nan")], [1.0, 2.0]]))
+    assert not usable(torch.full((2, 3), float("-inf")))

@@ -7,6 +7,7 @@ import json
 import pytest
 import torch
 
+from sglang_d3d.models.acceptance import conditional_rates
 from sglang_d3d.models.decoder import Decoder
 from sglang_d3d.models.drafter import D3DDrafter
 from sglang_d3d.models.loading import load_hf_model
@@ -56,6 +57,8 @@ def test_train_checkpoints_load_in_the_engine_loader(tiny_data):
     dec = Decoder.from_hf(load_hf_model(root / "target"))
     loaded = D3DDrafter.from_pretrained(root / "export", dec)
     assert loaded.cfg.block_size == 4 and loaded.is_full_depth
+    # the last held-out evaluation travels with the weights: the controller's prior
+    assert loaded.accept_prior == conditional_rates(final["by_position"], final["num_blocks"])
 
 
 def _own(trainer):

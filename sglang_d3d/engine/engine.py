@@ -67,7 +67,11 @@ class SpecEngine:
         self.executor = Executor(draft_device, cfg.draft_threads)
         self.timeline = Timeline()
         self.cycle_listeners: list = []
-        self.controller = BlockController(self._candidate_plans()) if cfg.adaptive else None
+        self.controller = None
+        if cfg.adaptive:
+            # Fused drafts are two-ahead predictions: the drafter's held-out rates are not theirs.
+            prior = drafter.accept_prior if self._separate_drafter else ()
+            self.controller = BlockController(self._candidate_plans(), prior=prior)
         self._steps = 0
 
     @property

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from sglang_d3d.config import EngineConfig, Mode
+from sglang_d3d.engine.calibrate import calibrate
 from sglang_d3d.engine.engine import SpecEngine
 from sglang_d3d.engine.loop import EngineLoop
 from sglang_d3d.models.decoder import Decoder
@@ -40,7 +41,10 @@ def eos_token_ids(target: Decoder, tokenizer) -> tuple[int, ...]:
 
 def build_engine(cfg: EngineConfig) -> tuple[SpecEngine, object]:
     target, drafter, tokenizer = load_models(cfg)
-    return SpecEngine(cfg, target, drafter, eos_token_ids(target, tokenizer)), tokenizer
+    engine = SpecEngine(cfg, target, drafter, eos_token_ids(target, tokenizer))
+    if cfg.adaptive and cfg.calibrate:
+        calibrate(engine)
+    return engine, tokenizer
 
 
 def build_engine_loop(cfg: EngineConfig) -> EngineLoop:

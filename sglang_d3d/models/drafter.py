@@ -29,6 +29,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
+from sglang_d3d.models.acceptance import read_accept_prior
 from sglang_d3d.models.adapters import Gate, GatedFused, adapted_layer, delta_modules
 from sglang_d3d.models.decoder import Batch, Decoder, run_layers
 from sglang_d3d.models.kv_cache import KVCache
@@ -88,12 +89,19 @@ class DrafterConfig:
         """The smallest block it drafts as trained: shorter ones are drafted at this size."""
         return self.min_block_size or self.block_size
 
+    def pack_block(self, block: int) -> int:
+        """The block a `block`-token draft is drafted at: at least the smallest trained one.
+        Its mask slots attend to each other, so a shorter block would show them a context they
+        never saw in training. Only the first `block` predictions are used."""
+        return max(block, self.smallest_block)
+
 
 class D3DDrafter(nn.Module):
     def __init__(self, cfg: DrafterConfig, target: Decoder, seed: int = 0) -> None:
         super().__init__()
         self.cfg = cfg
         self.arch = target.arch
+        self.accept_prior: tuple[float, ...] = ()  # held-out rates per draft, if recorded
         self.gate = Gate()
         gen = torch.Generator(device=target.device).manual_seed(seed)  # reproducible init
         self.layers = nn.ModuleList(
@@ -137,6 +145,7 @@ class D3DDrafter(nn.Module):
             )
         drafter = cls(cfg, target)
         drafter.load_own_state(load_file(str(path / "model.safetensors")))
+        drafter.accept_prior = read_accept_prior(path)
         return drafter.eval()
 
     def own_state(self) -> dict[str, torch.Tensor]:

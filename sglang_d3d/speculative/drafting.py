@@ -23,7 +23,7 @@ from sglang_d3d.models.kv_cache import KVCache
 from sglang_d3d.models.packing import branch_pack, extend_pack
 from sglang_d3d.speculative.branches import match_branch, select_branches
 from sglang_d3d.speculative.draft_state import DraftState
-from sglang_d3d.speculative.sampling import RequestRandom, draw_drafts
+from sglang_d3d.speculative.sampling import RequestRandom, draw_drafts, usable
 
 log = logging.getLogger(__name__)
 MAX_DRAFTER_FAULTS = 3  # after this many, a request stops using the drafter
@@ -175,10 +175,7 @@ class Drafting:
             s.branch_logits = _checked(lg)
 
     def pack_block(self, block: int) -> int:
-        """Blocks are drafted at least at the smallest size the drafter was trained for: its
-        mask slots attend to each other, so a shorter block would show them a context they
-        never saw in training. Only the first `block` predictions are used."""
-        return max(block, self.runner.model.cfg.smallest_block)
+        return self.runner.model.cfg.pack_block(block)
 
     def _budget(self, block: int) -> int:
         if self.spec.branch_policy is BranchPolicy.ALL:
@@ -263,7 +260,7 @@ class Drafting:
 
 
 def _checked(logits: torch.Tensor) -> torch.Tensor:
-    if not torch.isfinite(logits).any(-1).all():
+    if not usable(logits):
         raise DrafterFault("drafter produced non-finite logits")
     return logits
 

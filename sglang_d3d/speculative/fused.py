@@ -28,7 +28,7 @@ from sglang_d3d.config import SamplingParams, SpecConfig
 from sglang_d3d.models.fused_runner import FusedRunner
 from sglang_d3d.models.packing import fused_pack
 from sglang_d3d.speculative.cycle import Outcome, Plan, Row, Verdict
-from sglang_d3d.speculative.sampling import RequestRandom, draw_drafts
+from sglang_d3d.speculative.sampling import RequestRandom, draw_drafts, usable
 from sglang_d3d.speculative.stats import CycleStats
 from sglang_d3d.speculative.timeline import CycleTimes
 
@@ -90,8 +90,7 @@ class FusedDrafting:
         self.states.pop(slot, None)
 
     def pack_block(self, block: int) -> int:
-        """Branches are drafted at least at the drafter's smallest trained block."""
-        return max(block, self.runner.model.cfg.smallest_block)
+        return self.runner.model.cfg.pack_block(block)
 
     def cycle(self, rows: Sequence[Row], accept: AcceptFn, plan: Plan, step: int = 0):
         """One fused cycle for every row. -> one `Outcome` per row."""
@@ -133,7 +132,7 @@ class FusedDrafting:
         if v.accepted not in anchors:
             return False
         logits = branches[anchors.index(v.accepted)]  # [B-1, V]
-        if not torch.isfinite(logits).any(-1).all():
+        if not usable(logits):
             s.faults += 1  # no drafts this time: the next cycle verifies the token alone
             return False
         s.draft, s.draft_q = draw_drafts(logits, s.params, s.generator)

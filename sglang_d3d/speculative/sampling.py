@@ -43,6 +43,11 @@ def draft_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     return torch.softmax(logits.float() / temperature, dim=-1)
 
 
+def usable(logits: torch.Tensor) -> bool:
+    """logits [..., V]: every row has a finite logit to draw from (a drafter fault if not)."""
+    return bool(torch.isfinite(logits).any(-1).all())
+
+
 def draw_drafts(logits: torch.Tensor, params: SamplingParams,
                 generator: RequestRandom | torch.Generator | None) -> tuple[list[int], torch.Tensor]:
     """Drafter slot logits [B, V] -> (one draft per slot: argmax, or drawn from q; q [B, V]).

@@ -19,15 +19,20 @@ from pathlib import Path
 
 import torch
 
+from sglang_d3d.models.acceptance import ACCEPTANCE, write_acceptance
+
 STATE = "trainer_state.pt"
 META = "trainer_meta.json"
 DRAFTER = "drafter"
 
 
-def save_drafter_atomic(drafter, folder: Path) -> None:
+def save_drafter_atomic(drafter, folder: Path, eval_row: dict | None = None) -> None:
+    """eval_row: the latest held-out evaluation, kept beside the weights (acceptance.json)."""
     tmp = folder.with_name(folder.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     drafter.save_pretrained(tmp)
+    if eval_row is not None:
+        write_acceptance(tmp, eval_row)
     old = folder.with_name(folder.name + ".old")
     if folder.exists():
         shutil.rmtree(old, ignore_errors=True)
@@ -38,7 +43,8 @@ def save_drafter_atomic(drafter, folder: Path) -> None:
 
 def save_checkpoint(out: Path, drafter, optimizer, step: int, gen: torch.Generator, extra: dict) -> None:
     out.mkdir(parents=True, exist_ok=True)
-    save_drafter_atomic(drafter, out / DRAFTER)
+    evals = [r for r in extra.get("history", []) if "by_position" in r]
+    save_drafter_atomic(drafter, out / DRAFTER, evals[-1] if evals else None)
     state = {
         "model": {k: v.detach().clone() for k, v in drafter.own_state().items()},
         "optimizer": optimizer.state_dict(),
@@ -75,3 +81,5 @@ def export(src: Path, dst: Path) -> None:
     dst.mkdir(parents=True, exist_ok=True)
     for name in ("config.json", "model.safetensors"):
         shutil.copy2(src / name, dst / name)
+    if (src / ACCEPTANCE).exists():
+        shutil.copy2(src / ACCEPTANCE, dst / ACCEPTANCE)

@@ -1,0 +1,64 @@
+"""Start-up calibration of the adaptive controller (engine/calibrate.py)."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import reference_greedy
+from engine_helpers import make_engine
+
+from sglang_d3d.api import GenerationRequest
+from sglang_d3d.config import Mode, SamplingParams
+from sglang_d3d.engine.adaptive import bucket
+from sglang_d3d.engine.calibrate import CalibrationConfig, _buckets, calibrate, synthetic_prompt
+from sglang_d3d.engine.offline import generate
+
+
+def test_synthetic_prompt_repeats_ids_inside_the_vocabulary():
+    p = synthetic_prompt(100, 20)
+    assert len(p) == 20 and all(0 <= t < 100 for t in p)
+    assert p[:8] == p[8:16] and len(set(p[:8])) == 8
+    assert synthetic_prompt(100, 0) == p[:1]  # never empty
+
+
+def test_buckets_are_the_powers_of_two_up_to_the_slots():
+    assert _buckets(1) == [1] and _buckets(4) == [1, 2, 4] and _buckets(6) == [1, 2, 4]
+
+
+@pytest.mark.parametrize("mode", [Mode.SYNC, Mode.ASYNC])
+def test_every_allowed_plan_is_timed_at_every_bucket_and_the_engine_is_left_clean(tiny_models, mode):
+    hf = tiny_models[0]
+    engine = make_engine(tiny_models, mode, block=4, batch=4, adaptive=True, verify_token_budget=8)
+    ctl = engine.controller
+    table = calibrate(engine, CalibrationConfig(cycles=2, prompt_len=12))
+    for b in (1, 2, 4):
+        allowed = ctl.allowed(8 // b)
+        assert len(allowed) > 1 or b not in table
+        for plan in allowed if len(allowed) > 1 else []:
+            assert ctl.samples[(b, plan)] >= 2 and ctl.times[(b, plan)] > 0
+    assert 4 not in table  # a budget of 8 tokens leaves batch 4 only plain decoding
+    assert ctl.accepted == [] and ctl.reached == []  # synthetic text teaches no acceptance
+    assert ctl.explore_share == CalibrationConfig().explore_share
+    assert not engine.has_work() and engine.timeline.to_list() == []
+    assert engine.controller is ctl
+    # every slot is free again and serving is exact
+    prompts = [[5, 6, 7], [9, 3], [4, 4, 8, 1], [2]]
+    outs = generate(engine, prompts, SamplingParams(max_new_tokens=10))
+    assert [o.token_ids for o in outs] == [reference_greedy(hf, p, 10) for p in prompts]
+
+
+def test_a_request_that_ends_early_is_replaced_so_the_bucket_is_still_measured(tiny_models):
+    # a context of 24 tokens ends every synthetic request after a few cycles
+    engine = make_engine(tiny_models, Mode.SYNC, block=4, batch=2, context=24, adaptive=True)
+    calibrate(engine, CalibrationConfig(cycles=3, prompt_len=8))
+    for plan in engine.controller.candidates:
+        assert engine.controller.samples[(bucket(2), plan)] >= 3
+    assert not engine.has_work()
+
+
+def test_calibration_refuses_an_engine_it_cannot_calibrate(tiny_models):
+    with pytest.raises(ValueError, match="adaptive"):
+        calibrate(make_engine(tiny_models, Mode.SYNC))  # no controller
+    busy = make_engine(tiny_models, Mode.SYNC, adaptive=True)
+    busy.submit(GenerationRequest("r", [1, 2, 3], SamplingParams(max_new_tokens=4)))
+    with pytest.raises(ValueError, match="idle"):
+        calibrate(busy)

@@ -2,7 +2,9 @@
 
 For each mode (a server started per mode, or one already running at --url), each dataset
 (GSM8K questions, MT-Bench first turns) and each concurrency (1, 4, 16), it sends
---num-prompts streaming requests with that many in flight and reports:
+--num-prompts streaming requests with that many in flight and reports the numbers below. The
+modes' servers are all up at once and take each load in turn, so that drifting machine noise
+hits them alike (--sequential: one server at a time, for GPUs that hold one model pair only):
 
 - request throughput (req/s) and output throughput (generated tokens/s, from `usage`);
 - TTFT: request sent -> first content chunk;
@@ -355,25 +357,45 @@ def served_mode(url: str, headers: dict | None = None) -> str:
 # ---- driver -----------------------------------------------------------------------------------
 
 
-def bench_mode(url: str, mode: str, args) -> list[dict]:
+@dataclass(frozen=True)
+class Load:
+    dataset: str
+    concurrency: int
+    variant: str
+    prompts: list[str]
+
+
+def bench_modes(urls: dict[str, str], args) -> list[dict]:
+    """Every load (dataset, concurrency, variant) through each mode's server in turn: machine
+    noise drifts over minutes, and running one mode's loads after the other's put it all in
+    the ratio (measured: 0.97x-1.14x between two servers that both decoded plainly)."""
     headers = auth_headers(args.api_key)
-    model = served_model(url, headers)
-    warm = request_body(model, "Hello!", args) | {"max_tokens": 8}
-    asyncio.run(run_load_once(url, warm, headers))
+    models = {mode: served_model(url, headers) for mode, url in urls.items()}
+    for mode, url in urls.items():
+        warm = request_body(models[mode], "Hello!", args) | {"max_tokens": 8}
+        asyncio.run(run_load_once(url, warm, headers))
     rows = []
     for dataset in args.datasets:
         prompts = load_prompts(dataset_path(dataset), args.num_prompts, args.seed)
         for conc in args.concurrency:
-            warm_up(url, model, dataset, conc, args)
+            for mode, url in urls.items():
+                warm_up(url, models[mode], dataset, conc, args)
             for variant in args.variants:
-                before = scrape(url, headers)
-                results, wall = asyncio.run(run_load(url, model, prompts, conc, variant, args))
-                row = {"mode": mode, "dataset": dataset, "concurrency": conc,
-                       "variant": variant, "model": model}  # fmt: skip
-                row |= summarize(results, wall) | spec_figures(before, scrape(url, headers))
-                print_table([row], header=not rows)
-                rows.append(row)
+                for mode, url in urls.items():
+                    load = Load(dataset, conc, variant, prompts)
+                    rows.append(measure(url, mode, models[mode], load, args))
+                    print_table(rows[-1:], header=len(rows) == 1)
     return rows
+
+
+def measure(url: str, mode: str, model: str, load: Load, args) -> dict:
+    headers = auth_headers(args.api_key)
+    before = scrape(url, headers)
+    results, wall = asyncio.run(run_load(url, model, load.prompts, load.concurrency,
+                                         load.variant, args))
+    row = {"mode": mode, "dataset": load.dataset, "concurrency": load.concurrency,
+           "variant": load.variant, "model": model}  # fmt: skip
+    return row | summarize(results, wall) | spec_figures(before, scrape(url, headers))
 
 
 def warm_up(url: str, model: str, dataset: str, concurrency: int, args) -> None:
@@ -425,6 +447,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", type=Path, default=DEFAULT_OUT)
     p.add_argument("--api-key", default=os.environ.get("D3D_API_KEY", "").split(",")[0] or None,
                    help="for a server that requires one (default: the first of $D3D_API_KEY)")
+    p.add_argument("--sequential", action="store_true",
+                   help="one mode's server at a time (where two models do not fit in memory "
+                   "at once); by default every mode's server is up and loads alternate")
     p.add_argument(
         "--server-args",
         default="",
@@ -433,18 +458,29 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _with_servers(modes: list[str], args) -> list[dict]:
+    """Start a server per mode (all at once: an idle one costs memory, not time), bench them
+    load by load, stop them."""
+    servers: dict[str, ServerProcess] = {}
+    try:
+        for mode in modes:
+            servers[mode] = ServerProcess(mode, args.server_args.split(), args.out.parent,
+                                          args.server_timeout)
+        return bench_modes({m: s.url for m, s in servers.items()}, args)
+    finally:
+        for server in servers.values():
+            server.stop()
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    rows: list[dict] = []
     if args.url:  # one running server, one mode: it says which
         url = args.url.rstrip("/")
-        rows = bench_mode(url, served_mode(url, auth_headers(args.api_key)), args)
-    for mode in [] if args.url else args.modes:
-        server = ServerProcess(mode, args.server_args.split(), args.out.parent, args.server_timeout)
-        try:
-            rows += bench_mode(server.url, mode, args)
-        finally:
-            server.stop()
+        rows = bench_modes({served_mode(url, auth_headers(args.api_key)): url}, args)
+    elif args.sequential:
+        rows = [r for mode in args.modes for r in _with_servers([mode], args)]
+    else:
+        rows = _with_servers(args.modes, args)
     print()
     print_table(rows)
     costs = variant_costs(rows)

@@ -11,6 +11,8 @@ from sglang_d3d.benchmarks import bench_serving as bench
 from sglang_d3d.server.app import create_app
 from sglang_d3d.server.testing import ServerThread, tiny_server_config
 
+from sglang_d3d.config import Mode
+
 pytestmark = pytest.mark.slow
 
 
@@ -93,3 +95,21 @@ def test_negative_warm_up_rounds_are_refused(capsys):
     with pytest.raises(SystemExit):
         bench.build_parser().parse_args(["--warmup-rounds", "-1"])
     assert "must be 0 or more" in capsys.readouterr().err
+
+
+def test_modes_take_each_load_in_turn(tiny_pair_dir, tmp_path, monkeypatch):
+    data = tmp_path / "datasets"
+    (data / "gsm8k").mkdir(parents=True)
+    rows = [{"question": f"w{5 + i} w{6 + i}"} for i in range(4)]
+    (data / "gsm8k" / "test.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
+    monkeypatch.setenv("D3D_DATASETS", str(data))
+    ar = tiny_server_config(tiny_pair_dir, mode=Mode.AR)
+    args = bench.build_parser().parse_args(
+        ["--datasets", "gsm8k", "--concurrency", "1", "2", "--num-prompts", "2",
+         "--max-tokens", "4", "--variants", "plain", "--warmup-rounds", "0"])  # fmt: skip
+    with ServerThread(create_app(ar)) as a, ServerThread(create_app(tiny_server_config(tiny_pair_dir))) as b:
+        got = bench.bench_modes({"ar": a.url, "async": b.url}, args)
+    assert [(r["mode"], r["concurrency"]) for r in got] == [
+        ("ar", 1), ("async", 1), ("ar", 2), ("async", 2)]
+    assert all(r["num_failed"] == 0 and r["total_output_tokens"] > 0 for r in got)
+    assert got[0]["mean_accepted_length"] == 1.0  # each row's figures come from its own server

@@ -56,11 +56,8 @@ def acceptance_sources(paths: list[str] | None) -> list[dict]:
 
 
 def _nearest(d: dict, key):
-    return d[min(d, key=lambda k: abs(_num(k) - _num(key)))]
-
-
-def _num(k) -> float:
-    return float(str(k).split("x")[0])  # "4x1" -> 4: fused passes are keyed "BxK"
+    """d's value at the key nearest `key` (JSON made the keys strings)."""
+    return d[min(d, key=lambda k: abs(float(k) - float(key)))]
 
 
 def project_cycle(shape: dict, acc: dict) -> tuple[float, int]:
@@ -70,7 +67,7 @@ def project_cycle(shape: dict, acc: dict) -> tuple[float, int]:
     if mode == "sync":
         return one_branch + _nearest(shape["verify_ms"], acc["block"]), 0
     if mode == "fused":
-        ones = {k: v for k, v in shape["fused_ms"].items() if k.endswith("x1")}
+        ones = {r["block"]: r["ms"] for r in shape["fused"] if r["branches"] == 1}
         return _nearest(ones, acc["block"]), 1
     cycles = shape["cycle"]
     k = min(cycles, key=lambda b: abs(float(b) - acc["branch_budget"]))  # nearest measured budget
@@ -116,9 +113,10 @@ def print_table(result: dict) -> None:
         row += "".join(f"{c[k]['cycle_over_max']:>8.2f}" for k in sorted(c))
         row += f"{c[_near(c, 4)]['back_to_back_over_max']:>9.2f}"
         print(row)
-        f = s.get("fused_ms", {})
+        f = s.get("fused", [])
         if f:
-            print(f"{'':<22}fused B x k: " + "  ".join(f"{n} {ms:.1f}" for n, ms in f.items()))
+            print(f"{'':<22}fused B x k: " + "  ".join(
+                f"{r['block']}x{r['branches']} {r['ms']:.1f}" for r in f))
     print("ms; v = target verify at block B, d = drafter pass with k branches, c/max = async")
     print("cycle / max(draft, verify) at block 16 (1.0 = full overlap), b2b = back to back.")
     for name, rows in result["projection"].items():

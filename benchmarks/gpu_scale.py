@@ -141,7 +141,7 @@ def measure_passes(passes: Passes, plan: Plan, device: torch.device) -> dict:
         "ar_step_ms": ms["ar"],
         "verify_ms": {b: ms[f"v{b}"] for b in plan.blocks},
         "draft_ms": {k: ms[f"d{k}"] for k in plan.branches},
-        "fused_ms": {f"{b}x{k}": ms[f"f{b}x{k}"] for b, k in plan.fused},
+        "fused": [{"block": b, "branches": k, "ms": ms[f"f{b}x{k}"]} for b, k in plan.fused],
         "cycle": {k: measure_cycle(passes, k, device, plan) for k in plan.branches},
     }
 

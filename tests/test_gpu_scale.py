@@ -23,8 +23,9 @@ def test_the_whole_check_runs_on_cpu_with_tiny_shapes(tmp_path):
     assert shape["shape"]["family"] == "qwen3" and shape["ar_step_ms"] > 0
     assert sorted(shape["verify_ms"]) == ["16", "4", "8"]
     assert sorted(shape["draft_ms"]) == ["1", "17", "4"]
-    assert sorted(shape["fused_ms"]) == ["16x16", "16x4", "4x1", "8x2"]
-    assert all(ms > 0 for ms in shape["fused_ms"].values())
+    fused = {(r["block"], r["branches"]): r["ms"] for r in shape["fused"]}
+    assert sorted(fused) == [(4, 1), (8, 2), (16, 4), (16, 16)]
+    assert all(ms > 0 for ms in fused.values())
     for c in shape["cycle"].values():
         assert c["async_cycle_ms"] > 0 and c["cycle_over_max"] > 0
     (proj, *_) = saved["projection"]["qwen3-8b"]
@@ -50,7 +51,8 @@ def test_sync_and_fused_projections():
         "ar_step_ms": 10.0,
         "verify_ms": {4: 11.0, 8: 12.0},
         "draft_ms": {1: 4.0, 4: 6.0},
-        "fused_ms": {"4x1": 13.0, "8x2": 15.0, "16x1": 20.0},
+        "fused": [{"block": 4, "branches": 1, "ms": 13.0}, {"block": 8, "branches": 2, "ms": 15.0},
+                  {"block": 16, "branches": 1, "ms": 20.0}],
         "cycle": {1: {"async_cycle_ms": 11.0}},
     }
     base = dict(dataset="d", branch_budget=1, branch_hit_rate=0.7)  # fmt: skip

@@ -62,3 +62,19 @@ def test_calibration_refuses_an_engine_it_cannot_calibrate(tiny_models):
     busy.submit(GenerationRequest("r", [1, 2, 3], SamplingParams(max_new_tokens=4)))
     with pytest.raises(ValueError, match="idle"):
         calibrate(busy)
+
+
+def test_a_plan_is_timed_by_its_fastest_cycle_after_the_switch():
+    from sglang_d3d.engine.adaptive import BlockController, Plan
+    from sglang_d3d.engine.calibrate import _Scripted
+
+    real = BlockController(candidates=(Plan(1), Plan(4)))
+    script = _Scripted(real)
+    script.switch(Plan(4))
+    for seconds in (0.9, 0.5, 0.2, 0.4):  # 0.9: the switching cycle, not recorded
+        script.observe(2, Plan(4), seconds, [(3, 3), (3, 3)])
+    assert script.recorded(2, Plan(4)) == 3 and real.times == {}  # nothing handed over yet
+    script.hand_over()
+    # noise only adds time; a plan timed too slow would be re-measured too rarely to recover
+    assert real.times == {(2, Plan(4)): 0.2} and real.samples == {(2, Plan(4)): 3}
+    assert real.reached == []

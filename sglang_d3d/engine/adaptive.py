@@ -203,9 +203,14 @@ class BlockController:
                 self.accepted[i] += i < n
 
 
+    def seed_time(self, batch: int, plan: Plan, seconds: float, samples: int) -> None:
+        """A time measured before serving (engine/calibrate.py), from `samples` cycles on
+        synthetic text, whose acceptance says nothing about real prompts: times only."""
+        self.times[(batch, plan)] = seconds
+        self.samples[(batch, plan)] = self.samples.get((batch, plan), 0) + samples
+
     def observe_time(self, batch: int, plan: Plan, seconds: float) -> None:
-        """A measured cycle time alone: start-up calibration (engine/calibrate.py) runs on
-        synthetic text, whose acceptance says nothing about real prompts."""
+        """A measured cycle time into the moving average (`observe` without acceptance)."""
         key = (bucket(batch), plan)
         self.samples[key] = self.samples.get(key, 0) + 1
         old = self.times.get(key)

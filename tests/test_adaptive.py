@@ -215,3 +215,29 @@ def test_a_cycle_measured_above_the_buckets_size_is_stored_at_that_size():
     c.observe_time(4, one, 0.20)
     c.observe_time(3, one, 0.15)  # exactly the line between the two buckets
     assert c.times[(2, one)] == pytest.approx(0.10)
+
+
+def test_the_last_plan_is_kept_through_near_ties_but_not_through_clear_losses():
+    one, four = Plan(1), Plan(4)
+    c = BlockController(candidates=(one, four), warmup=1, explore_share=0.0, stick=0.1,
+                        prior=(1.0, 0.5, 0.5))  # 2.75 tokens per cycle at block 4
+    c.observe_time(1, one, 0.100)  # 10 tok/s
+    c.observe_time(1, four, 0.250)  # 11 tok/s: 10% better
+    assert c.choose(1) == four
+    c.times[(1, four)] = 0.290  # now 9.5 tok/s: 5% worse, inside the margin
+    assert c.choose(1) == four
+    c.times[(1, four)] = 0.330  # 8.3 tok/s: 17% worse
+    assert c.choose(1) == one
+    c.times[(1, four)] = 0.260  # 10.6 tok/s: 6% better, not enough to switch back
+    assert c.choose(1) == one
+
+
+def test_one_slow_cycle_moves_the_estimate_by_a_bounded_step():
+    four = Plan(4)
+    c = BlockController(candidates=(Plan(1), four), decay=0.8, spike=2.0)
+    c.observe_time(1, four, 0.080)
+    c.observe_time(1, four, 0.400)  # a request's first cycle, prompt included
+    assert c.times[(1, four)] == pytest.approx(0.8 * 0.080 + 0.2 * 0.160)
+    for _ in range(20):  # a lasting change still comes through
+        c.observe_time(1, four, 0.400)
+    assert c.times[(1, four)] > 0.35

@@ -37,7 +37,6 @@ def test_every_allowed_plan_is_timed_at_every_bucket_and_the_engine_is_left_clea
             assert ctl.samples[(b, plan)] >= 2 and ctl.times[(b, plan)] > 0
     assert 4 not in table  # a budget of 8 tokens leaves batch 4 only plain decoding
     assert ctl.accepted == [] and ctl.reached == []  # synthetic text teaches no acceptance
-    assert ctl.explore_share == CalibrationConfig().explore_share
     assert not engine.has_work() and engine.timeline.to_list() == []
     assert engine.controller is ctl
     # every slot is free again and serving is exact
@@ -78,3 +77,18 @@ def test_a_plan_is_timed_by_its_fastest_cycle_after_the_switch():
     # noise only adds time; a plan timed too slow would be re-measured too rarely to recover
     assert real.times == {(2, Plan(4)): 0.2} and real.samples == {(2, Plan(4)): 3}
     assert real.reached == []
+
+
+def test_the_controller_plans_for_requests_still_prefilling(tiny_models):
+    """A request prefilling in chunks decodes from the next cycles on: the plan is chosen for
+    the batch with it, not for the one cycle without it."""
+    engine = make_engine(tiny_models, Mode.SYNC, adaptive=True, prefill_chunk=4)
+    asked = []
+    choose = engine.controller.choose
+    engine.controller.choose = lambda batch, max_block=None: asked.append(batch) or choose(batch, max_block)
+    engine.submit(GenerationRequest("a", [5, 6, 7], SamplingParams(max_new_tokens=12)))
+    engine.step()  # prefill a
+    engine.step()  # a decodes alone
+    engine.submit(GenerationRequest("b", list(range(3, 23)), SamplingParams(max_new_tokens=4)))
+    engine.step()  # b's first chunk, then a's cycle: b is joining
+    assert asked == [1, 2]

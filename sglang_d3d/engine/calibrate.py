@@ -38,11 +38,6 @@ class CalibrationConfig:
     max_batch: int | None = None  # the largest batch to time; None: the engine's slots
     prompt_len: int = 64
     max_steps_per_plan: int = 64  # a bucket whose cycles cannot be had gives up, not hangs
-    # Once every plan's time is known, re-measuring only follows drift (longer contexts, the
-    # acceptance of real traffic), so it gets a smaller share of the time than the 3% an
-    # uncalibrated controller spends (measured at concurrency 4: 3 re-measured cycles of block
-    # 4 in 250 cost 2-3% against plain decoding).
-    explore_share: float = 0.01
 
 
 class _Scripted:
@@ -100,7 +95,6 @@ def calibrate(engine: SpecEngine, cfg: CalibrationConfig = CalibrationConfig()) 
         engine.controller = real
         engine.timeline = Timeline()  # synthetic cycles are not the served ones
     script.hand_over()
-    real.explore_share = min(real.explore_share, cfg.explore_share)
     table = _table(real, script)
     log.info("calibrated the controller in %.1f s: %s", time.perf_counter() - t0, table)
     return table

@@ -143,20 +143,22 @@ class SpecEngine:
             events.extend(self._prefill_step(prefilling, budget))
             started = any(not s.in_prefill for s in prefilling)
         if rows and not started:  # new first tokens go out now; decoding resumes next step
-            events.extend(self._cycle(rows, self.plan(len(rows))))
+            events.extend(self._cycle(rows, self.plan(len(rows), joining=len(prefilling))))
         for seq in [s for s in self.scheduler.running if s.finish_reason is not None]:
             self._free(seq)
         return events
 
-    def plan(self, batch: int) -> Plan:
+    def plan(self, batch: int, joining: int = 0) -> Plan:
         """This cycle's block size (1: target-only decoding) and whether to pre-draft. Without
         the adaptive controller the block shrinks as the batch grows, so that one verify pass
-        stays within the token budget."""
+        stays within the token budget. The controller plans for the batch about to decode:
+        `joining` requests are still prefilling and decode from the next cycles on, so a
+        batch that is short for one cycle is not worth switching plans for."""
         if self.drafting is None:
             return Plan(1)
         budget = self.cfg.verify_token_budget // batch  # tokens per row in one verify pass
         if self.controller is not None:
-            return self.controller.choose(batch, budget)
+            return self.controller.choose(batch + joining, budget)
         block = min(self.cfg.spec.block_size, budget)
         if block < self.cfg.min_block_size:
             return Plan(1)

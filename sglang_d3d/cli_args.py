@@ -40,8 +40,8 @@ def add_engine_args(
                    help="choose the block size (or plain decoding) per batch size by measured "
                    f"throughput (default: {'on' if adaptive else 'off'})")
     g.add_argument("--calibrate", action=argparse.BooleanOptionalAction, default=adaptive,
-                   help="with --adaptive: time every plan at every batch size on synthetic "
-                   "requests at start-up, before serving (default: "
+                   help="with --adaptive (embedded engine): time every plan at every batch "
+                   "size on synthetic requests at start-up, before serving (default: "
                    f"{'on' if adaptive else 'off'})")
     g.add_argument("--threads", type=int, default=None, help="CPU threads in all (default: all cores)")
 

@@ -381,15 +381,14 @@ def bench_modes(urls: dict[str, str], args) -> list[dict]:
             for mode, url in urls.items():
                 warm_up(url, models[mode], dataset, conc, args)
             for variant in args.variants:
+                load = Load(dataset, conc, variant, prompts)
                 for mode, url in urls.items():
-                    load = Load(dataset, conc, variant, prompts)
-                    rows.append(measure(url, mode, models[mode], load, args))
+                    rows.append(measure(url, mode, models[mode], load, args, headers))
                     print_table(rows[-1:], header=len(rows) == 1)
     return rows
 
 
-def measure(url: str, mode: str, model: str, load: Load, args) -> dict:
-    headers = auth_headers(args.api_key)
+def measure(url: str, mode: str, model: str, load: Load, args, headers: dict) -> dict:
     before = scrape(url, headers)
     results, wall = asyncio.run(run_load(url, model, load.prompts, load.concurrency,
                                          load.variant, args))

@@ -111,7 +111,7 @@ def print_table(result: dict) -> None:
         row += "".join(f"{v[b]:>7.1f}" for b in sorted(v))
         row += "".join(f"{d[k]:>7.1f}" for k in sorted(d))
         row += "".join(f"{c[k]['cycle_over_max']:>8.2f}" for k in sorted(c))
-        row += f"{c[_near(c, 4)]['back_to_back_over_max']:>9.2f}"
+        row += f"{_nearest(c, 4)['back_to_back_over_max']:>9.2f}"
         print(row)
         f = s.get("fused", [])
         if f:
@@ -126,7 +126,3 @@ def print_table(result: dict) -> None:
                 f"(tau {p['mean_accepted_length']:.2f}, hit rate {p['branch_hit_rate']:.2f}, "
                 f"from {p['source']}; not measured)"
             )
-
-
-def _near(d: dict, k: int) -> int:
-    return min(d, key=lambda b: abs(b - k))

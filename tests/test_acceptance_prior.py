@@ -4,11 +4,16 @@ engine's controller."""
 from __future__ import annotations
 
 import pytest
+from engine_helpers import make_engine
 
 from sglang_d3d.config import Mode
-from sglang_d3d.models.acceptance import ACCEPTANCE, conditional_rates, read_accept_prior, write_acceptance
+from sglang_d3d.models.acceptance import (
+    ACCEPTANCE,
+    conditional_rates,
+    read_accept_prior,
+    write_acceptance,
+)
 from sglang_d3d.training.checkpoint import export
-from engine_helpers import make_engine
 
 
 def test_conditional_rates_divide_the_survival_curve_with_a_count_prior():
@@ -49,3 +54,10 @@ def test_fused_drafts_do_not_take_the_separate_drafters_prior(tiny_prod_models):
         assert fused.controller.prior == ()
     finally:
         drafter.accept_prior = old
+
+
+@pytest.mark.parametrize("text", ["{not json", '{"by_position": [1.0]}', '{"by_position": "x", "num_blocks": 4}'])
+def test_a_broken_record_is_refused_with_its_path(tmp_path, text):
+    (tmp_path / ACCEPTANCE).write_text(text)
+    with pytest.raises(ValueError, match="not a held-out evaluation record"):
+        read_accept_prior(tmp_path)

@@ -16,12 +16,18 @@ from sglang_d3d.config import Mode
 pytestmark = pytest.mark.slow
 
 
-def test_variants_are_sent_and_costed(tiny_pair_dir, tmp_path, monkeypatch):
+def _gsm8k(tmp_path, monkeypatch, questions: list[str]):
+    """A datasets folder whose GSM8K test split holds `questions`, made the one bench reads."""
     data = tmp_path / "datasets"
     (data / "gsm8k").mkdir(parents=True)
-    rows = [{"question": f"w{5 + i} w{6 + i} w{7 + i}"} for i in range(4)]
-    (data / "gsm8k" / "test.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
+    path = data / "gsm8k" / "test.jsonl"
+    path.write_text("\n".join(json.dumps({"question": q}) for q in questions))
     monkeypatch.setenv("D3D_DATASETS", str(data))
+    return path
+
+
+def test_variants_are_sent_and_costed(tiny_pair_dir, tmp_path, monkeypatch):
+    _gsm8k(tmp_path, monkeypatch, [f"w{5 + i} w{6 + i} w{7 + i}" for i in range(4)])
     cfg = dataclasses.replace(tiny_server_config(tiny_pair_dir), api_keys=("bench-key",))
     out = tmp_path / "bench.json"
     with ServerThread(create_app(cfg)) as srv:
@@ -57,11 +63,7 @@ def test_request_bodies_per_variant():
 
 
 def test_warm_up_sends_other_prompts_unmeasured(tmp_path, monkeypatch):
-    data = tmp_path / "datasets"
-    (data / "gsm8k").mkdir(parents=True)
-    rows = [{"question": f"question {i}"} for i in range(20)]
-    (data / "gsm8k" / "test.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
-    monkeypatch.setenv("D3D_DATASETS", str(data))
+    test_set = _gsm8k(tmp_path, monkeypatch, [f"question {i}" for i in range(20)])
     sent = []
 
     async def fake_load(url, model, prompts, concurrency, variant, args):
@@ -71,7 +73,7 @@ def test_warm_up_sends_other_prompts_unmeasured(tmp_path, monkeypatch):
     monkeypatch.setattr(bench, "run_load", fake_load)
     args = bench.build_parser().parse_args(["--num-prompts", "6", "--warmup-rounds", "2"])
     bench.warm_up("http://x", "m", "gsm8k", 3, args)
-    measured = bench.load_prompts(data / "gsm8k" / "test.jsonl", 6, args.seed)
+    measured = bench.load_prompts(test_set, 6, args.seed)
     (prompts, conc, variant), = sent
     assert len(prompts) == 6 and conc == 3 and variant == "plain"
     assert not set(prompts) & set(measured)
@@ -98,11 +100,7 @@ def test_negative_warm_up_rounds_are_refused(capsys):
 
 
 def test_modes_take_each_load_in_turn(tiny_pair_dir, tmp_path, monkeypatch):
-    data = tmp_path / "datasets"
-    (data / "gsm8k").mkdir(parents=True)
-    rows = [{"question": f"w{5 + i} w{6 + i}"} for i in range(4)]
-    (data / "gsm8k" / "test.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
-    monkeypatch.setenv("D3D_DATASETS", str(data))
+    _gsm8k(tmp_path, monkeypatch, [f"w{5 + i} w{6 + i}" for i in range(4)])
     ar = tiny_server_config(tiny_pair_dir, mode=Mode.AR)
     args = bench.build_parser().parse_args(
         ["--datasets", "gsm8k", "--concurrency", "1", "2", "--num-prompts", "2",

@@ -221,7 +221,6 @@ class BlockController:
                 self.reached[i] += 1
                 self.accepted[i] += i < n
 
-
     def seed_time(self, batch: int, plan: Plan, seconds: float, samples: int) -> None:
         """A time measured before serving (engine/calibrate.py), from `samples` cycles on
         synthetic text, whose acceptance says nothing about real prompts: times only."""

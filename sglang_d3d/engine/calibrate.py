@@ -122,6 +122,8 @@ def _measure_bucket(engine: SpecEngine, script: _Scripted, batch: int, plans: li
 
 def _top_up(engine: SpecEngine, live: set[str], ids, batch: int, prompt_len: int) -> None:
     """Requests that ended (length or end-of-sequence) are replaced, so the batch holds."""
+    if len(live) >= batch:
+        return
     vocab, room = engine.vocab_size, engine.cfg.max_context
     prompt = synthetic_prompt(vocab, min(prompt_len, room // 2))
     params = SamplingParams(max_new_tokens=max(1, room - len(prompt)))

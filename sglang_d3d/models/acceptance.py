@@ -26,8 +26,12 @@ def read_accept_prior(folder: Path) -> tuple[float, ...]:
     path = Path(folder) / ACCEPTANCE
     if not path.exists():
         return ()
-    raw = json.loads(path.read_text())
-    return conditional_rates(raw["by_position"], int(raw.get("num_blocks", 0)))
+    try:
+        raw = json.loads(path.read_text())
+        return conditional_rates([float(p) for p in raw["by_position"]], int(raw["num_blocks"]))
+    except (ValueError, KeyError, TypeError) as e:  # JSONDecodeError is a ValueError
+        raise ValueError(f"{path}: not a held-out evaluation record (needs by_position and "
+                         f"num_blocks; delete the file to run without it): {e!r}") from None
 
 
 def conditional_rates(by_position: list[float], num_blocks: int) -> tuple[float, ...]:

@@ -30,19 +30,27 @@ def main() -> None:
     p.add_argument("--num-prompts", type=int, default=16)
     p.add_argument("--concurrency", type=int, default=1)
     p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--also-min-explore", type=float, nargs="*", default=[],
+                   help="more async engines, each with this controller min_explore "
+                        "(1.0: every losing plan keeps its whole re-measurement share)")
     a = p.parse_args()
     if a.concurrency < 1 or a.num_prompts < 1:
         p.error("--concurrency and --num-prompts must be at least 1")
     target, drafter, tok = load_models(engine_config(a, "async"))
     engines = {"ar": SpecEngine(engine_config(a, "ar"), target, None),
                "async": SpecEngine(engine_config(a, "async"), target, drafter)}
+    for m in a.also_min_explore:
+        e = SpecEngine(engine_config(a, "async"), target, drafter)
+        e.controller.min_explore = m
+        engines[f"async(min_explore={m})"] = e
     prompts = [chat_ids(tok, q) for q in load_questions(a.dataset, a.num_prompts)]
     params = SamplingParams(max_new_tokens=a.max_new_tokens, stop_token_ids=(tok.eos_token_id,))
     generate(engines["ar"], prompts[:1], SamplingParams(max_new_tokens=8))  # first-call costs
-    if a.calibrate:  # as the server does at start-up (--no-calibrate: learn from traffic)
+    for name in [n for n in engines if n != "ar"] if a.calibrate else []:
+        # as the server does at start-up (--no-calibrate: learn from traffic)
         t0 = time.perf_counter()
-        table = calibrate(engines["async"])
-        print(f"calibrated in {time.perf_counter() - t0:.1f} s: {table}")
+        table = calibrate(engines[name])
+        print(f"{name} calibrated in {time.perf_counter() - t0:.1f} s: {table}")
     seconds, tokens = collections.Counter(), collections.Counter()
     for i in range(0, len(prompts), a.concurrency):
         for name, e in engines.items():
@@ -51,7 +59,9 @@ def main() -> None:
             seconds[name] += time.perf_counter() - t0
             tokens[name] += sum(len(o.token_ids) for o in outs)
     print({n: f"{tokens[n] / seconds[n]:.1f} tok/s" for n in engines})
-    _print_cycles(engines["async"])
+    for name in [n for n in engines if n != "ar"]:
+        print(name)
+        _print_cycles(engines[name])
 
 
 def _print_cycles(engine: SpecEngine) -> None:

@@ -14,8 +14,11 @@ and then, one of the other candidates, in turn, is re-measured, so one unlucky s
 rule a block size out for good and the estimates follow the load. Re-measuring a losing plan
 costs a slow cycle (after plain decoding the drafter must also catch up on the tokens it did
 not see), so each plan is re-measured when the time it would lose is covered by its share of a
-budget, `explore_share` of all cycle time: near-best plans often, slow losers rarely (measured:
-a fixed interval of 16 kept a poor drafter's server 17% slower than plain decoding).
+budget, at most `explore_share` of all cycle time (measured: a fixed interval of 16 kept a poor
+drafter's server 17% slower than plain decoding). A plan's share is weighted by the chance that
+it is really the best (`explore_weight`): small where it loses by many times the noise of the
+two estimates (measured: at concurrency 4 on a CPU, where plain decoding wins by 40%, the whole
+budget went to re-timing plans that could not win), never under `min_explore`.
 Warm-up cycles of losing plans are what a server pays for this (on a CPU a speculative cycle
 at batch 4 costs 4-11 plain steps, `benchmarks/bench_controller.py`), so a plan not yet measured at a bucket gets a first guess:
 the nearest measured bucket's time for it, scaled by the ratio of the two buckets'
@@ -27,11 +30,27 @@ pay every plan's slow warm-up cycles in every bucket.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from sglang_d3d.speculative.cycle import Plan
 
 PLAIN = Plan(1)  # target-only decoding: the yardstick for borrowed estimates
+
+
+def explore_weight(gap: float, noise: float) -> float:
+    """How likely a plan that trails the best by `gap` (a share of the best's tokens/s) is
+    really at least as good, when the two estimates' combined relative noise is `noise`:
+    twice the normal tail beyond gap/noise, so 1 at a tie."""
+    if gap <= 0:
+        return 1.0
+    return math.erfc(gap / (math.sqrt(2) * max(noise, 1e-9)))
+
+
+def estimate_noise(spread: float, samples: int, accept: float) -> float:
+    """Relative noise of a plan's tokens/s estimate: its cycle time's (the cycles' relative
+    spread over the samples the moving average holds) and its acceptance's (`accept`)."""
+    return math.sqrt(spread**2 / max(1, samples) + accept**2)
 
 
 def expected_tokens(accept_rates: list[float], block: int) -> float:
@@ -48,6 +67,12 @@ class BlockController:
     candidates: tuple[Plan, ...]  # Plan(1) = target only
     explore_every: int = 16  # the fewest cycles between two re-measurements at one bucket
     explore_share: float = 0.03  # at most this share of the time goes to re-measuring
+    min_explore: float = 0.1  # the least weight of a plan's share (`explore_weight`)
+    # Noise of the estimates, for `explore_weight`: a cycle time's relative spread until two
+    # cycles have measured it, and the acceptance's (held-out accepted length differs by 15-20%
+    # between prompt kinds: GSM8K 3.15, MT-Bench 2.62, benchmarks/results).
+    first_spread: float = 0.25
+    accept_noise: float = 0.1
     warmup: int = 3
     dominated: float = 0.6
     decay: float = 0.8  # weight of the old estimate in the moving averages
@@ -57,6 +82,7 @@ class BlockController:
     spike: float = 2.0
     times: dict[tuple[int, Plan], float] = field(default_factory=dict)  # (N, plan) -> seconds
     samples: dict[tuple[int, Plan], int] = field(default_factory=dict)
+    spread: dict[tuple[int, Plan], float] = field(default_factory=dict)  # mean |sample/est - 1|
     accepted: list[int] = field(default_factory=list)  # [i]: cycles that accepted draft i+1
     reached: list[int] = field(default_factory=list)  # [i]: cycles that proposed draft i+1
     # after accepting drafts 1..i (so that draft i+1 was really put to the test)
@@ -163,7 +189,8 @@ class BlockController:
         for plan in sorted(others):
             seconds, score = est[plan]
             cost = seconds * (1 - score / best_score)
-            banked = min(self.credit.get((batch, plan), 0.0) + share, cost)
+            weight = max(self.min_explore, self._chance(batch, plan, best, 1 - score / best_score))
+            banked = min(self.credit.get((batch, plan), 0.0) + share * weight, cost)
             self.credit[(batch, plan)] = banked
             if due is None and banked >= cost:
                 due = plan
@@ -173,6 +200,18 @@ class BlockController:
         self.credit[(batch, due)] = 0.0
         self.last_explored[batch] = self.cycles
         return due
+
+    def _chance(self, batch: int, plan: Plan, best: Plan, gap: float) -> float:
+        """`explore_weight` of `plan` against `best` at this bucket."""
+        noise = math.hypot(self._noise(batch, plan), self._noise(batch, best))
+        return explore_weight(gap, noise)
+
+    def _noise(self, batch: int, plan: Plan) -> float:
+        key = (batch, plan)
+        # the moving average holds about (1 + decay) / (1 - decay) samples
+        n = min(self.samples.get(key, 0), round((1 + self.decay) / (1 - self.decay)))
+        spread = self.spread.get(key, self.first_spread)
+        return estimate_noise(spread, n, self.accept_noise if plan.block > 1 else 0.0)
 
     def score(self, batch: int, plan: Plan) -> float:
         """Tokens per second; for a plan not yet measured at this bucket, the borrowed guess."""
@@ -221,6 +260,13 @@ class BlockController:
                 self.reached[i] += 1
                 self.accepted[i] += i < n
 
+    def snapshot(self) -> list[tuple[int, Plan, float, float]]:
+        """(bucket, plan, cycle seconds, tokens/s at the bucket's size) of every measured
+        pair, for metrics. Another thread may call it while the engine plans: it reads a copy
+        of the times (one C-level copy, so no insertion can interleave)."""
+        times, rates = list(self.times.items()), self.accept_rates()
+        return [(b, p, s, b * expected_tokens(rates, p.block) / s) for (b, p), s in times]
+
     def seed_time(self, batch: int, plan: Plan, seconds: float, samples: int) -> None:
         """A time measured before serving (engine/calibrate.py), from `samples` cycles on
         synthetic text, whose acceptance says nothing about real prompts: times only."""
@@ -237,7 +283,11 @@ class BlockController:
             # back to the bucket's own size, the inverse of `_within`
             seconds = max(1e-6, seconds - (along(old, upper, key[0], batch) - old))
         if old is not None:
-            seconds = self.decay * old + (1 - self.decay) * min(seconds, self.spike * old)
+            seconds = min(seconds, self.spike * old)
+            dev = abs(seconds / old - 1)
+            spread = self.spread.get(key, dev)
+            self.spread[key] = self.decay * spread + (1 - self.decay) * dev
+            seconds = self.decay * old + (1 - self.decay) * seconds
         self.times[key] = seconds
 
 

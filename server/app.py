@@ -37,6 +37,8 @@ def create_app(
     holder = EngineHolder(factory, cfg.engine, cfg.retry_after, on_load_failure)
     recorder = MetricsRecorder(cfg.model_name, cfg.engine.mode.value)
     holder.add_cycle_listener(recorder.on_cycle)
+    holder.add_plan_listener(recorder.on_plan)
+    recorder.watch_controller(holder.controller)
     state = ServerState(cfg=cfg, holder=holder, recorder=recorder)
 
     @contextlib.asynccontextmanager

@@ -16,6 +16,7 @@ log = logging.getLogger(__name__)
 
 EngineFactory = Callable[[EngineConfig], Any]  # -> an EngineLoop (or the sglang backend's twin)
 CycleListener = Callable[[str, Any], None]
+PlanListener = Callable[[int, Any, float], None]
 
 
 class EngineHolder:
@@ -36,9 +37,13 @@ class EngineHolder:
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._listeners: list[CycleListener] = []
+        self._plan_listeners: list[PlanListener] = []
 
     def add_cycle_listener(self, fn: CycleListener) -> None:
         self._listeners.append(fn)
+
+    def add_plan_listener(self, fn: PlanListener) -> None:
+        self._plan_listeners.append(fn)
 
     def start_loading(self) -> None:
         self._thread = threading.Thread(target=self._load, name="d3d-engine-load", daemon=True)
@@ -49,6 +54,8 @@ class EngineHolder:
             engine = self._factory(self._cfg)
             for fn in self._listeners:
                 engine.add_cycle_listener(fn)
+            for fn in self._plan_listeners:
+                engine.add_plan_listener(fn)
             engine.start()
             # Everything loaded so far (model, imports) lives as long as the server: keep it
             # out of garbage collections, whose pauses would otherwise walk it all (body.py).
@@ -73,6 +80,11 @@ class EngineHolder:
     @property
     def error(self) -> str | None:
         return self._error
+
+    def controller(self) -> Any:
+        """The running engine's adaptive controller, or None (loading, or none)."""
+        engine = self._engine
+        return None if engine is None else getattr(engine, "controller", None)
 
     def get(self) -> Any:
         """The running engine, or a 503 the client can retry."""

@@ -29,6 +29,16 @@ Branch hit rate (async mode: share of cycles whose pre-drafted branch matched)::
       / (sum(rate(d3d:spec_branch_hits_total[5m])) by (model_name, mode)
          + sum(rate(d3d:spec_branch_misses_total[5m])) by (model_name, mode))
 
+Share of decoding time by cycle plan (block 1: plain decoding; the adaptive controller's
+choice, engine/adaptive.py)::
+
+    sum by (block, predraft) (rate(d3d:spec_plan_seconds_total[5m]))
+      / ignoring(block, predraft) group_left sum(rate(d3d:spec_plan_seconds_total[5m]))
+
+The controller's own estimates are gauges read at scrape time: `d3d:controller_cycle_seconds`
+and `d3d:controller_tokens_per_second` (labels `batch`, the power-of-two bucket, `block`,
+`predraft`), and `d3d:controller_accept_rate` (label `position`).
+
 Overlap fraction over a window::
 
     rate(d3d:spec_overlap_seconds_total[5m]) / rate(d3d:spec_cycle_seconds_total[5m])
@@ -44,8 +54,11 @@ Share of requests refused (any reason), and error responses per second by type::
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from sglang_d3d.server.errors import rejection_reason
 
@@ -122,6 +135,9 @@ class MetricsRecorder:
         self.branch_misses = c("spec_branch_misses", "Cycles whose pre-drafted branches missed.")
         self.overlap_seconds = c("spec_overlap_seconds", "Drafter/target overlap time.")
         self.cycle_seconds = c("spec_cycle_seconds", "Total cycle wall time.")
+        plan = ("block", "predraft")
+        self.plan_cycles = c("spec_plan_cycles", "Engine cycles by plan (block 1: plain).", plan)
+        self.plan_seconds = c("spec_plan_seconds", "Engine cycle time by plan.", plan)
         self.prompt_tokens = c("prompt_tokens", "Prompt tokens of admitted requests.")
         self.generation_tokens = c("generation_tokens", "Tokens generated.")
         self.request_success = c(
@@ -161,6 +177,18 @@ class MetricsRecorder:
         elif c.branch_hit is False:
             self.branch_misses.inc()
 
+    def on_plan(self, batch: int, plan: Any, seconds: float) -> None:
+        """Plan listener: one engine cycle of `plan` (speculative/cycle.py Plan) for `batch`
+        requests, on the engine's loop thread."""
+        labels = {**self._labels, "block": str(plan.block), "predraft": _flag(plan.overlap)}
+        self.plan_cycles.labels(**labels).inc()
+        self.plan_seconds.labels(**labels).inc(seconds)
+
+    def watch_controller(self, source: Callable[[], Any]) -> None:
+        """Export the adaptive controller's estimates at every scrape; source() returns the
+        controller, or None while there is none (loading, ar mode, the SGLang backend)."""
+        self.registry.register(ControllerCollector(source, self._labels))
+
     def on_error(self, status: int, type: str, code: str | None) -> None:
         """An error response: counted by type, and as a rejection when it is one."""
         self.request_errors.labels(**self._labels, type=type, status=str(status)).inc()
@@ -179,6 +207,46 @@ class MetricsRecorder:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class ControllerCollector:
+    """The controller's estimates as gauges, read when Prometheus scrapes: what each plan's
+    cycle costs and yields per batch-size bucket, and the per-position acceptance it plans
+    with. Grafana shows why the server speculates, or has fallen back to plain decoding."""
+
+    def __init__(self, source: Callable[[], Any], labels: dict[str, str]) -> None:
+        self._source, self._labels = source, labels
+
+    def describe(self) -> list:
+        return []  # names are known only once the controller exists; nothing to clash with
+
+    def collect(self):
+        ctl = self._source()
+        if ctl is None:
+            return
+        keys = [*self._labels, "batch", "block", "predraft"]
+        seconds = GaugeMetricFamily(
+            "d3d:controller_cycle_seconds", "Estimated cycle time by plan and batch bucket.",
+            labels=keys)
+        speed = GaugeMetricFamily(
+            "d3d:controller_tokens_per_second",
+            "Estimated tokens/s by plan and batch bucket (the controller picks the highest).",
+            labels=keys)
+        for batch, plan, secs, tps in ctl.snapshot():
+            values = [*self._labels.values(), str(batch), str(plan.block), _flag(plan.overlap)]
+            seconds.add_metric(values, secs)
+            speed.add_metric(values, tps)
+        rates = GaugeMetricFamily(
+            "d3d:controller_accept_rate",
+            "P(draft accepted | the drafts before it were), as the controller estimates it.",
+            labels=[*self._labels, "position"])
+        for i, r in enumerate(ctl.accept_rates()):
+            rates.add_metric([*self._labels.values(), str(i)], r)
+        yield from (seconds, speed, rates)
+
+
+def _flag(value: bool) -> str:
+    return "true" if value else "false"
 
 
 class RequestTracker:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 from sglang_d3d.server.app import create_app
 from sglang_d3d.server.testing import ServerThread, tiny_server_config
 
@@ -31,3 +32,18 @@ def test_a_calibrated_server_is_ready_only_once_timed_and_serves_exactly(tiny_pa
         timed = {b for b, _ in ctl.samples}
         assert timed == {1, 2, 4} and ctl.reached == []  # every bucket, no acceptance yet
         assert [_complete(srv.url, p) for p in prompts] == want
+        _check_controller_metrics(httpx.get(f"{srv.url}/metrics").text, ctl)
+
+
+def _check_controller_metrics(text: str, ctl) -> None:
+    """/metrics shows the controller's estimates (every timed plan at every bucket) and the
+    plans it ran, cycle by cycle."""
+    fams = {f.name: f for f in text_string_to_metric_families(text)}
+    est = {(s.labels["batch"], s.labels["block"], s.labels["predraft"]): s.value
+           for s in fams["d3d:controller_tokens_per_second"].samples}
+    assert len(est) == len(ctl.times) and all(v > 0 for v in est.values())
+    assert {b for b, _, _ in est} == {"1", "2", "4"}
+    assert len(fams["d3d:controller_accept_rate"].samples) == len(ctl.accept_rates())
+    ran = {s.labels["block"]: s.value for s in fams["d3d:spec_plan_cycles"].samples
+           if s.name.endswith("_total")}
+    assert sum(ran.values()) > 0 and set(ran) <= {str(p.block) for p in ctl.candidates}

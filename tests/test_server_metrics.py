@@ -32,6 +32,8 @@ COUNTERS = [
     "spec_branch_misses",
     "spec_overlap_seconds",
     "spec_cycle_seconds",
+    "spec_plan_cycles",
+    "spec_plan_seconds",
     "prompt_tokens",
     "generation_tokens",
     "request_success",
@@ -98,6 +100,28 @@ def test_recorder_uses_its_own_registry():
     assert value(samples(a.render().decode()), "d3d:spec_num_drafts_total") == 0
 
 
+def test_controller_estimates_are_gauges_read_at_scrape_time():
+    from sglang_d3d.engine.adaptive import BlockController, Plan
+
+    rec, ctl = MetricsRecorder("m", "async"), None
+    rec.watch_controller(lambda: ctl)
+    assert "controller" not in rec.render().decode()  # no controller (yet): no series
+    ctl = BlockController((Plan(1), Plan(4, True)), prior=(0.5, 0.5, 0.5))
+    ctl.observe(2, Plan(1), 0.04, [])
+    ctl.observe(2, Plan(4, True), 0.08, [(3, 1), (3, 3)])
+    rec.on_plan(2, Plan(4, True), 0.08)
+    snap = samples(rec.render().decode())
+    plain = {"model_name": "m", "mode": "async", "batch": "2", "block": "1", "predraft": "false"}
+    assert value(snap, "d3d:controller_tokens_per_second", **plain) == pytest.approx(2 / 0.04)
+    four = {**plain, "block": "4", "predraft": "true"}
+    assert value(snap, "d3d:controller_cycle_seconds", **four) == pytest.approx(0.08)
+    rates = ctl.accept_rates()
+    assert value(snap, "d3d:controller_accept_rate", position="1") == pytest.approx(rates[1])
+    want = 2 * (1 + rates[0] + rates[0] * rates[1] + rates[0] * rates[1] * rates[2]) / 0.08
+    assert value(snap, "d3d:controller_tokens_per_second", **four) == pytest.approx(want)
+    assert value(snap, "d3d:spec_plan_cycles_total", block="4", predraft="true") == 1
+
+
 # ---- the live server --------------------------------------------------------------------------
 
 
@@ -156,6 +180,10 @@ def test_counters_move_with_requests(srv):
     assert delta("d3d:e2e_request_latency_seconds_count") == len(rs)
     assert delta("d3d:request_queue_time_seconds_count") == len(rs)
     assert delta("d3d:spec_cycle_seconds_total") > 0
+    # one request at a time: every engine cycle is one row-cycle, all of the fixed plan
+    assert delta("d3d:spec_plan_cycles_total", block="4", predraft="true") == cycles
+    assert delta("d3d:spec_plan_seconds_total") == pytest.approx(
+        delta("d3d:spec_cycle_seconds_total"))
 
 
 @pytest.mark.slow

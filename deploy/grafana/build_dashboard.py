@@ -203,6 +203,40 @@ def timing_panels() -> list[dict]:
     ]
 
 
+def controller_panels() -> list[dict]:
+    plan = "mode, block, predraft"
+    share = target(
+        f"sum by ({plan}) ({rate('d3d:spec_plan_seconds_total')})\n"
+        "/ ignoring(block, predraft) group_left\n"
+        f"sum by (mode) ({rate('d3d:spec_plan_seconds_total')})",
+        "{{mode}} block {{block}} predraft {{predraft}}",
+    )
+    speedup = target(
+        f"max by (mode, batch, block, predraft) (d3d:controller_tokens_per_second{{{SEL}}})\n"
+        "/ ignoring(block, predraft) group_left\n"
+        f'max by (mode, batch) (d3d:controller_tokens_per_second{{{SEL}, block="1"}})',
+        "{{mode}} batch {{batch}} block {{block}} predraft {{predraft}}",
+    )
+    return [
+        panel(
+            "Decoding plan (share of cycle time)",
+            [share],
+            "percentunit",
+            defaults={"min": 0, "max": 1},
+            description="What the adaptive controller ran: block 1 is plain decoding, "
+            "predraft = drafting the next block while the target verifies.",
+        ),
+        panel(
+            "Controller: estimated speedup over plain decoding",
+            [speedup],
+            "x",
+            description="Per batch-size bucket (powers of two): the controller's estimated "
+            "tokens/s of each plan over plain decoding's. It runs the highest; below 1 it "
+            "decodes plainly, re-measuring a losing plan now and then.",
+        ),
+    ]
+
+
 def tpot(by: str, sel: str) -> str:
     """Time per output token: the gaps between deliveries over the tokens after the first.
 
@@ -305,6 +339,7 @@ def dashboard() -> dict:
         ("Refusals and errors", refusal_panels()),
         ("Speculation quality", speculation_panels()),
         ("Draft / verify timing", timing_panels()),
+        ("Adaptive controller", controller_panels()),
         ("async vs ar", mode_panels()),
     ]
     return {

@@ -66,7 +66,8 @@ class SpecEngine:
         draft_device = self.drafting.runner.device if self._separate_drafter else cfg.device
         self.executor = Executor(draft_device, cfg.draft_threads)
         self.timeline = Timeline()
-        self.cycle_listeners: list = []
+        self.cycle_listeners: list = []  # fn(request_id, CycleStats), per row and cycle
+        self.plan_listeners: list = []  # fn(batch, Plan, seconds), once per cycle
         self.controller = None
         if cfg.adaptive:
             # Fused drafts are two-ahead predictions: the drafter's held-out rates are not theirs.
@@ -246,6 +247,8 @@ class SpecEngine:
         self.timeline.add(times)
         if self.controller is not None:
             self.controller.observe(len(rows), plan, times.end, self._tested(plan, outcomes))
+        for fn in self.plan_listeners:
+            fn(len(rows), plan, times.end)
         return [self._settle(s, o) for s, o in zip(rows, outcomes, strict=True)]
 
     def _tested(self, plan: Plan, outcomes: list[Outcome]) -> list[tuple[int, int]]:

@@ -69,6 +69,15 @@ class EngineLoop:
     def add_cycle_listener(self, fn) -> None:
         self.engine.cycle_listeners.append(fn)
 
+    def add_plan_listener(self, fn) -> None:
+        """fn(batch, Plan, seconds) after every cycle, on the loop thread."""
+        self.engine.plan_listeners.append(fn)
+
+    @property
+    def controller(self):
+        """The adaptive controller (engine/adaptive.py), or None without one."""
+        return self.engine.controller
+
     @property
     def num_running(self) -> int:
         return self.engine.num_running

@@ -106,6 +106,12 @@ class SGLangEngineLoop:
     def add_cycle_listener(self, fn) -> None:
         self._listeners.append(fn)
 
+    def add_plan_listener(self, fn) -> None:
+        """Plans are SGLang's scheduler's here (a fixed block per batch), in its subprocess:
+        nothing to report per cycle."""
+
+    controller = None  # no adaptive controller: SGLang schedules the cycles
+
     @property
     def num_running(self) -> int:
         return min(len(self._inflight), self.config.max_batch_size)

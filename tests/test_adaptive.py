@@ -213,7 +213,8 @@ def test_before_any_cycle_every_draft_reads_the_flat_prior():
 
 def test_the_drafters_measured_rates_lead_until_traffic_outweighs_them():
     prior = (0.99, 0.6, 0.45)
-    c = BlockController(candidates=(Plan(1), Plan(4)), prior=prior, prior_weight=8.0)
+    c = BlockController(candidates=(Plan(1), Plan(4)), prior=prior, prior_weight=8.0,
+                        window=float("inf"))  # no fading: exact counts
     assert c.accept_rates() == pytest.approx(list(prior))
     for _ in range(8):  # real traffic accepts only the first draft
         c.observe(1, Plan(4), 0.1, [(3, 1)])
@@ -281,3 +282,18 @@ def test_one_slow_cycle_moves_the_estimate_by_a_bounded_step():
     for _ in range(20):  # a lasting change still comes through
         c.observe_time(1, four, 0.400)
     assert c.times[(1, four)] > 0.35
+
+
+def test_acceptance_follows_the_traffic():
+    """Rates are counts over about the last `window` row-cycles with drafts: after a long run
+    of easy text, a run of hard text brings them down instead of being averaged away."""
+    c = BlockController(candidates=(Plan(1), Plan(4)), window=200)
+    for _ in range(2000):
+        c.observe(1, Plan(4), 0.1, [(3, 3)])
+    assert c.accept_rates()[0] > 0.99
+    for _ in range(400):
+        c.observe(1, Plan(4), 0.1, [(3, 0)])
+    assert c.accept_rates()[0] < 0.15  # cumulative counts would still say 0.83
+    reached = list(c.reached)
+    c.observe(1, Plan(1), 0.05, [(0, 0)])  # plain decoding tests no draft: nothing fades
+    assert c.reached == reached

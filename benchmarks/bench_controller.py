@@ -1,7 +1,8 @@
 """What the adaptive controller chooses and what each plan's cycles cost, at one concurrency.
 
 ar and async (adaptive, the server's defaults unless overridden) engines share one target; the
-prompts run in groups of --concurrency, each group through both engines in turn. Prints the
+prompts run in groups of --concurrency, each group through every engine in turn, each group
+starting with the next engine (sglang_d3d/interleave.py). Prints the
 tokens/s of both, then, for async, the cycles per (batch, block) with their mean time, and the
 controller's estimates per bucket. No timing is asserted; pause background jobs first.
 
@@ -20,6 +21,7 @@ from sglang_d3d.engine.calibrate import calibrate
 from sglang_d3d.engine.engine import SpecEngine
 from sglang_d3d.engine.factory import load_models
 from sglang_d3d.engine.offline import generate
+from sglang_d3d.interleave import rotated
 from sglang_d3d.prompts import chat_ids, load_questions
 
 
@@ -53,7 +55,8 @@ def main() -> None:
         print(f"{name} calibrated in {time.perf_counter() - t0:.1f} s: {table}")
     seconds, tokens = collections.Counter(), collections.Counter()
     for i in range(0, len(prompts), a.concurrency):
-        for name, e in engines.items():
+        for name in rotated(list(engines), i // a.concurrency):
+            e = engines[name]
             t0 = time.perf_counter()
             outs = generate(e, prompts[i : i + a.concurrency], params)
             seconds[name] += time.perf_counter() - t0

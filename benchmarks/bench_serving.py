@@ -51,6 +51,7 @@ import numpy as np
 from prometheus_client.parser import text_string_to_metric_families
 
 import sglang_d3d
+from sglang_d3d.interleave import rotated
 from sglang_d3d.prompts import NAMED, datasets_dir, question_text
 
 DATASETS = tuple(NAMED)  # gsm8k (test split), mt_bench
@@ -382,8 +383,8 @@ def bench_modes(urls: dict[str, str], args) -> list[dict]:
                 warm_up(url, models[mode], dataset, conc, args)
             for variant in args.variants:
                 load = Load(dataset, conc, variant, prompts)
-                for mode, url in urls.items():
-                    rows.append(measure(url, mode, models[mode], load, args, headers))
+                for mode in rotated(list(urls), len(rows) // len(urls)):  # no mode always first
+                    rows.append(measure(urls[mode], mode, models[mode], load, args, headers))
                     print_table(rows[-1:], header=len(rows) == 1)
     return rows
 

@@ -1,6 +1,7 @@
 """`d3d bench`: ar, sync, async and fused side by side in one process, on the same prompts.
 
-Modes are interleaved prompt by prompt so that machine noise hits them alike; greedy outputs
+Modes are interleaved prompt by prompt, each prompt starting with the next mode in turn
+(interleave.py), so that machine noise hits them alike; greedy outputs
 must be identical across modes (checked, reported, and a non-zero exit if not).
 """
 
@@ -18,6 +19,7 @@ from sglang_d3d.engine.calibrate import CalibrationConfig, calibrate
 from sglang_d3d.engine.engine import SpecEngine
 from sglang_d3d.engine.factory import load_models
 from sglang_d3d.engine.offline import generate
+from sglang_d3d.interleave import rotated
 from sglang_d3d.prompts import chat_ids, load_questions
 
 
@@ -52,7 +54,7 @@ def run_bench(args: argparse.Namespace) -> int:
     calibration = _calibrate(engines)
     runs = {m: [] for m in modes}
     for i, ids in enumerate(prompts):
-        for m in modes:
+        for m in rotated(modes, i):
             runs[m].append(_timed(engines[m], ids, params))
         print(f"prompt {i + 1}/{len(prompts)}: " + "  ".join(
             f"{m} {r[-1]['tokens'] / r[-1]['seconds']:.1f} tok/s" for m, r in runs.items()))

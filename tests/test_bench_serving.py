@@ -107,7 +107,8 @@ def test_modes_take_each_load_in_turn(tiny_pair_dir, tmp_path, monkeypatch):
          "--max-tokens", "4", "--variants", "plain", "--warmup-rounds", "0"])  # fmt: skip
     with ServerThread(create_app(ar)) as a, ServerThread(create_app(tiny_server_config(tiny_pair_dir))) as b:
         got = bench.bench_modes({"ar": a.url, "async": b.url}, args)
+    # each load through both, the next load starting with the other mode
     assert [(r["mode"], r["concurrency"]) for r in got] == [
-        ("ar", 1), ("async", 1), ("ar", 2), ("async", 2)]
+        ("ar", 1), ("async", 1), ("async", 2), ("ar", 2)]
     assert all(r["num_failed"] == 0 and r["total_output_tokens"] > 0 for r in got)
     assert got[0]["mean_accepted_length"] == 1.0  # each row's figures come from its own server

@@ -297,3 +297,33 @@ def test_acceptance_follows_the_traffic():
     reached = list(c.reached)
     c.observe(1, Plan(1), 0.05, [(0, 0)])  # plain decoding tests no draft: nothing fades
     assert c.reached == reached
+
+
+def test_an_inflated_estimate_is_re_measured_as_it_grows_stale():
+    """A run of slow cycles (long prompts, a noisy neighbour) can leave a winning plan's
+    estimate looking like a loser's; its uncertainty grows while it goes unmeasured, so it is
+    re-timed, and takes over again, sooner than its stale gap alone would allow."""
+    def cycles_to_recover(drift: float) -> int:
+        one, four = Plan(1), Plan(4)
+        c = BlockController(candidates=(one, four), warmup=1, drift=drift)
+        c.observe(1, one, 0.05, [])
+        for _ in range(12):
+            c.observe(1, four, 0.25, [(3, 3)])  # inflated: 16 tokens/s against plain's 20
+        seconds, per_row = {one: 0.05, four: 0.09}, {one: [], four: [(3, 3)]}  # truly 44
+        picks = _run(c, 5000, seconds, per_row)
+        return next(i for i in range(len(picks)) if picks[i:i + 50].count(four) == 50)
+
+    assert cycles_to_recover(0.02) < 0.6 * cycles_to_recover(0.0)
+
+
+def test_a_plan_estimated_better_than_the_kept_one_is_re_measured():
+    """Plain decoding kept through a near-tie (`stick`) must not leave the plan estimated
+    better unmeasured: re-measuring it costs nothing, and its estimate then takes over."""
+    one, four = Plan(1), Plan(4)
+    c = BlockController(candidates=(one, four), warmup=1, min_explore=1.0, drift=0.0)
+    c.observe(1, one, 0.05, [])
+    for _ in range(12):
+        c.observe(1, four, 0.5, [(3, 3)])
+    seconds, per_row = {one: 0.05, four: 0.09}, {one: [], four: [(3, 3)]}
+    picks = _run(c, 3000, seconds, per_row)
+    assert picks[-1000:].count(four) > 900

@@ -2,9 +2,9 @@
 
 ar and async (adaptive, the server's defaults unless overridden) engines share one target; the
 prompts run in groups of --concurrency, each group through every engine in turn, each group
-starting with the next engine (sglang_d3d/interleave.py). Prints the
-tokens/s of both, then, for async, the cycles per (batch, block) with their mean time, and the
-controller's estimates per bucket. No timing is asserted; pause background jobs first.
+starting with the next engine (sglang_d3d/interleave.py). Prints every engine's tokens/s, then,
+for each async one, the cycles per (batch, block) with their mean time, and the controller's
+estimates per bucket. No timing is asserted; pause background jobs first.
 
     .venv/bin/python benchmarks/bench_controller.py --concurrency 4 --num-prompts 16
 """
@@ -38,6 +38,8 @@ def main() -> None:
     a = p.parse_args()
     if a.concurrency < 1 or a.num_prompts < 1:
         p.error("--concurrency and --num-prompts must be at least 1")
+    if a.also_min_explore and not a.adaptive:
+        p.error("--also-min-explore compares controllers: it needs --adaptive")
     target, drafter, tok = load_models(engine_config(a, "async"))
     engines = {"ar": SpecEngine(engine_config(a, "ar"), target, None),
                "async": SpecEngine(engine_config(a, "async"), target, drafter)}

@@ -10,6 +10,7 @@ from sglang_d3d.server.app import create_app
 from sglang_d3d.server.metrics import MetricsRecorder
 from sglang_d3d.server.testing import ServerThread, tiny_server_config
 
+from sglang_d3d.engine.adaptive import BlockController, Plan
 from sglang_d3d.speculative.stats import CycleStats
 
 HISTOGRAMS = [
@@ -101,8 +102,6 @@ def test_recorder_uses_its_own_registry():
 
 
 def test_controller_estimates_are_gauges_read_at_scrape_time():
-    from sglang_d3d.engine.adaptive import BlockController, Plan
-
     rec, ctl = MetricsRecorder("m", "async"), None
     rec.watch_controller(lambda: ctl)
     assert "controller" not in rec.render().decode()  # no controller (yet): no series

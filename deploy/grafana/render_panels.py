@@ -34,6 +34,8 @@ KEY_PANELS = (
     "Branch hit rate (async)",
     "Draft, verify and cycle time (mean per cycle)",
     "Overlap fraction (drafter and target busy at once)",
+    "Decoding plan (share of cycle time)",
+    "Controller: estimated speedup over plain decoding",
     "Time per output token: async vs ar",
     "Decode speedup of async over ar (TPOT ar / async)",
 )

@@ -11,7 +11,8 @@ hits them alike (--sequential: one server at a time, for GPUs that hold one mode
 - TPOT: (latency - TTFT) / (output tokens - 1), per request;
 - ITL: gaps between consecutive content chunks (a chunk holds one verify cycle's tokens, so
   with speculation ITL is per cycle, not per token; TPOT is the per-token figure);
-- mean accepted length and branch hit rate, from the server's Prometheus counters over the run.
+- mean accepted length, branch hit rate and the share of cycle time spent decoding plainly
+  ("plain": the adaptive controller's fallback), from the server's Prometheus counters over the run.
 
 Each load runs in request variants (--variants): `plain`; `logprobs` (logprobs with
 --top-logprobs alternatives per token); and `n` (--n choices per request, sharing one prefill).
@@ -171,6 +172,9 @@ def auth_headers(api_key: str | None) -> dict[str, str]:
     return {"Authorization": f"Bearer {api_key}"} if api_key else {}
 
 
+PLAIN_SECONDS = "plain decoding seconds"  # d3d:spec_plan_seconds_total{block="1"}
+
+
 def scrape(url: str, headers: dict | None = None) -> dict[str, float]:
     """Totals of the counters this benchmark derives its speculation figures from."""
     wanted = {
@@ -178,23 +182,30 @@ def scrape(url: str, headers: dict | None = None) -> dict[str, float]:
         "d3d:spec_accepted_length_count",
         "d3d:spec_branch_hits_total",
         "d3d:spec_branch_misses_total",
+        "d3d:spec_plan_seconds_total",
     }
-    out = dict.fromkeys(wanted, 0.0)
+    out = dict.fromkeys([*wanted, PLAIN_SECONDS], 0.0)
     text = httpx.get(f"{url}/metrics", timeout=30, headers=headers).text
     for fam in text_string_to_metric_families(text):
         for s in fam.samples:
             if s.name in wanted:
                 out[s.name] += s.value
+            if s.name == "d3d:spec_plan_seconds_total" and s.labels.get("block") == "1":
+                out[PLAIN_SECONDS] += s.value
     return out
 
 
 def spec_figures(before: dict, after: dict) -> dict:
+    """Per load: accepted length, branch hit rate, and the share of the engine's cycle time
+    spent decoding plainly (the adaptive controller's fallback; 1.0 for ar)."""
     d = {k: after[k] - before[k] for k in after}
     cycles = d["d3d:spec_accepted_length_count"]
     branches = d["d3d:spec_branch_hits_total"] + d["d3d:spec_branch_misses_total"]
+    busy = d["d3d:spec_plan_seconds_total"]
     return {
         "mean_accepted_length": d["d3d:spec_accepted_length_sum"] / cycles if cycles else None,
         "branch_hit_rate": d["d3d:spec_branch_hits_total"] / branches if branches else None,
+        "plain_time_share": d[PLAIN_SECONDS] / busy if busy else None,
     }
 
 
@@ -268,7 +279,7 @@ def print_table(rows: list[dict], header: bool = True) -> None:
         print(
             f"{'mode':6} {'dataset':9} {'conc':>4} {'variant':8} {'req/s':>7} {'tok/s':>8} "
             f"{'TTFT mean/p50/p99 ms':>22} {'TPOT mean/p50/p99 ms':>22} "
-            f"{'ITL mean/p50/p99 ms':>22} {'acc_len':>7} {'hit':>5} {'fail':>4}"
+            f"{'ITL mean/p50/p99 ms':>22} {'acc_len':>7} {'hit':>5} {'plain':>5} {'fail':>4}"
         )
     for r in rows:
         print(
@@ -276,7 +287,7 @@ def print_table(rows: list[dict], header: bool = True) -> None:
             f"{r['request_throughput']:7.2f} {r['output_throughput']:8.1f} "
             f"{_trio(r['ttft_ms']):>22} {_trio(r['tpot_ms']):>22} {_trio(r['itl_ms']):>22} "
             f"{_num(r['mean_accepted_length'], 2):>7} {_num(r['branch_hit_rate'], 2):>5} "
-            f"{r['num_failed']:>4}",
+            f"{_num(r.get('plain_time_share'), 2):>5} {r['num_failed']:>4}",
             flush=True,
         )
 

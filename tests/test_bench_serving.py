@@ -112,3 +112,5 @@ def test_modes_take_each_load_in_turn(tiny_pair_dir, tmp_path, monkeypatch):
         ("ar", 1), ("async", 1), ("async", 2), ("ar", 2)]
     assert all(r["num_failed"] == 0 and r["total_output_tokens"] > 0 for r in got)
     assert got[0]["mean_accepted_length"] == 1.0  # each row's figures come from its own server
+    # share of cycle time decoding plainly: all of ar's, none of async's at a fixed block 4
+    assert [r["plain_time_share"] for r in got] == [1.0, 0.0, 0.0, 1.0]

@@ -17,7 +17,7 @@ import time
 
 from sglang_d3d.cli_args import add_engine_args, engine_config
 from sglang_d3d.config import SamplingParams
-from sglang_d3d.engine.calibrate import calibrate
+from sglang_d3d.engine.calibrate import calibrate, plan_name
 from sglang_d3d.engine.engine import SpecEngine
 from sglang_d3d.engine.factory import load_models
 from sglang_d3d.engine.offline import generate
@@ -75,12 +75,11 @@ def _print_cycles(engine: SpecEngine) -> None:
         per[(c.batch, c.block)].append(c.end)
     for (batch, block), ts in sorted(per.items()):
         print(f"batch {batch:2d} block {block:2d}: {len(ts):4d} cycles, mean {1e3 * sum(ts) / len(ts):6.1f} ms")
-    ctl = engine.controller
-    for b in sorted({k[0] for k in ctl.times}):
-        est = ctl._estimates(b, list(ctl.candidates))
-        print(f"bucket {b:2d}: " + "  ".join(
-            f"{p.block}{'o' if p.overlap else ''} {1e3 * s:.0f} ms {t:.1f} tok/s"
-            for p, (s, t) in est.items()))
+    rows = collections.defaultdict(list)
+    for b, plan, s, t in sorted(engine.controller.snapshot()):
+        rows[b].append(f"{plan_name(plan)} {1e3 * s:.0f} ms {t:.1f} tok/s")
+    for b, cells in rows.items():
+        print(f"bucket {b:2d}: " + "  ".join(cells))
 
 
 if __name__ == "__main__":

@@ -61,6 +61,8 @@ def main() -> None:
     p.add_argument("--cycles", type=int, default=8000)
     p.add_argument("--seeds", type=int, default=3)
     a = p.parse_args()
+    if a.cycles <= BURST[1] or a.seeds < 1:
+        p.error(f"--cycles must exceed the burst's end ({BURST[1]}) and --seeds be at least 1")
     for min_explore, drift in ((1.0, 0.0), (0.1, 0.0), (0.1, 0.01), (0.3, 0.01), (0.1, 0.02)):
         steady, after = (sum(simulate(min_explore, drift, burst, a.cycles, s)
                              for s in range(a.seeds)) / a.seeds for burst in (False, True))

@@ -28,15 +28,19 @@ $PY -m sglang_d3d.training.train --out-dir data/train_v2 --block-size 16 \
 # 3. Pruning by acceptance length, 4 layers per round (one layer per round re-scores 30
 #    candidates 12 times: too slow on one core), re-distilled from the full drafter; the table
 #    (accepted length per position, draft-pass time, ar/sync/async tokens/s per depth) goes to
-#    benchmarks/results/prune_table.{json,md,png}. Resumes after its last finished round.
-$PY -m sglang_d3d.training.prune --drafter-path data/train_v2/drafter --out-dir runs/prune \
-  --results-dir benchmarks/results --per-round 4 --min-layers 18 --eval-samples 24 \
-  --score-samples 6 --recover-steps 20 --e2e-prompts 4 --e2e-max-new-tokens 64 --e2e-block 8
+#    benchmarks/results/prune_step600/prune_table.{json,md,png}. Resumes after its last
+#    finished round. (The step-194 table, benchmarks/results/prune_table.*, came from the same
+#    command with --out-dir runs/prune --results-dir benchmarks/results --min-layers 18.)
+taskset -c 1 $PY -m sglang_d3d.training.prune --drafter-path data/train_v2/drafter \
+  --out-dir runs/prune600 --results-dir benchmarks/results/prune_step600 --per-round 4 \
+  --min-layers 22 --eval-samples 24 --score-samples 6 --recover-steps 20 --e2e-prompts 4 \
+  --e2e-max-new-tokens 64 --e2e-block 8 --threads 1
 
 # 3b. The rounds above time end to end while other jobs share the machine; re-time every depth
 #     with them paused (kill -STOP) before choosing:
-$PY -m sglang_d3d.training.prune --drafter-path data/train_v2/drafter --out-dir runs/prune \
-  --results-dir benchmarks/results --e2e-prompts 4 --e2e-max-new-tokens 64 --e2e-block 8 --remeasure
+$PY -m sglang_d3d.training.prune --drafter-path data/train_v2/drafter --out-dir runs/prune600 \
+  --results-dir benchmarks/results/prune_step600 --e2e-prompts 4 --e2e-max-new-tokens 64 \
+  --e2e-block 8 --remeasure
 
 # 4. Ship the depth with the highest measured end-to-end tokens/s (prune_table.md says which).
 mkdir -p sglang_d3d/assets/drafter

@@ -54,6 +54,11 @@ def estimate_noise(spread: float, samples: int, accept: float) -> float:
     return math.sqrt(spread**2 / max(1, samples) + accept**2)
 
 
+def throughput(rows: int, accept_rates: list[float], block: int, seconds: float) -> float:
+    """Tokens/s of a cycle of `block` for `rows` requests that takes `seconds`."""
+    return rows * expected_tokens(accept_rates, block) / seconds
+
+
 def expected_tokens(accept_rates: list[float], block: int) -> float:
     """Tokens per row-cycle for `block` (B-1 drafts): 1 + sum of P(first i drafts accepted)."""
     total, run = 1.0, 1.0
@@ -164,7 +169,7 @@ class BlockController:
             seconds = self._time(batch, p)
             if seconds is not None:
                 seconds = self._within(batch, p, rows, seconds)
-                est[p] = (seconds, rows * expected_tokens(rates, p.block) / seconds)
+                est[p] = (seconds, throughput(rows, rates, p.block, seconds))
         return est
 
     def _within(self, batch: int, plan: Plan, rows: int, seconds: float) -> float:
@@ -291,7 +296,7 @@ class BlockController:
         pair, for metrics. Another thread may call it while the engine plans: it reads a copy
         of the times (one C-level copy, so no insertion can interleave)."""
         times, rates = list(self.times.items()), self.accept_rates()
-        return [(b, p, s, b * expected_tokens(rates, p.block) / s) for (b, p), s in times]
+        return [(b, p, s, throughput(b, rates, p.block, s)) for (b, p), s in times]
 
     def seed_time(self, batch: int, plan: Plan, seconds: float, samples: int) -> None:
         """A time measured before serving (engine/calibrate.py), from `samples` cycles on

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from sglang_d3d.models import loading
+from sglang_d3d.models import int8_linear, loading
 from sglang_d3d.models.decoder import Decoder
 from sglang_d3d.models.draft_runner import DraftRunner
 from sglang_d3d.models.drafter import D3DDrafter
@@ -124,12 +124,17 @@ def _prefill_fn(label: str, r: TargetRunner, prompt: list[int]):
 
 
 def _drafter_passes(drafter: D3DDrafter, a) -> dict[str, tuple[float, float]]:
-    """The shipped drafter as the engine runs it (fast path: the target's fused kernels plus
-    the gated deltas) and, interleaved, through its HF modules (fast=False)."""
+    """The shipped drafter as the engine runs it on CPU (fast path: the target's fused kernels
+    on int8 weights plus the gated deltas) and, interleaved, on the fp32 weights and through
+    its HF modules (fast=False)."""
     g = a.block - 1  # drafts under verification
     size = a.ctx + g + max(BRANCHES) * (a.block + 1) + 8
-    runners = {"": DraftRunner(drafter, 1, max(size, a.prefill + 1)),
+    int8 = int8_linear.use_int8("auto", drafter.mask_embedding.device, drafter.mask_embedding.dtype)
+    runners = {"": DraftRunner(drafter, 1, max(size, a.prefill + 1), int8=int8),
+               ", fp32 weights": DraftRunner(drafter, 1, size),
                ", HF modules": DraftRunner(drafter, 1, size, fast=False)}
+    if not int8:
+        del runners[", fp32 weights"]  # the same as the first
     for r in runners.values():
         r.prefill(0, list(range(1000, 1000 + a.ctx)))
 

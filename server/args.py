@@ -46,6 +46,9 @@ class ServerConfig:
             raise ValueError("drain_timeout must be >= 0")
         if self.max_body_bytes < 1:
             raise ValueError("max_body_bytes must be >= 1")
+        if self.backend is Backend.SGLANG and self.engine.draft_weights == "int8":
+            raise ValueError("--draft-weights int8 is for the embedded backend on CPU: "
+                             "SGLang's worker drafts on the GPU")
         if self.metrics_need_key and not self.api_keys:
             raise ValueError("--metrics-need-key needs an API key (--api-key or D3D_API_KEY)")
 

@@ -32,7 +32,8 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
                    help="comma-separated: ar, sync, async, fused; an '@B' suffix sets the block "
                    "size of that mode (fused@4); a '-adaptive' suffix (sync-adaptive, "
                    "async-adaptive) runs that mode under the adaptive controller, which falls "
-                   "back to plain decoding where speculation measures slower")
+                   "back to plain decoding where speculation measures slower; '-int8' or "
+                   "'-full' (sync-full@8) sets the drafter's weights for that mode")
     p.add_argument("--max-new-tokens", type=int, default=256)
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--out", default=None, help="save the results as JSON here")
@@ -70,18 +71,21 @@ def run_bench(args: argparse.Namespace) -> int:
 
 def mode_config(args: argparse.Namespace, name: str):
     """'async' -> the engine config for async; 'async-adaptive' -> the same with the adaptive
-    controller on (whatever --adaptive says for the plain names); an '@B' suffix ('fused@4',
+    controller on (whatever --adaptive says for the plain names); '-int8' / '-full' set the
+    drafter's weights (whatever --draft-weights says); an '@B' suffix ('fused@4',
     'sync-adaptive@8') sets that mode's block size, so modes can run side by side each at
-    its own best block."""
+    its own best block or weights."""
     name, _, block = name.partition("@")
-    base, _, suffix = name.partition("-")
-    if suffix not in ("", "adaptive") or (block and not block.isdigit()):
-        raise ValueError(f"unknown mode {name!r}: use ar, sync, async, fused, or "
-                         "<mode>-adaptive, optionally with @<block size>")
+    base, *suffixes = name.split("-")
+    if not set(suffixes) <= {"adaptive", "int8", "full"} or (block and not block.isdigit()):
+        raise ValueError(f"unknown mode {name!r}: use ar, sync, async, fused, optionally "
+                         "with -adaptive and -int8 or -full, then @<block size>")
     cfg = engine_config(args, Mode(base).value)
     if block:
         cfg = dataclasses.replace(cfg, spec=dataclasses.replace(cfg.spec, block_size=int(block)))
-    return dataclasses.replace(cfg, adaptive=True) if suffix else cfg
+    for weights in {"int8", "full"} & set(suffixes):
+        cfg = dataclasses.replace(cfg, draft_weights=weights)
+    return dataclasses.replace(cfg, adaptive=True) if "adaptive" in suffixes else cfg
 
 
 def _warmup(engines, ids, params) -> None:

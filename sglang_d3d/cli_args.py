@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from sglang_d3d.config import BranchPolicy, EngineConfig, Mode, SpecConfig
+from sglang_d3d.config import DRAFT_WEIGHTS, BranchPolicy, EngineConfig, Mode, SpecConfig
 
 
 def add_engine_args(
@@ -43,6 +43,10 @@ def add_engine_args(
                    help="with --adaptive (embedded engine): time every plan at every batch "
                    "size on synthetic requests at start-up, before serving (default: "
                    f"{'on' if adaptive else 'off'})")
+    g.add_argument("--draft-weights", choices=list(DRAFT_WEIGHTS), default="auto",
+                   help="the drafter's weights on CPU: int8 (a quarter of the bytes per pass; "
+                   "the target stays full precision), full, or auto: int8 where the drafter "
+                   "runs on a CPU in float32")
     g.add_argument("--threads", type=int, default=None, help="CPU threads in all (default: all cores)")
 
 
@@ -83,4 +87,5 @@ def engine_config(args: argparse.Namespace, mode: str | None = None) -> EngineCo
         calibrate=getattr(args, "calibrate", False),
         target_threads=target_threads,
         draft_threads=draft_threads,
+        draft_weights=getattr(args, "draft_weights", EngineConfig.draft_weights),
     )

@@ -27,6 +27,7 @@ class BranchPolicy(str, enum.Enum):
     TOPK = "topk"  # only the `branch_budget` most likely outcomes by the drafter's own confidence
 
 
+DRAFT_WEIGHTS = ("auto", "full", "int8")
 GREEDY_BELOW = 1e-5  # temperatures under this are greedy
 
 
@@ -114,6 +115,10 @@ class EngineConfig:
     prefill_chunk: int = 64
     max_prefill_tokens: int = 1024
     draft_threads: int = 1  # intra-op threads of the drafter's worker (CPU)
+    # The drafter's projection weights on CPU: "int8" (models/int8_linear.py; a quarter of the
+    # bytes a pass reads), "full" (the model's dtype), or "auto": int8 where the drafter runs
+    # on a CPU in fp32 with fbgemm. The target's weights are never quantised.
+    draft_weights: str = "auto"
     target_threads: int = 1  # intra-op threads of the target's worker (CPU)
 
     def __post_init__(self) -> None:
@@ -121,6 +126,9 @@ class EngineConfig:
             raise ValueError("max_batch_size >= 1 and max_context >= 8 required")
         if self.prefill_chunk < 1 or self.max_prefill_tokens < self.prefill_chunk:
             raise ValueError("1 <= prefill_chunk <= max_prefill_tokens required")
+        if self.draft_weights not in DRAFT_WEIGHTS:
+            raise ValueError(f"draft_weights must be one of {DRAFT_WEIGHTS}, "
+                             f"not {self.draft_weights!r}")
 
     @property
     def resolved_draft_device(self) -> str:

@@ -66,7 +66,11 @@ def test_bench_mode_names(tiny_pair_dir):
     assert mode_config(args, "sync@3").spec.block_size == 3
     assert mode_config(args, "fused-adaptive@8").adaptive
     assert mode_config(args, "fused-adaptive@8").spec.block_size == 8
-    for bad in ("async-fast", "sync@x"):
+    assert mode_config(args, "sync").draft_weights == "auto"
+    assert mode_config(args, "sync-int8@8").draft_weights == "int8"
+    full = mode_config(args, "async-adaptive-full@4")
+    assert full.draft_weights == "full" and full.adaptive and full.spec.block_size == 4
+    for bad in ("async-fast", "sync@x", "sync-int4"):
         with pytest.raises(ValueError, match="unknown mode"):
             mode_config(args, bad)
 

@@ -126,6 +126,11 @@ def test_cpu_profile_requests_no_gpu(chart):
         assert gpu_resources(c) == (None, None)
         assert flag(c["args"], "--device") == "cpu"
         assert flag(c["args"], "--draft-device") is None
+    c = server_container(manifests(chart, values_of("values-cpu")))
+    assert flag(c["args"], "--draft-weights") == "int8"
+    assert parse_args(c["args"][1:]).engine.draft_weights == "int8"
+    defaults = server_container(manifests(chart, None))
+    assert flag(defaults["args"], "--draft-weights") is None  # the server's own default
 
 
 def test_single_gpu_gets_one_gpu_shared_by_drafter(chart):
@@ -310,6 +315,7 @@ BAD_VALUES = {
     "block size too small": {"server": {"spec": {"blockSize": 1}}},
     "unknown branch policy": {"server": {"spec": {"branchPolicy": "best"}}},
     "bad draft device": {"server": {"draftDevice": "tpu:0"}},
+    "unknown draft weights": {"server": {"draftWeights": "int4"}},
     "unknown top-level key": {"replicas": 3},
     "unknown nested key": {"server": {"blocksize": 8}},
     "pvc without claim": {"models": {"source": "pvc", "target": "t"}},
@@ -339,6 +345,8 @@ def test_schema_refuses_invalid_values(chart, values):
         ({"server": {"backend": "sglang"}}, "backend=sglang runs on CUDA"),
         ({"server": {"backend": "sglang", "mode": "fused"}, "gpu": {"count": 1}},
          "fused runs in the embedded backend only"),
+        ({"server": {"backend": "sglang", "draftWeights": "int8"}, "gpu": {"count": 1}},
+         "draftWeights=int8 is for the embedded backend"),
         ({"server": {"metricsNeedKey": True}}, "metricsNeedKey needs server.apiKeySecret.name"),
         (
             {"autoscaling": {"enabled": True, "minReplicas": 5, "maxReplicas": 2}},

@@ -49,12 +49,21 @@ def test_flags_map_onto_engine_config():
 
 
 @pytest.mark.parametrize(
-    "argv", [["--block-size", "1"], ["--mode", "fast"], ["--max-concurrency", "0"], ["--port", "x"]]
+    "argv", [["--block-size", "1"], ["--mode", "fast"], ["--max-concurrency", "0"], ["--port", "x"],
+             ["--draft-weights", "int4"]]
 )
 def test_bad_flags_exit_with_usage_error(argv, capsys):
     with pytest.raises(SystemExit) as e:
         parse_args(argv)
     assert e.value.code == 2 and "error" in capsys.readouterr().err
+
+
+def test_draft_weights_reach_the_engine_and_int8_is_refused_for_sglang(capsys):
+    assert parse_args([]).engine.draft_weights == "auto"
+    assert parse_args(["--draft-weights", "full"]).engine.draft_weights == "full"
+    with pytest.raises(SystemExit):
+        parse_args(["--backend", "sglang", "--draft-weights", "int8"])
+    assert "int8 is for the embedded backend" in capsys.readouterr().err
 
 
 # ---- stop strings -----------------------------------------------------------------------------

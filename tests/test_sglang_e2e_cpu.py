@@ -82,8 +82,10 @@ def _embedded(pair, prompts):
     torch.set_grad_enabled(False)
     target = Decoder.from_hf(load_hf_model(Path(pair[0])))
     drafter = D3DDrafter.from_pretrained(Path(pair[1]), target)  # ignores the HF keys SGLang needs
+    # SGLang's worker drafts on full-precision weights; the same drafts need the same weights.
     cfg = EngineConfig(
-        mode=Mode.ASYNC, spec=SpecConfig(block_size=BLOCK), max_batch_size=4, max_context=256
+        mode=Mode.ASYNC, spec=SpecConfig(block_size=BLOCK), max_batch_size=4, max_context=256,
+        draft_weights="full",
     )
     engine = SpecEngine(cfg, target, drafter)
     params = SamplingParams(temperature=0.0, max_new_tokens=16)

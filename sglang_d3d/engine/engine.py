@@ -23,6 +23,7 @@ from sglang_d3d.engine.sequence import Sequence
 from sglang_d3d.models.decoder import Decoder
 from sglang_d3d.models.drafter import D3DDrafter
 from sglang_d3d.models.fused_runner import FusedRunner
+from sglang_d3d.models.int8_linear import use_int8
 from sglang_d3d.models.target import TargetRunner
 from sglang_d3d.speculative.cycle import Outcome, Plan, Verdict, record, run_cycle
 from sglang_d3d.speculative.drafting import Drafting
@@ -56,9 +57,11 @@ class SpecEngine:
         if fused:
             self.drafting = FusedDrafting(FusedRunner(drafter, self.target), cfg.spec)
         elif drafter is not None and cfg.mode is not Mode.AR:
+            d = drafter.mask_embedding
             self.drafting = Drafting.create(drafter, slots, cfg.max_context, cfg.spec,
                                             cfg.prefill_chunk, cfg.max_prefill_tokens,
-                                            self.target.cache)
+                                            self.target.cache,
+                                            use_int8(cfg.draft_weights, d.device, d.dtype))
         self.scheduler = Scheduler(slots, cfg.max_queue)
         # Prefill sharing (_share_prefills): follower id -> leader, leader id -> followers.
         self._leader_of: dict[int, Sequence] = {}

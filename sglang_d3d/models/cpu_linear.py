@@ -67,18 +67,23 @@ class PackedLinear:
 
 def fuse(linears: list[torch.nn.Linear], kernels: Kernels) -> PackedLinear:
     """Several projections of the same input as one: outputs concatenated in order."""
+    return PackedLinear(*fused_weight(linears), kernels)
+
+
+def fused_weight(linears: list[torch.nn.Linear]) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The weights [sum N_i, K] and bias (None: no projection has one) of several projections
+    of the same input, outputs concatenated in order; one projection's own, not copied."""
     if len(linears) == 1:
-        w, b = linears[0].weight, linears[0].bias
-    else:
-        w = torch.cat([m.weight.detach() for m in linears])
-        biases = [m.bias for m in linears]
-        b = None
-        if any(x is not None for x in biases):
-            b = torch.cat([
-                m.weight.new_zeros(m.out_features) if x is None else x.detach()
-                for m, x in zip(linears, biases)
-            ])
-    return PackedLinear(w, b, kernels)
+        return linears[0].weight, linears[0].bias
+    w = torch.cat([m.weight.detach() for m in linears])
+    biases = [m.bias for m in linears]
+    if all(x is None for x in biases):
+        return w, None
+    b = torch.cat([
+        m.weight.new_zeros(m.out_features) if x is None else x.detach()
+        for m, x in zip(linears, biases)
+    ])
+    return w, b
 
 
 @functools.lru_cache(maxsize=1)

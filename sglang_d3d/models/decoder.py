@@ -217,7 +217,7 @@ class Decoder(nn.Module):
         self.norm = inner.norm
         self.rotary = inner.rotary_emb
         self.lm_head = hf_model.lm_head
-        self._fused: FusedModel | None = None  # built on the first fast pass
+        self._fused: dict[bool, FusedModel] = {}  # by int8; built on the first fast pass
 
     @classmethod
     def from_hf(cls, hf_model) -> Decoder:
@@ -241,11 +241,12 @@ class Decoder(nn.Module):
             self.num_layers, num_slots, max_len, s.num_kv_heads, s.head_dim, self.dtype, self.device
         )
 
-    def fused(self) -> FusedModel:
-        """Fused, packed projections for inference passes (built once, on first use)."""
-        if self._fused is None:
-            self._fused = FusedModel.from_decoder(self)
-        return self._fused
+    def fused(self, int8: bool = False) -> FusedModel:
+        """Fused, packed projections for inference passes (built once, on first use). int8:
+        a quantised copy for the drafter's passes (the target's own are never int8)."""
+        if int8 not in self._fused:
+            self._fused[int8] = FusedModel.from_decoder(self, int8)
+        return self._fused[int8]
 
     def forward(
         self, input_ids: torch.Tensor, b: Batch, fast: bool = False,

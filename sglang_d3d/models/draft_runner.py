@@ -10,14 +10,17 @@ from sglang_d3d.models.packing import Pack, branch_token_index, layout
 
 
 class DraftRunner:
-    def __init__(self, drafter: D3DDrafter, num_slots: int, max_len: int, fast: bool = True) -> None:
+    def __init__(self, drafter: D3DDrafter, num_slots: int, max_len: int, fast: bool = True,
+                 int8: bool = False) -> None:
         self.model = drafter
         self.cache = drafter.make_cache(num_slots, max_len)
         self.lengths = [0] * num_slots
-        # The target's fused CPU kernels plus the deltas (models/adapters.py GatedFused).
+        # The target's fused CPU kernels plus the deltas (models/adapters.py GatedFused);
+        # int8: those kernels on an int8 copy of the weights (models/int8_linear.py).
         self.fast = fast and self.device.type == "cpu"
+        self.int8 = int8 and self.fast
         if self.fast:
-            drafter.prepare_inference()
+            drafter.prepare_inference(self.int8)
 
     @property
     def device(self) -> torch.device:
@@ -36,11 +39,11 @@ class DraftRunner:
         dev = self.device
         h = self.model.hidden(
             ids.to(dev), pos.to(dev), mask.to(dev), self.cache, slots, write.to(dev),
-            fast=self.fast,
+            fast=self.fast, int8=self.int8,
         )
         picks = [torch.tensor(p.blocks, dtype=torch.long).view(-1) for _, p in rows]  # [num_blocks * B] each
         flat = torch.cat([h[r, idx.to(dev)] for r, idx in enumerate(picks)])  # [sum, H]
-        logits = self.model.logits(flat, fast=self.fast).float() if flat.shape[0] else flat.new_zeros(0, 1)
+        logits = self.model.logits(flat, fast=self.fast, int8=self.int8).float() if flat.shape[0] else flat.new_zeros(0, 1)
         out, at = [], 0
         for _, p in rows:
             k, b = len(p.blocks), len(p.blocks[0]) if p.blocks else 0
@@ -61,7 +64,8 @@ class DraftRunner:
             c, base = part.shape[1], self.lengths[slot]
             pos = torch.arange(base, base + c, device=dev).unsqueeze(0)  # [1, c]
             mask = torch.ones(c, base + c, dtype=torch.bool, device=dev).tril(base)  # causal
-            self.model.hidden(part, pos, mask.unsqueeze(0), self.cache, [slot], pos, fast=self.fast)
+            self.model.hidden(part, pos, mask.unsqueeze(0), self.cache, [slot], pos,
+                              fast=self.fast, int8=self.int8)
             self.lengths[slot] = base + c
 
     def adopt(self, slot: int, source: KVCache, n: int) -> None:

@@ -109,7 +109,7 @@ class D3DDrafter(nn.Module):
             for i in cfg.source_layers
         )
         self.mask_embedding = nn.Parameter(target.embed_tokens.weight.mean(0).detach().clone())
-        self._fused: tuple[GatedFused, ...] | None = None  # inference fast path (CPU)
+        self._fused: dict[bool, tuple[GatedFused, ...]] = {}  # CPU inference path, by int8
         # Shared with the target and frozen: kept out of the checkpoint.
         self._shared = {"embed": target.embed_tokens, "head": target.lm_head,
                         "rot": target.rotary, "norm": target.norm, "target": target}
@@ -235,39 +235,42 @@ class D3DDrafter(nn.Module):
         past: list | None = None,
         record: list | None = None,
         fast: bool = False,
+        int8: bool = False,
     ) -> torch.Tensor:
         """-> [N, T, H] final-normed hidden states; deltas apply at mask slots only. `fast`
-        (inference on CPU): the target's fused, packed projections plus the deltas."""
+        (inference on CPU): the target's fused, packed projections plus the deltas; `int8`:
+        an int8 copy of those projections (the deltas stay fp32)."""
         b = Batch(positions, attn_mask, cache, slots, write_at, past=past, record=record)
         self.gate.set(input_ids == MASK_ID, self.mask_embedding.dtype)
         try:
-            fused = self.fused_layers() if fast else None
+            fused = self.fused_layers(int8) if fast else None
             h = run_layers(self.layers, self._shared["rot"], self.embed(input_ids), b, self.arch,
                            fused)
         finally:
             self.gate.clear()
         return self._shared["norm"](h)
 
-    def prepare_inference(self) -> None:
+    def prepare_inference(self, int8: bool = False) -> None:
         """Build the fast path and its stacked deltas now: the first drafter pass otherwise
         pays for them (measured: 115 ms against 50 ms for the next), and the adaptive
         controller would take that first cycle's time for the plan's."""
-        for layer in self.fused_layers():
+        for layer in self.fused_layers(int8):
             layer.prepare()
+        self._shared["target"].fused(int8)  # the LM head
 
-    def fused_layers(self) -> tuple[GatedFused, ...]:
+    def fused_layers(self, int8: bool = False) -> tuple[GatedFused, ...]:
         """Built on first use, over the target's own fused model (built once, shared)."""
-        if self._fused is None:
-            base = self._shared["target"].fused().layers
-            self._fused = tuple(GatedFused(base[i], layer)
-                                for i, layer in zip(self.cfg.source_layers, self.layers))
-        return self._fused
+        if int8 not in self._fused:
+            base = self._shared["target"].fused(int8).layers
+            self._fused[int8] = tuple(GatedFused(base[i], layer)
+                                      for i, layer in zip(self.cfg.source_layers, self.layers))
+        return self._fused[int8]
 
-    def logits(self, hidden: torch.Tensor, fast: bool = False) -> torch.Tensor:
+    def logits(self, hidden: torch.Tensor, fast: bool = False, int8: bool = False) -> torch.Tensor:
         """[..., H] -> [..., V]. `fast`: the target's packed LM head (about half the time of
-        the plain module for a block of 8 on CPU; inference only)."""
+        the plain module for a block of 8 on CPU; inference only); `int8`: its int8 copy."""
         if fast:
-            return self._shared["target"].fused().lm_head(hidden)
+            return self._shared["target"].fused(int8).lm_head(hidden)
         return self._shared["head"](hidden)
 
 

@@ -58,7 +58,7 @@ app.kubernetes.io/component: server
 {{/*
 Checks the schema cannot express: the drafter's device must be one of the GPUs requested,
 the sglang backend needs a GPU (server/args.py: CUDA only) and cannot run fused mode (its verify
-pass is SGLang's), a closed /metrics needs an API key,
+pass is SGLang's) or an int8 drafter (a CPU kernel), a closed /metrics needs an API key,
 and the autoscaler's bounds must be ordered.
 */}}
 {{- define "sglang-d3d.validate" -}}
@@ -76,6 +76,9 @@ and the autoscaler's bounds must be ordered.
 {{- end }}
 {{- if and (eq .Values.server.backend "sglang") (eq .Values.server.mode "fused") }}
 {{- fail "server.mode=fused runs in the embedded backend only: use async or sync with backend sglang" }}
+{{- end }}
+{{- if and (eq .Values.server.backend "sglang") (eq (.Values.server.draftWeights | default "") "int8") }}
+{{- fail "server.draftWeights=int8 is for the embedded backend on CPU: SGLang's worker drafts on the GPU" }}
 {{- end }}
 {{- if and .Values.server.metricsNeedKey (not .Values.server.apiKeySecret.name) }}
 {{- fail "server.metricsNeedKey needs server.apiKeySecret.name: a key to scrape /metrics with" }}
@@ -108,6 +111,10 @@ and the autoscaler's bounds must be ordered.
 {{- end }}
 {{- with .Values.server.dtype }}
 - --dtype
+- {{ . | quote }}
+{{- end }}
+{{- with .Values.server.draftWeights }}
+- --draft-weights
 - {{ . | quote }}
 {{- end }}
 - --block-size

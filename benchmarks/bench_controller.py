@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import argparse
 import collections
+import dataclasses
 import time
 
 from sglang_d3d.cli_args import add_engine_args, engine_config
-from sglang_d3d.config import SamplingParams
+from sglang_d3d.config import DRAFT_WEIGHTS, SamplingParams
 from sglang_d3d.engine.calibrate import calibrate, plan_name
 from sglang_d3d.engine.engine import SpecEngine
 from sglang_d3d.engine.factory import load_models
@@ -35,6 +36,8 @@ def main() -> None:
     p.add_argument("--also-min-explore", type=float, nargs="*", default=[],
                    help="more async engines, each with this controller min_explore "
                         "(1.0: every losing plan keeps its whole re-measurement share)")
+    p.add_argument("--also-draft-weights", nargs="*", default=[], choices=list(DRAFT_WEIGHTS),
+                   help="more async engines, each with these drafter weights (int8, full)")
     a = p.parse_args()
     if a.concurrency < 1 or a.num_prompts < 1:
         p.error("--concurrency and --num-prompts must be at least 1")
@@ -47,6 +50,9 @@ def main() -> None:
         e = SpecEngine(engine_config(a, "async"), target, drafter)
         e.controller.min_explore = m
         engines[f"async(min_explore={m})"] = e
+    for w in a.also_draft_weights:
+        cfg = dataclasses.replace(engine_config(a, "async"), draft_weights=w)
+        engines[f"async({w})"] = SpecEngine(cfg, target, drafter)
     prompts = [chat_ids(tok, q) for q in load_questions(a.dataset, a.num_prompts)]
     params = SamplingParams(max_new_tokens=a.max_new_tokens, stop_token_ids=(tok.eos_token_id,))
     generate(engines["ar"], prompts[:1], SamplingParams(max_new_tokens=8))  # first-call costs

@@ -45,6 +45,20 @@ def test_every_allowed_plan_is_timed_at_every_bucket_and_the_engine_is_left_clea
     assert [o.token_ids for o in outs] == [reference_greedy(hf, p, 10) for p in prompts]
 
 
+def test_rows_of_a_bucket_have_staggered_lengths_as_served_rows_do(tiny_models):
+    """Equal rows take attention's one-call path, which served rows of different lengths do
+    not: calibration's rows differ by `stagger` tokens so its times are the served ones."""
+    engine = make_engine(tiny_models, Mode.SYNC, block=4, batch=4, adaptive=True)
+    lengths = []
+    submit = engine.submit
+    engine.submit = lambda req: (lengths.append(len(req.prompt_ids)), submit(req))[1]
+    calibrate(engine, CalibrationConfig(cycles=2, prompt_len=8, stagger=4))
+    assert lengths[0] == 8  # batch 1 first
+    rows = [lengths[i : i + 4] for i in range(len(lengths))]
+    assert [8, 12] in [r[:2] for r in rows] and [8, 12, 16, 20] in rows  # batches 2 and 4
+    assert set(lengths) == {8, 12, 16, 20}  # replacements keep their row's length
+
+
 def test_a_request_that_ends_early_is_replaced_so_the_bucket_is_still_measured(tiny_models):
     # a context of 24 tokens ends every synthetic request after a few cycles
     engine = make_engine(tiny_models, Mode.SYNC, block=4, batch=2, context=24, adaptive=True)

@@ -36,7 +36,13 @@ PERIOD = 8  # the synthetic prompt repeats this many tokens; both models learn t
 class CalibrationConfig:
     cycles: int = 3  # recorded cycles per (bucket, plan), after one discarded switching cycle
     max_batch: int | None = None  # the largest batch to time; None: the engine's slots
-    prompt_len: int = 64
+    prompt_len: int = 64  # the shortest synthetic prompt; the others are staggered (below)
+    # Each row's prompt is this many tokens longer than the previous row's. Served rows have
+    # different lengths, and attention over rows of different lengths runs row by row
+    # (decoder._cached_attention). Equal rows take the one-call path: at batch 16 that timed
+    # a plain cycle at 52 ms and block 4 at 230 ms against 83 and 347 ms served, so the
+    # controller kept leaving plain decoding for speculation that then measured slower.
+    stagger: int = 16
     max_steps_per_plan: int = 64  # a bucket whose cycles cannot be had gives up, not hangs
 
 
@@ -111,7 +117,7 @@ def _measure_bucket(engine: SpecEngine, script: _Scripted, batch: int, plans: li
             for _ in range(cfg.max_steps_per_plan):
                 if script.recorded(batch, plan) >= cfg.cycles:
                     break
-                _top_up(engine, live, ids, batch, cfg.prompt_len)
+                _top_up(engine, live, ids, batch, cfg)
                 live -= {ev.request_id for ev in engine.step() if ev.finished}
     finally:
         for rid in live:
@@ -120,15 +126,15 @@ def _measure_bucket(engine: SpecEngine, script: _Scripted, batch: int, plans: li
             engine.step()
 
 
-def _top_up(engine: SpecEngine, live: set[str], ids, batch: int, prompt_len: int) -> None:
-    """Requests that ended (length or end-of-sequence) are replaced, so the batch holds."""
-    if len(live) >= batch:
-        return
+def _top_up(engine: SpecEngine, live: set[str], ids, batch: int, cfg: CalibrationConfig) -> None:
+    """Requests that ended (length or end-of-sequence) are replaced, so the batch holds; the
+    n-th request's prompt has prompt_len + stagger * (n mod batch) tokens."""
     vocab, room = engine.vocab_size, engine.cfg.max_context
-    prompt = synthetic_prompt(vocab, min(prompt_len, room // 2))
-    params = SamplingParams(max_new_tokens=max(1, room - len(prompt)))
     while len(live) < batch:
-        rid = f"calibrate-{next(ids)}"
+        n = next(ids)
+        prompt = synthetic_prompt(vocab, min(cfg.prompt_len + cfg.stagger * (n % batch), room // 2))
+        params = SamplingParams(max_new_tokens=max(1, room - len(prompt)))
+        rid = f"calibrate-{n}"
         engine.submit(GenerationRequest(rid, prompt, params))
         live.add(rid)
 

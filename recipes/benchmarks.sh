@@ -38,3 +38,13 @@ $PY benchmarks/bench_passes.py --block $BLOCK --drafter "$DRAFTER" --json $OUT/p
 $D3D bench-serving --modes ar async --datasets gsm8k mt_bench runs/mbpp20.jsonl \
   --concurrency 1 4 16 --num-prompts 16 --max-tokens 64 --variants plain \
   --server-args "--drafter $DRAFTER" --out $OUT/bench_serving_${TAG}.json
+
+# The drafter's int8 weights (the default on CPU) against its fp32 weights, side by side
+# (sitting 7: bench_int8_*.json). '-full' runs a mode on the fp32 weights.
+M=ar,sync-full@$BLOCK,sync@$BLOCK,async-adaptive-full@$BLOCK,async-adaptive@$BLOCK
+$D3D bench --dataset gsm8k --num-prompts 30 --max-new-tokens 128 --branch-budget 1 \
+  --block-size $BLOCK --modes $M --drafter "$DRAFTER" --out $OUT/bench_int8_gsm8k30_${TAG}.json
+$D3D bench --dataset mt_bench --num-prompts 20 --max-new-tokens 128 --branch-budget 1 \
+  --block-size $BLOCK --modes $M --drafter "$DRAFTER" --out $OUT/bench_int8_mtbench20_${TAG}.json
+$D3D bench --dataset runs/mbpp20.jsonl --num-prompts 10 --max-new-tokens 128 --branch-budget 1 \
+  --block-size $BLOCK --modes $M --drafter "$DRAFTER" --out $OUT/bench_int8_mbpp10_${TAG}.json

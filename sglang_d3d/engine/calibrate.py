@@ -40,8 +40,9 @@ class CalibrationConfig:
     # Each row's prompt is this many tokens longer than the previous row's. Served rows have
     # different lengths, and attention over rows of different lengths runs row by row
     # (decoder._cached_attention). Equal rows take the one-call path: at batch 16 that timed
-    # a plain cycle at 52 ms and block 4 at 230 ms against 83 and 347 ms served, so the
-    # controller kept leaving plain decoding for speculation that then measured slower.
+    # a plain cycle at 52 ms and block 4 at 230 ms against 83 and 347 ms served, and a
+    # speculative plan's estimate stays its calibrated one until it is re-measured. Staggered:
+    # 86 and 300 ms (benchmarks/results/README.md, sitting 7).
     stagger: int = 16
     max_steps_per_plan: int = 64  # a bucket whose cycles cannot be had gives up, not hangs
 

@@ -77,13 +77,14 @@ def mode_config(args: argparse.Namespace, name: str):
     its own best block or weights."""
     name, _, block = name.partition("@")
     base, *suffixes = name.split("-")
-    if not set(suffixes) <= {"adaptive", "int8", "full"} or (block and not block.isdigit()):
+    if (not set(suffixes) <= {"adaptive", "int8", "full"} or {"int8", "full"} <= set(suffixes)
+            or (block and not block.isdigit())):
         raise ValueError(f"unknown mode {name!r}: use ar, sync, async, fused, optionally "
                          "with -adaptive and -int8 or -full, then @<block size>")
     cfg = engine_config(args, Mode(base).value)
     if block:
         cfg = dataclasses.replace(cfg, spec=dataclasses.replace(cfg.spec, block_size=int(block)))
-    for weights in {"int8", "full"} & set(suffixes):
+    for weights in {"int8", "full"} & set(suffixes):  # at most one
         cfg = dataclasses.replace(cfg, draft_weights=weights)
     return dataclasses.replace(cfg, adaptive=True) if "adaptive" in suffixes else cfg
 

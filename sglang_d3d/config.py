@@ -129,6 +129,9 @@ class EngineConfig:
         if self.draft_weights not in DRAFT_WEIGHTS:
             raise ValueError(f"draft_weights must be one of {DRAFT_WEIGHTS}, "
                              f"not {self.draft_weights!r}")
+        if self.mode is Mode.FUSED and self.draft_weights == "int8":
+            raise ValueError("fused mode computes the target in the drafter's pass, so its "
+                             "weights stay full precision: use draft_weights 'auto' or 'full'")
 
     @property
     def resolved_draft_device(self) -> str:

@@ -70,7 +70,7 @@ def test_bench_mode_names(tiny_pair_dir):
     assert mode_config(args, "sync-int8@8").draft_weights == "int8"
     full = mode_config(args, "async-adaptive-full@4")
     assert full.draft_weights == "full" and full.adaptive and full.spec.block_size == 4
-    for bad in ("async-fast", "sync@x", "sync-int4"):
+    for bad in ("async-fast", "sync@x", "sync-int4", "sync-int8-full"):
         with pytest.raises(ValueError, match="unknown mode"):
             mode_config(args, bad)
 

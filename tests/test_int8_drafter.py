@@ -65,6 +65,8 @@ def test_use_int8_follows_the_setting_and_refuses_where_it_cannot_run():
 def test_engine_config_refuses_an_unknown_weight_setting():
     with pytest.raises(ValueError, match="draft_weights must be one of"):
         EngineConfig(draft_weights="fp8")
+    with pytest.raises(ValueError, match="fused mode computes the target"):
+        EngineConfig(mode=Mode.FUSED, draft_weights="int8")
 
 
 def test_int8_drafts_are_close_to_full_precision_ones(fp32_models):

@@ -254,9 +254,8 @@ class D3DDrafter(nn.Module):
         """Build the fast path and its stacked deltas now: the first drafter pass otherwise
         pays for them (measured: 115 ms against 50 ms for the next), and the adaptive
         controller would take that first cycle's time for the plan's."""
-        for layer in self.fused_layers(int8):
+        for layer in self.fused_layers(int8):  # builds the target's fused model, LM head too
             layer.prepare()
-        self._shared["target"].fused(int8)  # the LM head
 
     def fused_layers(self, int8: bool = False) -> tuple[GatedFused, ...]:
         """Built on first use, over the target's own fused model (built once, shared)."""

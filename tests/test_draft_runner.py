@@ -123,6 +123,6 @@ def test_the_fast_path_is_built_before_the_first_pass(tiny_prod_models):
     drafter = copy.deepcopy(tiny_prod_models[2])
     drafter._fused = {}  # a fresh fast path, whatever earlier tests built on the shared one
     DraftRunner(drafter, 1, 32)
-    groups = [g for layer in drafter.fused_layers()
-              for g in (layer._qkv, layer._o, layer._gate_up, layer._down)]
+    groups = [p.deltas for layer in drafter.fused_layers()
+              for p in (layer.qkv, layer.o, layer.gate_up, layer.down)]
     assert groups and all(g.a is not None and g.b is not None for g in groups)

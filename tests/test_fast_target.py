@@ -122,3 +122,18 @@ def test_fused_rms_norm_is_bitwise_the_hf_norm(hidden):
     with torch.no_grad():
         assert torch.equal(rms_norm(norm)(x), norm(x))
     assert rms_norm(norm.double()) is norm  # fp64: HF's upcast-to-fp32 maths, kept as is
+
+
+def test_rope_tables_give_hf_rotary_embedding_bitwise():
+    """The roll form of RoPE (decoder.rope_tables, _rope) is HF's rotate_half form exactly."""
+    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+    from sglang_d3d.models.decoder import _rope, rope_tables
+
+    gen = torch.Generator().manual_seed(0)
+    q, k = torch.randn(2, 4, 5, 16, generator=gen), torch.randn(2, 2, 5, 16, generator=gen)
+    angles = torch.rand(2, 5, 8, generator=gen) * 6
+    cos, sin = torch.cat([angles.cos()] * 2, -1), torch.cat([angles.sin()] * 2, -1)
+    ref_q, ref_k = apply_rotary_pos_emb(q, k, cos, sin)
+    tables = rope_tables(cos, sin)
+    assert torch.equal(_rope(q, *tables), ref_q) and torch.equal(_rope(k, *tables), ref_k)

@@ -12,8 +12,19 @@ from sglang_d3d.config import EngineConfig, Mode, SamplingParams, SpecConfig
 from sglang_d3d.engine.engine import SpecEngine
 from sglang_d3d.engine.offline import generate
 from sglang_d3d.models import int8_linear
+from sglang_d3d.models.adapters import Gate, LowRankDelta
+from sglang_d3d.models.cpu_linear import PackedLinear
 from sglang_d3d.models.draft_runner import DraftRunner
-from sglang_d3d.models.int8_linear import Int8Linear, quantize_rows, use_int8
+from sglang_d3d.models.int8_deltas import Int8Gated
+from sglang_d3d.models.int8_linear import (
+    AVX2_LEVELS,
+    FULL_LEVELS,
+    Int8Linear,
+    quantize_rows,
+    sums_in_int32,
+    use_int8,
+    weight_levels,
+)
 from sglang_d3d.models.packing import extend_pack
 
 pytestmark = pytest.mark.skipif(not int8_linear.available(), reason="no fbgemm in this torch")
@@ -34,12 +45,36 @@ def fp32_models(tiny_pair_dir):
 
 def test_quantize_rows_is_symmetric_per_row_within_half_a_step():
     w = torch.tensor([[0.5, -1.0, 0.25], [0.0, 0.0, 0.0], [3.0, 1.0, -2.0]])
-    q, scale = quantize_rows(w)
+    q, scale = quantize_rows(w, levels=127)
     assert q.dtype == torch.int8 and scale.shape == (3,)
-    assert q[0].tolist() == [64, -127, 32] and q[2, 0] == 127  # each row's largest -> +-127
+    assert q[0].tolist() == [64, -127, 32] and q[2, 0] == 127  # each row's largest -> +-levels
     assert scale[1] == 1.0 and q[1].abs().sum() == 0  # a zero row stays zero
     err = (q.double() * scale[:, None] - w.double()).abs()
     assert bool((err <= scale[:, None] / 2 + 1e-12).all())
+
+
+def test_weight_levels_drop_to_7_bits_where_int16_pair_sums_would_saturate():
+    """AVX2's int8 product adds two u8 x s8 products in int16; 255 * 127 * 2 saturates there,
+    and then the weights get +-63 levels (255 * 63 * 2 fits)."""
+
+    def saturating(x, w):  # int16 pair sums: what AVX2's vpmaddubsw does to the worst case
+        return (x @ w.T).clamp(max=32767 * 5.0 / 255 * 32 / 127)
+
+    assert not sums_in_int32(saturating)
+    assert sums_in_int32(lambda x, w: x @ w.T)
+    assert AVX2_LEVELS * 255 * 2 <= 32767 < FULL_LEVELS * 255 * 2
+    assert weight_levels() == (FULL_LEVELS if sums_in_int32(
+        lambda x, w: Int8Linear(w, None, FULL_LEVELS)(x)) else AVX2_LEVELS)
+    q, _ = quantize_rows(torch.randn(64, 32), AVX2_LEVELS)
+    assert int(q.abs().max()) == 63
+
+
+def test_int8_linear_does_not_saturate_on_large_same_sign_inputs():
+    """The worst case for AVX2's pair sums: every activation at the top of its range and
+    every weight at its largest level, same sign."""
+    w, x = torch.ones(8, 64), torch.full((3, 64), 5.0)
+    y = Int8Linear(w, None)(x)
+    assert torch.allclose(y, x @ w.T, rtol=0.02)
 
 
 def test_int8_linear_keeps_shape_and_bias_and_is_close():
@@ -79,9 +114,79 @@ def test_int8_drafts_are_close_to_full_precision_ones(fp32_models):
     a, b = full.run([(0, pack)])[0], int8.run([(0, pack)])[0]  # [1, 4, V] each
     assert a.shape == b.shape
     assert (a - b).norm() / a.norm() < 0.1
-    # The target's own packed weights stay full precision: int8 is a copy beside them.
-    assert target.fused(False).lm_head is not target.fused(True).lm_head
-    assert not isinstance(target.fused().layers[0].qkv, Int8Linear)
+    # The target's own packed weights stay full precision: int8 is the drafter's own copy.
+    assert isinstance(drafter.fused_layers(True)[0].qkv, Int8Gated)
+    assert isinstance(drafter._int8_head(), Int8Linear)
+    assert isinstance(target.fused().layers[0].qkv, PackedLinear)
+    assert isinstance(target.fused().lm_head, PackedLinear)
+
+
+def _group(out_sizes=(24, 8, 8), k=16, rank=4, seed=0):
+    """A fused group of deltas (q/k/v-like) over fresh fp32 Linears, B non-zero."""
+    gen = torch.Generator().manual_seed(seed)
+    gate = Gate()
+    deltas = []
+    for n in out_sizes:
+        base = torch.nn.Linear(k, n)
+        with torch.no_grad():
+            base.weight.copy_(torch.randn(n, k, generator=gen))
+            base.bias.copy_(torch.randn(n, generator=gen))
+        d = LowRankDelta(base, rank, 8.0, gate, gen)
+        with torch.no_grad():
+            d.delta_b.copy_(torch.randn(n, rank, generator=gen))
+        deltas.append(d)
+    return tuple(deltas), gate
+
+
+def _reference(deltas, x, is_mask):
+    """The fp32 gated projection: base everywhere, plus the deltas where is_mask."""
+    base = torch.cat([m.base(x) for m in deltas], -1)
+    delta = torch.cat([m.delta(x) for m in deltas], -1)
+    return base + delta * is_mask.unsqueeze(-1)
+
+
+@pytest.mark.parametrize("pattern", ["none", "all", "run", "scattered"])
+def test_int8_gated_projection_matches_the_fp32_one_on_every_gate_path(pattern):
+    """Clean rows get the target's projection alone, mask rows the deltas too, whether the
+    mask rows are none, all, one run (views) or scattered (gather and scatter)."""
+    deltas, gate = _group()
+    x = torch.randn(2, 5, 16, generator=torch.Generator().manual_seed(1))
+    is_mask = torch.zeros(2, 5, dtype=torch.bool)
+    if pattern == "all":
+        is_mask[:] = True
+    elif pattern == "run":
+        is_mask[0, 2:] = True
+        is_mask[1, :3] = True
+    elif pattern == "scattered":
+        is_mask[0, 1] = is_mask[1, 3] = True
+    proj = Int8Gated(deltas)
+    gate.set(is_mask, torch.float32)
+    got = proj(x)
+    gate.clear()
+    ref = _reference(deltas, x, is_mask.float())
+    assert got.shape == (2, 5, 40)
+    assert (got - ref).norm() / ref.norm() < 0.05  # 7-bit activations, 8-bit weights
+    clean = ~is_mask
+    if clean.any():
+        plain = torch.cat([m.base(x) for m in deltas], -1)
+        assert (got[clean] - plain[clean]).abs().max() < 0.1 * plain.abs().max()
+
+
+def test_int8_gated_projection_is_rebuilt_when_a_delta_changes():
+    deltas, gate = _group()
+    x = torch.randn(1, 3, 16)
+    proj = Int8Gated(deltas)
+    gate.set(torch.ones(1, 3, dtype=torch.bool), torch.float32)
+    before = proj(x)
+    with torch.no_grad():
+        deltas[0].delta_b.mul_(3.0)  # an optimiser step, as far as versions go
+    assert torch.equal(proj(x), before)  # a pass does not check: the drafter does, once a pass
+    proj.prepare()
+    after = proj(x)
+    ref = _reference(deltas, x, torch.ones(1, 3))
+    gate.clear()
+    assert not torch.allclose(before, after)
+    assert (after - ref).norm() / ref.norm() < 0.05
 
 
 @pytest.mark.parametrize("mode", [Mode.SYNC, Mode.ASYNC])
@@ -100,3 +205,25 @@ def test_an_int8_drafter_keeps_the_target_output(fp32_models, mode):
     engine, spec = run(mode, "int8")
     assert engine.drafting.runner.int8
     assert spec == plain
+
+
+def test_an_int8_runner_follows_deltas_that_training_changed(fp32_models, tiny_pair_dir):
+    """Training between passes changes the deltas in place; the next int8 pass uses them."""
+    from sglang_d3d.models.drafter import D3DDrafter
+
+    drafter = D3DDrafter.from_pretrained(tiny_pair_dir[1], fp32_models[0])  # its own deltas
+    full, int8 = DraftRunner(drafter, 1, 64), DraftRunner(drafter, 1, 64, int8=True)
+    pack = extend_pack([30, 31], 4)
+
+    def drafts(r):
+        r.reset(0)
+        r.prefill(0, PROMPTS[0])
+        return r.run([(0, pack)])[0]
+
+    before = drafts(int8)
+    with torch.no_grad():
+        for layer in drafter.layers:
+            layer.mlp.down_proj.delta_b.add_(0.5)
+    a, b = drafts(full), drafts(int8)
+    assert not torch.allclose(b, before)
+    assert (a - b).norm() / a.norm() < 0.1

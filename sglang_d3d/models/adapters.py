@@ -102,12 +102,12 @@ class StackedDelta:
 
     def __init__(self, deltas: tuple[LowRankDelta, ...]) -> None:
         self.deltas = deltas
-        self._key: tuple | None = None
+        self._key: list[int] | None = None
         self.a = self.b = None
         self.small: SmallDelta | None = None
 
     def weights(self) -> tuple[torch.Tensor, torch.Tensor]:
-        key = tuple((m.delta_a._version, m.delta_b._version) for m in self.deltas)
+        key = delta_versions(self.deltas)
         if key != self._key:
             with torch.no_grad():
                 self.a = torch.cat([m.delta_a for m in self.deltas]).contiguous()  # [sum r, in]
@@ -142,6 +142,12 @@ class StackedDelta:
         return (xs @ a.T) @ b.T
 
 
+def delta_versions(deltas: tuple[LowRankDelta, ...]) -> list[int]:
+    """The deltas' tensor version counters: they change whenever training updates a delta, so
+    weights derived from the deltas for inference know when to rebuild."""
+    return [t._version for m in deltas for t in (m.delta_a, m.delta_b)]
+
+
 class SmallDelta:
     """The deltas of one group for a few rows, through numpy's OpenBLAS: with MKL, torch's
     CPU GEMM on this project's AMD CPU, a [3, 576] x [576, 96] product takes 14 us and
@@ -174,35 +180,53 @@ class SmallDelta:
         return torch.from_numpy(outs[0] if len(outs) == 1 else np.concatenate(outs, axis=1))
 
 
-class GatedFused:
-    """Inference fast path: the target's fused, packed projections of one layer
-    (models/fused.py FusedLayer, shared with the target runner) plus this layer's gated deltas.
-    Same interface as FusedLayer, so decoder.run_layers takes either."""
+class WithDeltas:
+    """A target projection (fp32 PackedLinear) plus its group's gated deltas: x [..., K] ->
+    [..., N], the call of the projection alone."""
 
-    def __init__(self, base, layer: nn.Module) -> None:
-        a, m = layer.self_attn, layer.mlp
-        self.base = base
-        self.input_norm, self.post_norm, self.act = base.input_norm, base.post_norm, base.act
-        self._qkv = StackedDelta((a.q_proj, a.k_proj, a.v_proj))
-        self._o = StackedDelta((a.o_proj,))
-        self._gate_up = StackedDelta((m.gate_proj, m.up_proj))
-        self._down = StackedDelta((m.down_proj,))
+    def __init__(self, base, deltas: StackedDelta) -> None:
+        self.base, self.deltas = base, deltas
 
     def prepare(self) -> None:
-        """Stack every group's delta weights now (they are rebuilt if training changes them)."""
-        for group in (self._qkv, self._o, self._gate_up, self._down):
-            group.weights()
+        self.deltas.weights()
 
-    def qkv(self, x: torch.Tensor) -> torch.Tensor:
-        return self._qkv(self.base.qkv(x), x)
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return self.deltas(self.base(x), x)
 
-    def o(self, x: torch.Tensor) -> torch.Tensor:
-        return self._o(self.base.o(x), x)
+
+class GatedFused:
+    """Inference fast path of one drafter layer: the target's norms and activation (models/
+    fused.py FusedLayer, shared with the target runner) and four gated projections (q/k/v,
+    o, gate/up, down), either the target's fused, packed ones plus the deltas (`full`) or an
+    int8 copy with int8 deltas (models/int8_deltas.py). Same interface as FusedLayer, so
+    decoder.run_layers takes either."""
+
+    def __init__(self, base, qkv, o, gate_up, down) -> None:
+        self.input_norm, self.post_norm, self.act = base.input_norm, base.post_norm, base.act
+        self.qkv, self.o, self.gate_up, self.down = qkv, o, gate_up, down
+
+    @classmethod
+    def full(cls, base, layer: nn.Module) -> GatedFused:
+        """base: the target's FusedLayer for `layer`'s source layer."""
+        stacked = [StackedDelta(g) for g in delta_groups(layer)]
+        return cls(base, *(WithDeltas(p, d) for p, d in
+                           zip((base.qkv, base.o, base.gate_up, base.down), stacked)))
+
+    def prepare(self) -> None:
+        """Build every group's inference weights now (rebuilt if training changes them)."""
+        for p in (self.qkv, self.o, self.gate_up, self.down):
+            p.prepare()
 
     def mlp(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self._gate_up(self.base.gate_up(x), x).chunk(2, dim=-1)
-        h = self.act(gate) * up
-        return self._down(self.base.down(h), h)
+        gate, up = self.gate_up(x).chunk(2, dim=-1)
+        return self.down(self.act(gate) * up)
+
+
+def delta_groups(layer: nn.Module) -> tuple[tuple[LowRankDelta, ...], ...]:
+    """The deltas of an adapted layer grouped as the fused projections lay them out:
+    (q, k, v), (o,), (gate, up), (down,)."""
+    a, m = layer.self_attn, layer.mlp
+    return (a.q_proj, a.k_proj, a.v_proj), (a.o_proj,), (m.gate_proj, m.up_proj), (m.down_proj,)
 
 
 def _shallow(module: nn.Module) -> nn.Module:

@@ -177,12 +177,19 @@ def _segment_attention(q: torch.Tensor, b: Batch, li: int) -> torch.Tensor:
     return torch.cat(outs, 2)
 
 
-def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x: [N, heads, T, D]; cos/sin: [N, T, D]."""
-    cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
-    half = x.shape[-1] // 2
-    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos + rotated * sin
+def rope_tables(cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos/sin [N, T, D] -> (cos, signed sin) [N, 1, T, D], once per pass: with the sign of
+    the rotation's first half folded into sin, a layer's RoPE is one roll and three
+    elementwise ops, bitwise what HF's rotate_half form gives (negation is exact)."""
+    half = sin.shape[-1] // 2
+    signed = torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)
+    return cos.unsqueeze(1), signed.unsqueeze(1)
+
+
+def _rope(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
+    """x: [N, heads, T, D]; tables from `rope_tables`. roll swaps the halves:
+    x * cos + (-x2, x1) * sin (measured: 11 us against 25 for the slicing form)."""
+    return x * cos + torch.roll(x, x.shape[-1] // 2, dims=-1) * signed_sin
 
 
 def run_layers(
@@ -192,7 +199,7 @@ def run_layers(
     """h: [N, T, H] embeddings -> [N, T, H] hidden states before the final norm. `fused`:
     packed projections of the same layers, used in place of the HF modules' own."""
     b.prepare()
-    cos, sin = rotary(h, b.positions)
+    cos, sin = rope_tables(*rotary(h, b.positions))
     for li, layer in enumerate(layers):
         if fused is None:
             h = h + attention(layer, layer.input_layernorm(h), cos, sin, b, li, arch)
@@ -217,7 +224,7 @@ class Decoder(nn.Module):
         self.norm = inner.norm
         self.rotary = inner.rotary_emb
         self.lm_head = hf_model.lm_head
-        self._fused: dict[bool, FusedModel] = {}  # by int8; built on the first fast pass
+        self._fused: FusedModel | None = None  # built on the first fast pass
 
     @classmethod
     def from_hf(cls, hf_model) -> Decoder:
@@ -241,12 +248,12 @@ class Decoder(nn.Module):
             self.num_layers, num_slots, max_len, s.num_kv_heads, s.head_dim, self.dtype, self.device
         )
 
-    def fused(self, int8: bool = False) -> FusedModel:
-        """Fused, packed projections for inference passes (built once, on first use). int8:
-        a quantised copy for the drafter's passes (the target's own are never int8)."""
-        if int8 not in self._fused:
-            self._fused[int8] = FusedModel.from_decoder(self, int8)
-        return self._fused[int8]
+    def fused(self) -> FusedModel:
+        """Fused, packed projections for inference passes (built once, on first use). The
+        target's own are never int8; the drafter's int8 copy is its own (models/int8_deltas.py)."""
+        if self._fused is None:
+            self._fused = FusedModel.from_decoder(self)
+        return self._fused
 
     def forward(
         self, input_ids: torch.Tensor, b: Batch, fast: bool = False,

@@ -16,7 +16,7 @@ class DraftRunner:
         self.cache = drafter.make_cache(num_slots, max_len)
         self.lengths = [0] * num_slots
         # The target's fused CPU kernels plus the deltas (models/adapters.py GatedFused);
-        # int8: those kernels on an int8 copy of the weights (models/int8_linear.py).
+        # int8: an int8 copy of both (models/int8_deltas.py).
         self.fast = fast and self.device.type == "cpu"
         self.int8 = int8 and self.fast
         if self.fast:

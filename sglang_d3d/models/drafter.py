@@ -31,7 +31,10 @@ from torch import nn
 
 from sglang_d3d.models.acceptance import read_accept_prior
 from sglang_d3d.models.adapters import Gate, GatedFused, adapted_layer, delta_modules
+from sglang_d3d.models.cpu_linear import fused_weight
 from sglang_d3d.models.decoder import Batch, Decoder, run_layers
+from sglang_d3d.models.int8_deltas import int8_layer
+from sglang_d3d.models.int8_linear import Int8Linear
 from sglang_d3d.models.kv_cache import KVCache
 
 MASK_ID = -1  # input id of a mask slot
@@ -110,6 +113,9 @@ class D3DDrafter(nn.Module):
         )
         self.mask_embedding = nn.Parameter(target.embed_tokens.weight.mean(0).detach().clone())
         self._fused: dict[bool, tuple[GatedFused, ...]] = {}  # CPU inference path, by int8
+        self._head_int8: Int8Linear | None = None  # the target's LM head in int8, on first use
+        self._int8_key: list[int] | None = None  # delta versions the int8 copies were built at
+        self._delta_tensors: list[torch.Tensor] | None = None  # every delta's A and B
         # Shared with the target and frozen: kept out of the checkpoint.
         self._shared = {"embed": target.embed_tokens, "head": target.lm_head,
                         "rot": target.rotary, "norm": target.norm, "target": target}
@@ -239,11 +245,13 @@ class D3DDrafter(nn.Module):
     ) -> torch.Tensor:
         """-> [N, T, H] final-normed hidden states; deltas apply at mask slots only. `fast`
         (inference on CPU): the target's fused, packed projections plus the deltas; `int8`:
-        an int8 copy of those projections (the deltas stay fp32)."""
+        an int8 copy of those projections and of the deltas (models/int8_deltas.py)."""
         b = Batch(positions, attn_mask, cache, slots, write_at, past=past, record=record)
         self.gate.set(input_ids == MASK_ID, self.mask_embedding.dtype)
         try:
             fused = self.fused_layers(int8) if fast else None
+            if int8:
+                self._refresh(fused)
             h = run_layers(self.layers, self._shared["rot"], self.embed(input_ids), b, self.arch,
                            fused)
         finally:
@@ -251,26 +259,50 @@ class D3DDrafter(nn.Module):
         return self._shared["norm"](h)
 
     def prepare_inference(self, int8: bool = False) -> None:
-        """Build the fast path and its stacked deltas now: the first drafter pass otherwise
+        """Build the fast path and its delta weights now: the first drafter pass otherwise
         pays for them (measured: 115 ms against 50 ms for the next), and the adaptive
         controller would take that first cycle's time for the plan's."""
-        for layer in self.fused_layers(int8):  # builds the target's fused model, LM head too
+        for layer in self.fused_layers(int8):  # builds the target's fused model too
             layer.prepare()
+        if int8:
+            self._int8_head()
+
+    def _refresh(self, fused: tuple[GatedFused, ...]) -> None:
+        """Rebuild the int8 copies of deltas that changed since they were built (training
+        between passes); one version read per delta tensor, once a pass."""
+        if self._delta_tensors is None:
+            self._delta_tensors = [t for _, m in delta_modules(self.layers)
+                                   for t in (m.delta_a, m.delta_b)]
+        key = [t._version for t in self._delta_tensors]
+        if key != self._int8_key:
+            for layer in fused:
+                layer.prepare()
+            self._int8_key = key
 
     def fused_layers(self, int8: bool = False) -> tuple[GatedFused, ...]:
-        """Built on first use, over the target's own fused model (built once, shared)."""
+        """Built on first use, over the target's own fused model (built once, shared): its
+        packed projections plus the deltas, or (int8) an int8 copy of both, for the layers
+        this drafter keeps."""
         if int8 not in self._fused:
-            base = self._shared["target"].fused(int8).layers
-            self._fused[int8] = tuple(GatedFused(base[i], layer)
+            base = self._shared["target"].fused().layers
+            build = int8_layer if int8 else GatedFused.full
+            self._fused[int8] = tuple(build(base[i], layer)
                                       for i, layer in zip(self.cfg.source_layers, self.layers))
         return self._fused[int8]
 
     def logits(self, hidden: torch.Tensor, fast: bool = False, int8: bool = False) -> torch.Tensor:
         """[..., H] -> [..., V]. `fast`: the target's packed LM head (about half the time of
-        the plain module for a block of 8 on CPU; inference only); `int8`: its int8 copy."""
+        the plain module for a block of 8 on CPU; inference only); `int8`: an int8 copy."""
+        if int8:
+            return self._int8_head()(hidden)
         if fast:
-            return self._shared["target"].fused(int8).lm_head(hidden)
+            return self._shared["target"].fused().lm_head(hidden)
         return self._shared["head"](hidden)
+
+    def _int8_head(self) -> Int8Linear:
+        if self._head_int8 is None:
+            self._head_int8 = Int8Linear(*fused_weight([self._shared["head"]]))
+        return self._head_int8
 
 
 def read_config(path: Path) -> DrafterConfig:

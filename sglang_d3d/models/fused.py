@@ -14,28 +14,28 @@ from functools import partial
 import torch
 import torch.nn.functional as F
 
-from sglang_d3d.models.cpu_linear import PackedLinear, fuse, fused_weight, probe
-from sglang_d3d.models.int8_linear import Int8Linear
+from sglang_d3d.models.cpu_linear import PackedLinear, fuse, probe
 
 
 @dataclass(frozen=True)
 class FusedLayer:
-    qkv: PackedLinear | Int8Linear  # [H] -> [(Hq + 2 Hkv) * D]
-    o: PackedLinear | Int8Linear
-    gate_up: PackedLinear | Int8Linear  # [H] -> [2 I]
-    down: PackedLinear | Int8Linear
+    qkv: PackedLinear  # [H] -> [(Hq + 2 Hkv) * D]
+    o: PackedLinear
+    gate_up: PackedLinear  # [H] -> [2 I]
+    down: PackedLinear
     act: object  # the HF MLP's activation
     input_norm: object  # [..., H] -> [..., H], the HF norms' maths in one kernel
     post_norm: object
 
     @classmethod
-    def from_hf(cls, layer, int8: bool = False) -> FusedLayer:
+    def from_hf(cls, layer) -> FusedLayer:
         a, m = layer.self_attn, layer.mlp
+        kernels = probe()
         return cls(
-            qkv=_packed([a.q_proj, a.k_proj, a.v_proj], int8),
-            o=_packed([a.o_proj], int8),
-            gate_up=_packed([m.gate_proj, m.up_proj], int8),
-            down=_packed([m.down_proj], int8),
+            qkv=fuse([a.q_proj, a.k_proj, a.v_proj], kernels),
+            o=fuse([a.o_proj], kernels),
+            gate_up=fuse([m.gate_proj, m.up_proj], kernels),
+            down=fuse([m.down_proj], kernels),
             act=m.act_fn,
             input_norm=rms_norm(layer.input_layernorm),
             post_norm=rms_norm(layer.post_attention_layernorm),
@@ -51,21 +51,12 @@ class FusedLayer:
 class FusedModel:
     layers: tuple[FusedLayer, ...]
     norm: object
-    lm_head: PackedLinear | Int8Linear
+    lm_head: PackedLinear
 
     @classmethod
-    def from_decoder(cls, decoder, int8: bool = False) -> FusedModel:
-        """int8: every projection and the LM head in int8 (models/int8_linear.py), for the
-        drafter only; the caller checks `int8_linear.available()`."""
-        layers = tuple(FusedLayer.from_hf(layer, int8) for layer in decoder.layers)
-        return cls(layers, rms_norm(decoder.norm), _packed([decoder.lm_head], int8))
-
-
-def _packed(linears, int8: bool):
-    """Several projections of one input as one packed projection, in fp32 or int8."""
-    if int8:
-        return Int8Linear(*fused_weight(linears))
-    return fuse(linears, probe())
+    def from_decoder(cls, decoder) -> FusedModel:
+        layers = tuple(FusedLayer.from_hf(layer) for layer in decoder.layers)
+        return cls(layers, rms_norm(decoder.norm), fuse([decoder.lm_head], probe()))
 
 
 def rms_norm(module):

@@ -2,7 +2,7 @@
 on CPU through fbgemm's dynamic-quantised GEMM (activations quantised per call).
 
 Why: a drafter pass is a few dozen rows through every weight, so it is bound by reading the
-weights. int8 reads a quarter of fp32's bytes. Measured on this project's CPU (AMD Zen 4, AVX2,
+weights. int8 reads a quarter of fp32's bytes. Measured on this project's CPU (AMD EPYC,
 1 thread; fp32 = the oneDNN path of models/cpu_linear.py; benchmarks/results/README.md):
     11 rows x [3072, 576]:  fp32 373 us, int8 118 us
     11 rows x [49152, 576] (LM head): fp32 8.7 ms, int8 2.6 ms
@@ -18,23 +18,54 @@ import warnings
 
 import torch
 
+# Activations use all 8 bits (unsigned, per call). Weights use 8 bits where fbgemm's int8
+# product sums in int32 (AVX-512 VNNI, this project's CPU) and 7 (+-63) where it adds two
+# u8 x s8 products in int16 (AVX2's vpmaddubsw: 255 * 127 * 2 would saturate, 255 * 63 * 2 =
+# 32130 fits); `weight_levels` tells which by trying the worst case. Measured here, drafts
+# accepted per block of 8 on the target's answers (benchmarks/bench_int8_accuracy.py; fp32
+# 2.08 GSM8K / 1.62 MT-Bench): 8-bit weights with 7-bit activations 1.95 / 1.44 (sitting 7's
+# setting), 7-bit weights with 8-bit activations 1.97 / 1.51, 8 and 8 2.00 / 1.57.
+FULL_LEVELS, AVX2_LEVELS = 127, 63
 
-def quantize_rows(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """w [N, K] float -> (q [N, K] int8, scale [N] float64) with w ~= q * scale[:, None],
-    symmetric per row; an all-zero row gets scale 1 (its q is 0)."""
+
+def quantize_rows(w: torch.Tensor, levels: int = FULL_LEVELS) -> tuple[torch.Tensor, torch.Tensor]:
+    """w [N, K] float -> (q [N, K] int8 in [-levels, levels], scale [N] float64) with
+    w ~= q * scale[:, None], symmetric per row; an all-zero row gets scale 1 (its q is 0)."""
     w = w.detach().float()  # the LM head in float64 would be a 226 MB temporary
     amax = w.abs().amax(dim=1)  # [N]
-    scale = torch.where(amax > 0, amax / 127.0, torch.ones_like(amax))
-    q = torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8)
+    scale = torch.where(amax > 0, amax / levels, torch.ones_like(amax))
+    q = torch.round(w / scale[:, None]).clamp(-levels, levels).to(torch.int8)
     return q, scale.double()
+
+
+def sums_in_int32(product) -> bool:
+    """Whether `product(x, w)` (an int8 GEMM of 8-bit activations and 8-bit weights) is exact
+    on the worst case for int16 pair sums: every activation and every weight at the top of
+    its range, same sign."""
+    w, x = torch.ones(4, 64), torch.full((2, 64), 5.0)
+    return bool(torch.allclose(product(x, w), x @ w.T, rtol=1e-3))
+
+
+@functools.lru_cache(maxsize=1)
+def weight_levels() -> int:
+    """The weight levels this machine's fbgemm can take with 8-bit activations."""
+    def product(x, w):
+        return Int8Linear(w, None, FULL_LEVELS)(x)
+    return FULL_LEVELS if sums_in_int32(product) else AVX2_LEVELS
 
 
 class Int8Linear:
     """One (possibly fused) projection in int8, prepacked for fbgemm. Same call as
     cpu_linear.PackedLinear: x [..., K] -> [..., N] float32."""
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
-        q, scale = quantize_rows(weight)
+    # True: 7-bit activations. A class attribute so that benchmarks/bench_int8_accuracy.py
+    # can compare settings; never changed in service.
+    reduce_range: bool = False
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None,
+                 levels: int | None = None) -> None:
+        """levels: weight levels (None: `weight_levels()`, the most this machine can take)."""
+        q, scale = quantize_rows(weight, weight_levels() if levels is None else levels)
         zero = torch.zeros(q.shape[0], dtype=torch.long)
         with warnings.catch_warnings():
             # torch marks quantized tensors deprecated (its issue 184982) but keeps fbgemm's
@@ -47,8 +78,7 @@ class Int8Linear:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, x.shape[-1]).contiguous().float()  # [M, K]
-        # reduce_range: 7-bit activations, so AVX2's u8 x s8 pair sums cannot saturate int16.
-        y = torch.ops.quantized.linear_dynamic(flat, self.packed, True)  # [M, N]
+        y = torch.ops.quantized.linear_dynamic(flat, self.packed, self.reduce_range)  # [M, N]
         return y.view(*x.shape[:-1], self.out_features)
 
 

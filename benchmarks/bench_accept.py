@@ -44,23 +44,34 @@ def target_samples(target, tok, dataset: str, n: int, max_new: int) -> list[Samp
     return [Sample(np.array(p), np.array(r), 0, i) for i, (p, r) in enumerate(rows)]
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--drafter", required=True)
+def add_sample_args(p: argparse.ArgumentParser, anchors: int, threads: int) -> None:
+    """The options of a benchmark that drafts on the target's answers (this one and
+    bench_int8_accuracy.py)."""
     p.add_argument("--dataset", default="gsm8k", help="gsm8k | mt_bench | FILE.jsonl")
     p.add_argument("--num-prompts", type=int, default=30)
     p.add_argument("--max-new-tokens", type=int, default=256)
-    p.add_argument("--anchors", type=int, default=8, help="blocks drafted per response")
-    p.add_argument("--blocks", default="16,8")
-    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--anchors", type=int, default=anchors, help="blocks drafted per response")
+    p.add_argument("--threads", type=int, default=threads)
     p.add_argument("--out", default=None)
-    a = p.parse_args()
+
+
+def load_pair(a: argparse.Namespace, drafter_path) -> tuple[D3DDrafter, list[Sample]]:
+    """The default target, the drafter at `drafter_path`, and the target's answers."""
     torch.set_num_threads(a.threads)
     torch.set_grad_enabled(False)
     target = load_target(None)
     tok = load_tokenizer(resolve_target_path(None))
-    drafter = D3DDrafter.from_pretrained(a.drafter, target)
-    samples = target_samples(target, tok, a.dataset, a.num_prompts, a.max_new_tokens)
+    drafter = D3DDrafter.from_pretrained(drafter_path, target).eval()
+    return drafter, target_samples(target, tok, a.dataset, a.num_prompts, a.max_new_tokens)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--drafter", required=True)
+    p.add_argument("--blocks", default="16,8")
+    add_sample_args(p, anchors=8, threads=1)
+    a = p.parse_args()
+    drafter, samples = load_pair(a, a.drafter)
     report = {"dataset": a.dataset, "num_prompts": a.num_prompts, "drafter": a.drafter,
               "drafter_config": json.loads((Path(a.drafter) / "config.json").read_text()),
               "blocks": {}}

@@ -23,13 +23,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from benchmarks.bench_accept import target_samples
+from benchmarks.bench_accept import add_sample_args, load_pair
 from sglang_d3d.models import int8_linear
 from sglang_d3d.models.draft_runner import DraftRunner
-from sglang_d3d.models.drafter import D3DDrafter
-from sglang_d3d.models.loading import load_tokenizer, resolve_drafter_path, resolve_target_path
+from sglang_d3d.models.loading import resolve_drafter_path
 from sglang_d3d.models.packing import extend_pack
-from sglang_d3d.training.build import load_target
 
 SETTINGS = {"full": None, "w7a8": (63, False), "w8a7": (127, True), "w8a8": (127, False)}
 
@@ -83,22 +81,12 @@ def score(drafter, setting, cases, block: int) -> dict:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--drafter", default=None)
-    p.add_argument("--dataset", default="gsm8k", help="gsm8k | mt_bench | FILE.jsonl")
-    p.add_argument("--num-prompts", type=int, default=30)
-    p.add_argument("--max-new-tokens", type=int, default=256)
-    p.add_argument("--anchors", type=int, default=10, help="blocks per response")
     p.add_argument("--block", type=int, default=8)
     p.add_argument("--settings", default="full,w7a8,w8a7,w8a8")
-    p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--out", default=None)
+    add_sample_args(p, anchors=10, threads=2)
     a = p.parse_args()
-    torch.set_num_threads(a.threads)
-    torch.set_grad_enabled(False)
-    target = load_target(None)
-    tok = load_tokenizer(resolve_target_path(None))
-    drafter = D3DDrafter.from_pretrained(resolve_drafter_path(a.drafter), target).eval()
-    cases = blocks(target_samples(target, tok, a.dataset, a.num_prompts, a.max_new_tokens),
-                   a.anchors, a.block)
+    drafter, samples = load_pair(a, resolve_drafter_path(a.drafter))
+    cases = blocks(samples, a.anchors, a.block)
     report = {s: score(drafter, SETTINGS[s], cases, a.block) for s in a.settings.split(",")}
     for s, r in report.items():
         print(f"{s:5s} drafts accepted {r['drafts_accepted']:.3f}  draft 1 right "

@@ -31,7 +31,6 @@ from torch import nn
 
 from sglang_d3d.models.acceptance import read_accept_prior
 from sglang_d3d.models.adapters import Gate, GatedFused, adapted_layer, delta_modules
-from sglang_d3d.models.cpu_linear import fused_weight
 from sglang_d3d.models.decoder import Batch, Decoder, run_layers
 from sglang_d3d.models.int8_deltas import int8_layer
 from sglang_d3d.models.int8_linear import Int8Linear
@@ -301,7 +300,8 @@ class D3DDrafter(nn.Module):
 
     def _int8_head(self) -> Int8Linear:
         if self._head_int8 is None:
-            self._head_int8 = Int8Linear(*fused_weight([self._shared["head"]]))
+            head = self._shared["head"]
+            self._head_int8 = Int8Linear(head.weight, head.bias)
         return self._head_int8
 
 

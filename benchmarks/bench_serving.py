@@ -24,6 +24,12 @@ prompts from the same dataset) go through the server unmeasured: a long-running 
 compiled its paths and, with the adaptive controller, measured its plans at that batch size
 already; the benchmark reports that steady state. `--warmup-rounds 0` measures a cold server.
 
+With --rounds R, each load runs R times through every mode's server, the modes back to back
+within a round (the first mode changing from round to round), and each mode is compared with
+the first of --modes round by round: the geometric mean of the per-round ratios of tokens/s,
+TPOT and TTFT, their range, and the standard error (benchmarks/paired.py). Loads of a few dozen
+requests differ by several percent between two identical servers; the rounds say how much.
+
 Latencies are given as mean, p50 and p99 in milliseconds. Results are printed as a table and
 saved as JSON (one row per mode x dataset x concurrency x variant, and the cost ratios).
 
@@ -50,6 +56,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 from prometheus_client.parser import text_string_to_metric_families
+from sglang_d3d.benchmarks.paired import paired_ratios, print_paired
 
 import sglang_d3d
 from sglang_d3d.interleave import rotated
@@ -172,40 +179,63 @@ def auth_headers(api_key: str | None) -> dict[str, str]:
     return {"Authorization": f"Bearer {api_key}"} if api_key else {}
 
 
-PLAIN_SECONDS = "plain decoding seconds"  # d3d:spec_plan_seconds_total{block="1"}
+# figure -> (counter sample, labels the sample must carry): what the speculation figures of a
+# load are derived from, totalled over the samples that match
+COUNTERS = {
+    "accepted_sum": ("d3d:spec_accepted_length_sum", {}),
+    "cycles": ("d3d:spec_accepted_length_count", {}),
+    "hits": ("d3d:spec_branch_hits_total", {}),
+    "misses": ("d3d:spec_branch_misses_total", {}),
+    "busy_seconds": ("d3d:spec_plan_seconds_total", {}),
+    "plain_seconds": ("d3d:spec_plan_seconds_total", {"block": "1"}),
+}
 
 
 def scrape(url: str, headers: dict | None = None) -> dict[str, float]:
-    """Totals of the counters this benchmark derives its speculation figures from."""
-    wanted = {
-        "d3d:spec_accepted_length_sum",
-        "d3d:spec_accepted_length_count",
-        "d3d:spec_branch_hits_total",
-        "d3d:spec_branch_misses_total",
-        "d3d:spec_plan_seconds_total",
-    }
-    out = dict.fromkeys([*wanted, PLAIN_SECONDS], 0.0)
+    """The server's totals of every figure in COUNTERS, and per plan ("plan 4o cycles",
+    "plan 4o seconds": block 4, pre-drafting; "plan 1 ...": plain decoding)."""
     text = httpx.get(f"{url}/metrics", timeout=30, headers=headers).text
-    for fam in text_string_to_metric_families(text):
+    return counter_totals(list(text_string_to_metric_families(text)))
+
+
+def counter_totals(families) -> dict[str, float]:
+    out = dict.fromkeys(COUNTERS, 0.0)
+    for fam in families:
         for s in fam.samples:
-            if s.name in wanted:
-                out[s.name] += s.value
-            if s.name == "d3d:spec_plan_seconds_total" and s.labels.get("block") == "1":
-                out[PLAIN_SECONDS] += s.value
+            for key, (name, labels) in COUNTERS.items():
+                if s.name == name and labels.items() <= s.labels.items():
+                    out[key] += s.value
+            part = PLAN_SAMPLES.get(s.name)
+            if part is not None:
+                key = f"plan {_plan_name(s.labels)} {part}"
+                out[key] = out.get(key, 0.0) + s.value
     return out
 
 
+PLAN_SAMPLES = {"d3d:spec_plan_cycles_total": "cycles", "d3d:spec_plan_seconds_total": "seconds"}
+
+
+def _plan_name(labels: dict) -> str:
+    """As engine/calibrate.plan_name: '4' for block 4, '4o' with pre-drafting, '1' plain."""
+    return labels.get("block", "?") + ("o" if labels.get("predraft") == "true" else "")
+
+
 def spec_figures(before: dict, after: dict) -> dict:
-    """Per load: accepted length, branch hit rate, and the share of the engine's cycle time
-    spent decoding plainly (the adaptive controller's fallback; 1.0 for ar)."""
-    d = {k: after[k] - before[k] for k in after}
-    cycles = d["d3d:spec_accepted_length_count"]
-    branches = d["d3d:spec_branch_hits_total"] + d["d3d:spec_branch_misses_total"]
-    busy = d["d3d:spec_plan_seconds_total"]
+    """Per load: accepted length, branch hit rate, the share of the engine's cycle time spent
+    decoding plainly (the adaptive controller's fallback; 1.0 for ar), and per plan used, its
+    cycles and their mean time (what the controller chose, and what it cost)."""
+    d = {k: after[k] - before.get(k, 0.0) for k in after}
+    branches = d["hits"] + d["misses"]
+    plans = {}
+    for key in sorted(k for k in d if k.startswith("plan ") and k.endswith(" cycles")):
+        name, cycles = key.split()[1], d[key]
+        if cycles > 0:
+            plans[name] = {"cycles": int(cycles), "mean_ms": 1e3 * d[f"plan {name} seconds"] / cycles}
     return {
-        "mean_accepted_length": d["d3d:spec_accepted_length_sum"] / cycles if cycles else None,
-        "branch_hit_rate": d["d3d:spec_branch_hits_total"] / branches if branches else None,
-        "plain_time_share": d[PLAIN_SECONDS] / busy if busy else None,
+        "mean_accepted_length": d["accepted_sum"] / d["cycles"] if d["cycles"] else None,
+        "branch_hit_rate": d["hits"] / branches if branches else None,
+        "plain_time_share": d["plain_seconds"] / d["busy_seconds"] if d["busy_seconds"] else None,
+        "plans": plans,
     }
 
 
@@ -241,8 +271,8 @@ def summarize(results: list[RequestResult], wall: float) -> dict:
 
 
 def variant_costs(rows: list[dict]) -> list[dict]:
-    """Each non-plain row against the plain row of its mode, dataset and concurrency."""
-    key = lambda r: (r["mode"], r["dataset"], r["concurrency"])  # noqa: E731
+    """Each non-plain row against the plain row of its mode, dataset, concurrency and round."""
+    key = lambda r: (r["mode"], r["dataset"], r["concurrency"], r.get("round", 0))  # noqa: E731
     plain = {key(r): r for r in rows if r["variant"] == "plain"}
     costs = []
     for r in rows:
@@ -251,7 +281,7 @@ def variant_costs(rows: list[dict]) -> list[dict]:
             continue
         costs.append({
             "mode": r["mode"], "dataset": r["dataset"], "concurrency": r["concurrency"],
-            "variant": r["variant"],
+            "variant": r["variant"], "round": r.get("round", 0),
             "output_throughput_ratio": _ratio(r["output_throughput"], base["output_throughput"]),
             "ttft_mean_ratio": _ratio(r["ttft_ms"]["mean"], base["ttft_ms"]["mean"]),
             "tpot_mean_ratio": _ratio(r["tpot_ms"]["mean"], base["tpot_ms"]["mean"]),
@@ -279,7 +309,8 @@ def print_table(rows: list[dict], header: bool = True) -> None:
         print(
             f"{'mode':6} {'dataset':9} {'conc':>4} {'variant':8} {'req/s':>7} {'tok/s':>8} "
             f"{'TTFT mean/p50/p99 ms':>22} {'TPOT mean/p50/p99 ms':>22} "
-            f"{'ITL mean/p50/p99 ms':>22} {'acc_len':>7} {'hit':>5} {'plain':>5} {'fail':>4}"
+            f"{'ITL mean/p50/p99 ms':>22} {'acc_len':>7} {'hit':>5} {'plain':>5} {'fail':>4}  "
+            "plans: cycles@ms"
         )
     for r in rows:
         print(
@@ -287,7 +318,8 @@ def print_table(rows: list[dict], header: bool = True) -> None:
             f"{r['request_throughput']:7.2f} {r['output_throughput']:8.1f} "
             f"{_trio(r['ttft_ms']):>22} {_trio(r['tpot_ms']):>22} {_trio(r['itl_ms']):>22} "
             f"{_num(r['mean_accepted_length'], 2):>7} {_num(r['branch_hit_rate'], 2):>5} "
-            f"{_num(r.get('plain_time_share'), 2):>5} {r['num_failed']:>4}",
+            f"{_num(r.get('plain_time_share'), 2):>5} {r['num_failed']:>4}  "
+            + " ".join(f"{k}:{v['cycles']}@{v['mean_ms']:.0f}" for k, v in r.get("plans", {}).items()),
             flush=True,
         )
 
@@ -394,9 +426,11 @@ def bench_modes(urls: dict[str, str], args) -> list[dict]:
                 warm_up(url, models[mode], dataset, conc, args)
             for variant in args.variants:
                 load = Load(dataset, conc, variant, prompts)
-                for mode in rotated(list(urls), len(rows) // len(urls)):  # no mode always first
-                    rows.append(measure(urls[mode], mode, models[mode], load, args, headers))
-                    print_table(rows[-1:], header=len(rows) == 1)
+                for k in range(args.rounds):
+                    for mode in rotated(list(urls), len(rows) // len(urls)):  # no mode always first
+                        row = measure(urls[mode], mode, models[mode], load, args, headers)
+                        rows.append(row | {"round": k})
+                        print_table(rows[-1:], header=len(rows) == 1)
     return rows
 
 
@@ -436,6 +470,13 @@ def _count(text: str) -> int:
     return n
 
 
+def _positive(text: str) -> int:
+    n = int(text)
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"{n}: must be 1 or more")
+    return n
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="d3d bench-serving", description=__doc__.split("\n")[0])
     p.add_argument("--url", help="benchmark this running server (its mode) instead of --modes")
@@ -447,6 +488,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--warmup-rounds", type=_count, default=1,
                    help="unmeasured rounds of `concurrency` requests before each load (0: cold)")
+    p.add_argument("--rounds", type=_positive, default=1,
+                   help="times each load runs through every mode, for paired ratios to the first mode")
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS),
@@ -498,9 +541,13 @@ def main(argv: list[str] | None = None) -> int:
     if costs:
         print()
         print_costs(costs)
+    paired = paired_ratios(rows, args.modes[0]) if not args.url else []
+    if paired:
+        print(f"\neach mode against {args.modes[0]}, round by round:")
+        print_paired(paired)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     payload = {"config": {k: str(v) for k, v in vars(args).items()}, "results": rows,
-               "costs": costs}  # fmt: skip
+               "costs": costs, "paired": paired}  # fmt: skip
     args.out.write_text(json.dumps(payload, indent=2))
     print(f"\nsaved {args.out}")
     return 0

@@ -114,3 +114,72 @@ def test_modes_take_each_load_in_turn(tiny_pair_dir, tmp_path, monkeypatch):
     assert got[0]["mean_accepted_length"] == 1.0  # each row's figures come from its own server
     # share of cycle time decoding plainly: all of ar's, none of async's at a fixed block 4
     assert [r["plain_time_share"] for r in got] == [1.0, 0.0, 0.0, 1.0]
+
+
+def test_rounds_alternate_the_modes_and_are_paired(tmp_path, monkeypatch):
+    _gsm8k(tmp_path, monkeypatch, [f"question {i}" for i in range(4)])
+    speed = {"ar": [100.0, 80.0], "async": [110.0, 84.0]}  # tok/s per round: 1.10x, then 1.05x
+    seen = []
+
+    def fake_measure(url, mode, model, load, args, headers):
+        k = sum(1 for m, _ in seen if m == mode)
+        seen.append((mode, load.concurrency))
+        return {"mode": mode, "dataset": load.dataset, "concurrency": load.concurrency,
+                "variant": load.variant, "output_throughput": speed[mode][k],
+                "tpot_ms": {"mean": 1000 / speed[mode][k]}, "ttft_ms": {"mean": None}}
+
+    async def no_request(*_):
+        return None
+
+    monkeypatch.setattr(bench, "measure", fake_measure)
+    monkeypatch.setattr(bench, "served_model", lambda url, headers=None: "m")
+    monkeypatch.setattr(bench, "run_load_once", no_request)
+    monkeypatch.setattr(bench, "warm_up", lambda *a: None)
+    monkeypatch.setattr(bench, "print_table", lambda *a, **k: None)
+    args = bench.build_parser().parse_args(
+        ["--datasets", "gsm8k", "--concurrency", "4", "--variants", "plain", "--rounds", "2"])
+    rows = bench.bench_modes({"ar": "http://a", "async": "http://b"}, args)
+    assert [(r["mode"], r["round"]) for r in rows] == [
+        ("ar", 0), ("async", 0), ("async", 1), ("ar", 1)]  # no mode always first
+    (entry,) = bench.paired_ratios(rows, "ar")
+    assert entry["mode"] == "async" and entry["concurrency"] == 4
+    tok = entry["tok_s"]
+    assert tok["rounds"] == 2 and tok["ratio"] == pytest.approx((1.10 * 1.05) ** 0.5)
+    assert (tok["low"], tok["high"]) == (pytest.approx(1.05), pytest.approx(1.10))
+    assert entry["tpot_mean"]["ratio"] == pytest.approx(1 / tok["ratio"])
+    assert entry["ttft_mean"] is None  # no round has the figure
+
+
+def test_rounds_must_be_positive(capsys):
+    with pytest.raises(SystemExit):
+        bench.build_parser().parse_args(["--rounds", "0"])
+    assert "must be 1 or more" in capsys.readouterr().err
+
+
+def test_counter_totals_add_up_the_samples_each_figure_names():
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = """# TYPE d3d:spec_plan_seconds counter
+d3d:spec_plan_seconds_total{block="1",predraft="false"} 3.0
+d3d:spec_plan_seconds_total{block="4",predraft="false"} 1.5
+d3d:spec_plan_seconds_total{block="4",predraft="true"} 0.5
+# TYPE d3d:spec_accepted_length histogram
+d3d:spec_accepted_length_sum{mode="async"} 12.0
+d3d:spec_accepted_length_count{mode="async"} 5.0
+"""
+    got = bench.counter_totals(text_string_to_metric_families(text))
+    assert got["busy_seconds"] == 5.0 and got["plain_seconds"] == 3.0
+    assert got["accepted_sum"] == 12.0 and got["cycles"] == 5.0 and got["hits"] == 0.0
+    figures = bench.spec_figures({}, got)
+    plans = figures.pop("plans")
+    assert figures == {"mean_accepted_length": 2.4, "branch_hit_rate": None, "plain_time_share": 0.6}
+    assert plans == {}  # no cycle counts in this scrape
+    text += """# TYPE d3d:spec_plan_cycles counter
+d3d:spec_plan_cycles_total{block="1",predraft="false"} 30.0
+d3d:spec_plan_cycles_total{block="4",predraft="true"} 5.0
+"""
+    earlier = text.replace(" 30.0", " 10.0").replace("} 3.0", "} 1.0")  # 20 plain cycles ago
+    before = bench.counter_totals(text_string_to_metric_families(earlier))
+    after = bench.counter_totals(text_string_to_metric_families(text))
+    plans = bench.spec_figures(before, after)["plans"]
+    assert plans == {"1": {"cycles": 20, "mean_ms": pytest.approx(100.0)}}  # only plans used

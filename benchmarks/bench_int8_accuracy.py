@@ -24,12 +24,13 @@ import numpy as np
 import torch
 
 from benchmarks.bench_accept import add_sample_args, load_pair
-from sglang_d3d.models import int8_linear
 from sglang_d3d.models.draft_runner import DraftRunner
+from sglang_d3d.models.int8_linear import Int8Setting
 from sglang_d3d.models.loading import resolve_drafter_path
 from sglang_d3d.models.packing import extend_pack
 
-SETTINGS = {"full": None, "w7a8": (63, False), "w8a7": (127, True), "w8a8": (127, False)}
+SETTINGS = {"full": None, "w7a8": Int8Setting(63), "w8a7": Int8Setting(127, reduce_range=True),
+            "w8a8": Int8Setting(127)}  # fmt: skip
 
 
 def blocks(samples, anchors: int, block: int, seed: int = 0):
@@ -59,10 +60,7 @@ def score(drafter, setting, cases, block: int) -> dict:
     reference = DraftRunner(drafter, 1, 4096)  # fp32: computes the prefix cache (the target's)
     runner = reference
     if setting is not None:
-        levels, int8_linear.Int8Linear.reduce_range = setting
-        int8_linear.weight_levels = lambda: levels  # what Int8Linear asks for by default
-        drafter._fused.pop(True, None)  # rebuild the int8 copy with this setting
-        drafter._head_int8 = None
+        drafter.use_int8_setting(setting)
         runner = DraftRunner(drafter, 1, 4096, int8=True)
     n, first = [], []
     for ctx, anchor, truth in cases:

@@ -20,6 +20,7 @@ from sglang_d3d.models.int8_linear import (
     AVX2_LEVELS,
     FULL_LEVELS,
     Int8Linear,
+    Int8Setting,
     quantize_rows,
     sums_in_int32,
     use_int8,
@@ -119,6 +120,30 @@ def test_int8_drafts_are_close_to_full_precision_ones(fp32_models):
     assert isinstance(drafter._int8_head(), Int8Linear)
     assert isinstance(target.fused().layers[0].qkv, PackedLinear)
     assert isinstance(target.fused().lm_head, PackedLinear)
+
+
+def test_a_drafter_rebuilds_its_int8_copies_for_another_setting(fp32_models):
+    """bench_int8_accuracy.py compares settings through `use_int8_setting`, not by patching
+    module globals; the service's default is 8-bit activations at this machine's levels."""
+    _, drafter = fp32_models
+    runner = DraftRunner(drafter, 1, 64, int8=True)
+    runner.prefill(0, PROMPTS[1])
+    pack = extend_pack([30, 31], 4)
+    default = runner.run([(0, pack)])[0]
+    assert drafter.int8_setting == Int8Setting() and not drafter._int8_head().reduce_range
+    coarse = Int8Setting(levels=3, reduce_range=True)
+    drafter.use_int8_setting(coarse)
+    try:
+        assert drafter._int8_head().reduce_range
+        assert drafter.fused_layers(True)[0].qkv.setting == coarse
+        runner.reset(0)
+        runner.prefill(0, PROMPTS[1])
+        assert not torch.allclose(runner.run([(0, pack)])[0], default)  # 3 levels: coarse
+    finally:
+        drafter.use_int8_setting(Int8Setting())
+    runner.reset(0)
+    runner.prefill(0, PROMPTS[1])
+    assert torch.equal(runner.run([(0, pack)])[0], default)
 
 
 def _group(out_sizes=(24, 8, 8), k=16, rank=4, seed=0):

@@ -33,7 +33,7 @@ from sglang_d3d.models.acceptance import read_accept_prior
 from sglang_d3d.models.adapters import Gate, GatedFused, adapted_layer, delta_modules
 from sglang_d3d.models.decoder import Batch, Decoder, run_layers
 from sglang_d3d.models.int8_deltas import int8_layer
-from sglang_d3d.models.int8_linear import Int8Linear
+from sglang_d3d.models.int8_linear import Int8Linear, Int8Setting
 from sglang_d3d.models.kv_cache import KVCache
 
 MASK_ID = -1  # input id of a mask slot
@@ -112,6 +112,7 @@ class D3DDrafter(nn.Module):
         )
         self.mask_embedding = nn.Parameter(target.embed_tokens.weight.mean(0).detach().clone())
         self._fused: dict[bool, tuple[GatedFused, ...]] = {}  # CPU inference path, by int8
+        self.int8_setting = Int8Setting()  # how the int8 copies quantise (`use_int8_setting`)
         self._head_int8: Int8Linear | None = None  # the target's LM head in int8, on first use
         self._int8_key: list[int] | None = None  # delta versions the int8 copies were built at
         self._delta_tensors: list[torch.Tensor] | None = None  # every delta's A and B
@@ -278,15 +279,21 @@ class D3DDrafter(nn.Module):
                 layer.prepare()
             self._int8_key = key
 
+    def use_int8_setting(self, setting: Int8Setting) -> None:
+        """Quantise the int8 copies this way from now on (they are rebuilt on next use)."""
+        self.int8_setting = setting
+        self._fused.pop(True, None)
+        self._head_int8, self._int8_key = None, None
+
     def fused_layers(self, int8: bool = False) -> tuple[GatedFused, ...]:
         """Built on first use, over the target's own fused model (built once, shared): its
         packed projections plus the deltas, or (int8) an int8 copy of both, for the layers
         this drafter keeps."""
         if int8 not in self._fused:
             base = self._shared["target"].fused().layers
-            build = int8_layer if int8 else GatedFused.full
-            self._fused[int8] = tuple(build(base[i], layer)
-                                      for i, layer in zip(self.cfg.source_layers, self.layers))
+            pairs = [(base[i], layer) for i, layer in zip(self.cfg.source_layers, self.layers)]
+            self._fused[int8] = tuple(int8_layer(b, layer, self.int8_setting) if int8
+                                      else GatedFused.full(b, layer) for b, layer in pairs)
         return self._fused[int8]
 
     def logits(self, hidden: torch.Tensor, fast: bool = False, int8: bool = False) -> torch.Tensor:
@@ -301,7 +308,7 @@ class D3DDrafter(nn.Module):
     def _int8_head(self) -> Int8Linear:
         if self._head_int8 is None:
             head = self._shared["head"]
-            self._head_int8 = Int8Linear(head.weight, head.bias)
+            self._head_int8 = Int8Linear.with_setting(head.weight, head.bias, self.int8_setting)
         return self._head_int8
 
 

@@ -19,7 +19,7 @@ import torch
 
 from sglang_d3d.models.adapters import GatedFused, LowRankDelta, delta_groups, delta_versions
 from sglang_d3d.models.cpu_linear import fused_weight
-from sglang_d3d.models.int8_linear import Int8Linear
+from sglang_d3d.models.int8_linear import Int8Linear, Int8Setting
 
 
 class Int8Gated:
@@ -29,8 +29,8 @@ class Int8Gated:
     drafter calls it when any delta changed (`D3DDrafter.hidden`), not every call (the check
     is 5 us, 120 times a pass)."""
 
-    def __init__(self, deltas: tuple[LowRankDelta, ...]) -> None:
-        self.deltas = deltas
+    def __init__(self, deltas: tuple[LowRankDelta, ...], setting: Int8Setting = Int8Setting()) -> None:
+        self.deltas, self.setting = deltas, setting
         self.gate = deltas[0].gate
         self._key: list[int] | None = None
         self.prepare()
@@ -43,9 +43,9 @@ class Int8Gated:
             a = torch.cat([m.delta_a for m in self.deltas])  # [R, K]
             self.out, self.rank = w.shape[0], a.shape[0]
             bias = None if b is None else torch.cat([b, b.new_zeros(self.rank)])
-            self.first = Int8Linear(torch.cat([w, a]), bias)  # [..., K] -> [..., N + R]
+            self.first = Int8Linear.with_setting(torch.cat([w, a]), bias, self.setting)  # -> [..., N + R]
             second = torch.block_diag(*[m.delta_b * m.scale for m in self.deltas])  # [N, R]
-            self.second = Int8Linear(second, None)  # [M, R] -> [M, N]
+            self.second = Int8Linear.with_setting(second, None, self.setting)  # [M, R] -> [M, N]
         self._key = delta_versions(self.deltas)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
@@ -61,7 +61,7 @@ class Int8Gated:
         return z[..., : self.out]
 
 
-def int8_layer(base, layer) -> GatedFused:
+def int8_layer(base, layer, setting: Int8Setting = Int8Setting()) -> GatedFused:
     """The int8 fast path of one drafter layer; base: the target's FusedLayer (its norms and
     activation, fp32)."""
-    return GatedFused(base, *(Int8Gated(g) for g in delta_groups(layer)))
+    return GatedFused(base, *(Int8Gated(g, setting) for g in delta_groups(layer)))

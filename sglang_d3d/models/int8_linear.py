@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import warnings
+from dataclasses import dataclass
 
 import torch
 
@@ -54,17 +55,23 @@ def weight_levels() -> int:
     return FULL_LEVELS if sums_in_int32(product) else AVX2_LEVELS
 
 
+@dataclass(frozen=True)
+class Int8Setting:
+    """How an int8 copy quantises. The default is what the service uses; the others are
+    there for benchmarks/bench_int8_accuracy.py to compare."""
+
+    levels: int | None = None  # weight levels; None: `weight_levels()`, the most this machine takes
+    reduce_range: bool = False  # True: 7-bit activations (sitting 7's setting)
+
+
 class Int8Linear:
     """One (possibly fused) projection in int8, prepacked for fbgemm. Same call as
     cpu_linear.PackedLinear: x [..., K] -> [..., N] float32."""
 
-    # True: 7-bit activations. A class attribute so that benchmarks/bench_int8_accuracy.py
-    # can compare settings; never changed in service.
-    reduce_range: bool = False
-
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None,
-                 levels: int | None = None) -> None:
-        """levels: weight levels (None: `weight_levels()`, the most this machine can take)."""
+                 levels: int | None = None, reduce_range: bool = False) -> None:
+        """levels, reduce_range: as in `Int8Setting`."""
+        self.reduce_range = reduce_range
         q, scale = quantize_rows(weight, weight_levels() if levels is None else levels)
         zero = torch.zeros(q.shape[0], dtype=torch.long)
         with warnings.catch_warnings():
@@ -75,6 +82,11 @@ class Int8Linear:
         b = None if bias is None else bias.detach().float().contiguous()
         self.packed = torch.ops.quantized.linear_prepack(qw, b)
         self.out_features = q.shape[0]
+
+    @classmethod
+    def with_setting(cls, weight: torch.Tensor, bias: torch.Tensor | None,
+                     setting: Int8Setting) -> Int8Linear:
+        return cls(weight, bias, setting.levels, setting.reduce_range)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, x.shape[-1]).contiguous().float()  # [M, K]

@@ -29,6 +29,9 @@ within a round (the first mode changing from round to round), and each mode is c
 the first of --modes round by round: the geometric mean of the per-round ratios of tokens/s,
 TPOT and TTFT, their range, and the standard error (benchmarks/paired.py). Loads of a few dozen
 requests differ by several percent between two identical servers; the rounds say how much.
+A server process also keeps a speed of its own for its lifetime (two processes decoding the
+same load plainly were 3-10% apart, the same way round after round): --fresh-servers starts
+new servers for each round, so that this averages out too.
 
 Latencies are given as mean, p50 and p99 in milliseconds. Results are printed as a table and
 saved as JSON (one row per mode x dataset x concurrency x variant, and the cost ratios).
@@ -409,10 +412,13 @@ class Load:
     prompts: list[str]
 
 
-def bench_modes(urls: dict[str, str], args) -> list[dict]:
+def bench_modes(urls: dict[str, str], args, rounds: range | None = None,
+                first_turn: int = 0) -> list[dict]:
     """Every load (dataset, concurrency, variant) through each mode's server in turn: machine
     noise drifts over minutes, and running one mode's loads after the other's put it all in
-    the ratio (measured: 0.97x-1.14x between two servers that both decoded plainly)."""
+    the ratio (measured: 0.97x-1.14x between two servers that both decoded plainly).
+    rounds: which of the --rounds to run here (default all); first_turn: where the modes'
+    rotation starts."""
     headers = auth_headers(args.api_key)
     models = {mode: served_model(url, headers) for mode, url in urls.items()}
     for mode, url in urls.items():
@@ -426,8 +432,9 @@ def bench_modes(urls: dict[str, str], args) -> list[dict]:
                 warm_up(url, models[mode], dataset, conc, args)
             for variant in args.variants:
                 load = Load(dataset, conc, variant, prompts)
-                for k in range(args.rounds):
-                    for mode in rotated(list(urls), len(rows) // len(urls)):  # no mode always first
+                for k in rounds or range(args.rounds):
+                    turn = first_turn + len(rows) // len(urls)
+                    for mode in rotated(list(urls), turn):  # no mode always first
                         row = measure(urls[mode], mode, models[mode], load, args, headers)
                         rows.append(row | {"round": k})
                         print_table(rows[-1:], header=len(rows) == 1)
@@ -490,6 +497,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="unmeasured rounds of `concurrency` requests before each load (0: cold)")
     p.add_argument("--rounds", type=_positive, default=1,
                    help="times each load runs through every mode, for paired ratios to the first mode")
+    p.add_argument("--fresh-servers", action="store_true",
+                   help="start new servers for every round: a server process keeps its own speed "
+                   "(measured: plain decoding 3-10%% apart between two processes), so rounds "
+                   "on the same processes cannot average it out")
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS),
@@ -513,6 +524,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _with_servers(modes: list[str], args) -> list[dict]:
+    """With --fresh-servers, each round with servers of its own; else `_serve` once."""
+    if not args.fresh_servers:
+        return _serve(modes, args)
+    return [row for k in range(args.rounds) for row in _serve(modes, args, range(k, k + 1), k)]
+
+
+def _serve(modes: list[str], args, rounds: range | None = None, first_turn: int = 0) -> list[dict]:
     """Start a server per mode (all at once: an idle one costs memory, not time), bench them
     load by load, stop them."""
     servers: dict[str, ServerProcess] = {}
@@ -520,14 +538,17 @@ def _with_servers(modes: list[str], args) -> list[dict]:
         for mode in modes:
             servers[mode] = ServerProcess(mode, args.server_args.split(), args.out.parent,
                                           args.server_timeout)
-        return bench_modes({m: s.url for m, s in servers.items()}, args)
+        return bench_modes({m: s.url for m, s in servers.items()}, args, rounds, first_turn)
     finally:
         for server in servers.values():
             server.stop()
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.fresh_servers and (args.url or args.sequential):
+        parser.error("--fresh-servers starts every mode's server per round: not with --url or --sequential")
     if args.url:  # one running server, one mode: it says which
         url = args.url.rstrip("/")
         rows = bench_modes({served_mode(url, auth_headers(args.api_key)): url}, args)

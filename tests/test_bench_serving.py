@@ -116,14 +116,14 @@ def test_modes_take_each_load_in_turn(tiny_pair_dir, tmp_path, monkeypatch):
     assert [r["plain_time_share"] for r in got] == [1.0, 0.0, 0.0, 1.0]
 
 
-def test_rounds_alternate_the_modes_and_are_paired(tmp_path, monkeypatch):
-    _gsm8k(tmp_path, monkeypatch, [f"question {i}" for i in range(4)])
-    speed = {"ar": [100.0, 80.0], "async": [110.0, 84.0]}  # tok/s per round: 1.10x, then 1.05x
+def _fake_loads(monkeypatch, speed: dict[str, list[float]]) -> list[str]:
+    """bench_modes without servers: each mode's k-th load runs at speed[mode][k] tok/s.
+    -> the modes in the order they were measured."""
     seen = []
 
     def fake_measure(url, mode, model, load, args, headers):
-        k = sum(1 for m, _ in seen if m == mode)
-        seen.append((mode, load.concurrency))
+        k = seen.count(mode)
+        seen.append(mode)
         return {"mode": mode, "dataset": load.dataset, "concurrency": load.concurrency,
                 "variant": load.variant, "output_throughput": speed[mode][k],
                 "tpot_ms": {"mean": 1000 / speed[mode][k]}, "ttft_ms": {"mean": None}}
@@ -136,8 +136,16 @@ def test_rounds_alternate_the_modes_and_are_paired(tmp_path, monkeypatch):
     monkeypatch.setattr(bench, "run_load_once", no_request)
     monkeypatch.setattr(bench, "warm_up", lambda *a: None)
     monkeypatch.setattr(bench, "print_table", lambda *a, **k: None)
-    args = bench.build_parser().parse_args(
-        ["--datasets", "gsm8k", "--concurrency", "4", "--variants", "plain", "--rounds", "2"])
+    return seen
+
+
+ROUNDS = ["--datasets", "gsm8k", "--concurrency", "4", "--variants", "plain", "--rounds", "2"]
+
+
+def test_rounds_alternate_the_modes_and_are_paired(tmp_path, monkeypatch):
+    _gsm8k(tmp_path, monkeypatch, [f"question {i}" for i in range(4)])
+    _fake_loads(monkeypatch, {"ar": [100.0, 80.0], "async": [110.0, 84.0]})  # 1.10x, 1.05x
+    args = bench.build_parser().parse_args(ROUNDS)
     rows = bench.bench_modes({"ar": "http://a", "async": "http://b"}, args)
     assert [(r["mode"], r["round"]) for r in rows] == [
         ("ar", 0), ("async", 0), ("async", 1), ("ar", 1)]  # no mode always first
@@ -148,6 +156,29 @@ def test_rounds_alternate_the_modes_and_are_paired(tmp_path, monkeypatch):
     assert (tok["low"], tok["high"]) == (pytest.approx(1.05), pytest.approx(1.10))
     assert entry["tpot_mean"]["ratio"] == pytest.approx(1 / tok["ratio"])
     assert entry["ttft_mean"] is None  # no round has the figure
+
+
+def test_fresh_servers_start_for_every_round(tmp_path, monkeypatch):
+    _gsm8k(tmp_path, monkeypatch, [f"question {i}" for i in range(4)])
+    _fake_loads(monkeypatch, {"ar": [100.0, 80.0], "async": [110.0, 84.0]})
+    events = []
+
+    class FakeServer:
+        def __init__(self, mode, extra, log_dir, timeout):
+            self.url = f"http://{mode}-{len(events)}"
+            events.append(("start", mode))
+
+        def stop(self):
+            events.append(("stop", self.url))
+
+    monkeypatch.setattr(bench, "ServerProcess", FakeServer)
+    args = bench.build_parser().parse_args([*ROUNDS, "--fresh-servers"])
+    rows = bench._with_servers(["ar", "async"], args)
+    assert [e[0] for e in events] == ["start", "start", "stop", "stop"] * 2
+    assert [(r["mode"], r["round"]) for r in rows] == [
+        ("ar", 0), ("async", 0), ("async", 1), ("ar", 1)]  # the rotation goes on across servers
+    with pytest.raises(SystemExit):
+        bench.main([*ROUNDS, "--fresh-servers", "--sequential"])
 
 
 def test_rounds_must_be_positive(capsys):

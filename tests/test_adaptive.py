@@ -259,10 +259,10 @@ def test_a_cycle_measured_above_the_buckets_size_is_stored_at_that_size():
     assert c.times[(2, one)] == pytest.approx(0.10)
 
 
-def test_plain_decoding_is_kept_through_near_ties_and_a_losing_speculation_dropped_at_once():
-    """Leaving plain decoding costs what the estimates leave out (the drafter catches up),
-    so a speculative plan must beat it by `stick`; leaving a speculative plan costs nothing,
-    so one that trails plain decoding at all is dropped."""
+def test_speculation_must_beat_plain_decoding_by_a_margin_to_be_chosen_and_half_to_stay():
+    """The estimates leave costs of speculating out (catching up, held-back prefills, rates
+    that lag the traffic), so near-ties go to plain decoding; a smaller margin to stay keeps
+    the choice from flipping with every estimate's noise."""
     one, four = Plan(1), Plan(4)
     c = BlockController(candidates=(one, four), warmup=1, explore_share=0.0, stick=0.1,
                         prior=(1.0, 0.5, 0.5))  # 2.75 tokens per cycle at block 4
@@ -273,9 +273,9 @@ def test_plain_decoding_is_kept_through_near_ties_and_a_losing_speculation_dropp
     assert c.choose(1) == one
     c.times[(1, four)] = 0.230  # 12 tok/s: 20% better
     assert c.choose(1) == four
-    c.times[(1, four)] = 0.270  # 10.2 tok/s: still better
+    c.times[(1, four)] = 0.255  # 10.8 tok/s: 8% better, enough to stay
     assert c.choose(1) == four
-    c.times[(1, four)] = 0.290  # 9.5 tok/s: 5% worse, dropped at once
+    c.times[(1, four)] = 0.270  # 10.2 tok/s: 2% better, dropped
     assert c.choose(1) == one
 
 

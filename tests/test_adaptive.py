@@ -264,7 +264,7 @@ def test_speculation_must_beat_plain_decoding_by_a_margin_to_be_chosen_and_half_
     that lag the traffic), so near-ties go to plain decoding; a smaller margin to stay keeps
     the choice from flipping with every estimate's noise."""
     one, four = Plan(1), Plan(4)
-    c = BlockController(candidates=(one, four), warmup=1, explore_share=0.0, stick=0.1,
+    c = BlockController(candidates=(one, four), warmup=1, explore_share=0.0, margin=0.1,
                         prior=(1.0, 0.5, 0.5))  # 2.75 tokens per cycle at block 4
     c.observe_time(1, one, 0.100)  # 10 tok/s
     c.observe_time(1, four, 0.330)  # 8.3 tok/s
@@ -324,7 +324,7 @@ def test_an_inflated_estimate_is_re_measured_as_it_grows_stale():
 
 
 def test_a_plan_estimated_better_than_the_kept_one_is_re_measured():
-    """Plain decoding kept through a near-tie (`stick`) must not leave the plan estimated
+    """Plain decoding kept through a near-tie (`margin`) must not leave the plan estimated
     better unmeasured: re-measuring it costs nothing, and its estimate then takes over."""
     one, four = Plan(1), Plan(4)
     c = BlockController(candidates=(one, four), warmup=1, min_explore=1.0, drift=0.0)

@@ -112,7 +112,7 @@ class BlockController:
     # controller calibrated at start-up knows what speculating yields before it has tried.
     prior: tuple[float, ...] = ()
     prior_weight: float = 8.0  # cycles' worth of evidence the prior counts for
-    stick: float = 0.1  # the share by which speculation must beat plain decoding (half to stay)
+    margin: float = 0.1  # the share by which speculation must beat plain decoding (half to stay)
     last: Plan | None = None  # the last plan chosen on the estimates (not warm-up, not re-measuring)
 
     def accept_rates(self) -> list[float]:
@@ -143,7 +143,7 @@ class BlockController:
         return self._explore(batch, current, [p for p in ranked if p != current], est) or current
 
     def _keep(self, ranked: list[Plan], est: dict[Plan, tuple[float, float]]) -> Plan:
-        """The best plan, but a speculative one only where it beats plain decoding by `stick`
+        """The best plan, but a speculative one only where it beats plain decoding by `margin`
         (half that to stay on it). The estimates leave costs out: leaving plain decoding, the
         drafter catches up; a longer cycle holds back a new request's prefill; the acceptance
         rates follow the traffic with a lag (measured at concurrency 4, MT-Bench served right
@@ -153,7 +153,7 @@ class BlockController:
         Where speculation pays (batch 1 on this CPU: 30-50% ahead) the margin changes
         nothing."""
         best = ranked[0]
-        need = self.stick / 2 if self.last not in (None, PLAIN) else self.stick
+        need = self.margin / 2 if self.last not in (None, PLAIN) else self.margin
         if best != PLAIN and PLAIN in est and est[best][1] < (1 + need) * est[PLAIN][1]:
             best = PLAIN
         self.last = best
@@ -204,7 +204,7 @@ class BlockController:
         loses against the current plan for the tokens it yields). So a near-best plan is
         re-measured often, a slow loser rarely, and re-measuring never costs more than
         `explore_share` of the time. A plan estimated better than the kept one (within the
-        `stick` margin) costs nothing to re-measure: it is re-measured every `explore_every`
+        `margin`) costs nothing to re-measure: it is re-measured every `explore_every`
         cycles, until its estimate takes over or falls back (without this, plain decoding kept
         through a near-tie left a better plan's estimate unmeasured for good)."""
         if not others or self.explore_share <= 0:  # re-measuring switched off

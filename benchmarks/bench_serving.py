@@ -62,8 +62,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from sglang_d3d.benchmarks.paired import paired_ratios, print_paired
 
 import sglang_d3d
+from sglang_d3d.engine.calibrate import plan_name
 from sglang_d3d.interleave import rotated
 from sglang_d3d.prompts import NAMED, datasets_dir, question_text
+from sglang_d3d.speculative.cycle import Plan
 
 DATASETS = tuple(NAMED)  # gsm8k (test split), mt_bench
 DEFAULT_OUT = Path("benchmarks/results/bench_serving.json")  # from the checkout root
@@ -194,14 +196,14 @@ COUNTERS = {
 }
 
 
-def scrape(url: str, headers: dict | None = None) -> dict[str, float]:
-    """The server's totals of every figure in COUNTERS, and per plan ("plan 4o cycles",
-    "plan 4o seconds": block 4, pre-drafting; "plan 1 ...": plain decoding)."""
+def scrape(url: str, headers: dict | None = None) -> dict:
+    """The server's totals of every figure in COUNTERS, and per plan under ("plan", name,
+    "cycles" | "seconds"): name "4o" is block 4 with pre-drafting, "1" plain decoding."""
     text = httpx.get(f"{url}/metrics", timeout=30, headers=headers).text
     return counter_totals(list(text_string_to_metric_families(text)))
 
 
-def counter_totals(families) -> dict[str, float]:
+def counter_totals(families) -> dict:
     out = dict.fromkeys(COUNTERS, 0.0)
     for fam in families:
         for s in fam.samples:
@@ -210,7 +212,7 @@ def counter_totals(families) -> dict[str, float]:
                     out[key] += s.value
             part = PLAN_SAMPLES.get(s.name)
             if part is not None:
-                key = f"plan {_plan_name(s.labels)} {part}"
+                key = ("plan", _plan_name(s.labels), part)
                 out[key] = out.get(key, 0.0) + s.value
     return out
 
@@ -219,8 +221,8 @@ PLAN_SAMPLES = {"d3d:spec_plan_cycles_total": "cycles", "d3d:spec_plan_seconds_t
 
 
 def _plan_name(labels: dict) -> str:
-    """As engine/calibrate.plan_name: '4' for block 4, '4o' with pre-drafting, '1' plain."""
-    return labels.get("block", "?") + ("o" if labels.get("predraft") == "true" else "")
+    """The plan a `d3d:spec_plan_*` sample is labelled with, named as calibration names it."""
+    return plan_name(Plan(int(labels["block"]), labels.get("predraft") == "true"))
 
 
 def spec_figures(before: dict, after: dict) -> dict:
@@ -230,10 +232,10 @@ def spec_figures(before: dict, after: dict) -> dict:
     d = {k: after[k] - before.get(k, 0.0) for k in after}
     branches = d["hits"] + d["misses"]
     plans = {}
-    for key in sorted(k for k in d if k.startswith("plan ") and k.endswith(" cycles")):
-        name, cycles = key.split()[1], d[key]
+    per_plan = sorted((k[1], v) for k, v in d.items() if isinstance(k, tuple) and k[2] == "cycles")
+    for name, cycles in per_plan:
         if cycles > 0:
-            plans[name] = {"cycles": int(cycles), "mean_ms": 1e3 * d[f"plan {name} seconds"] / cycles}
+            plans[name] = {"cycles": int(cycles), "mean_ms": 1e3 * d[("plan", name, "seconds")] / cycles}
     return {
         "mean_accepted_length": d["accepted_sum"] / d["cycles"] if d["cycles"] else None,
         "branch_hit_rate": d["hits"] / branches if branches else None,

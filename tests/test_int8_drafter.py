@@ -65,7 +65,7 @@ def test_weight_levels_drop_to_7_bits_where_int16_pair_sums_would_saturate():
     assert sums_in_int32(lambda x, w: x @ w.T)
     assert AVX2_LEVELS * 255 * 2 <= 32767 < FULL_LEVELS * 255 * 2
     assert weight_levels() == (FULL_LEVELS if sums_in_int32(
-        lambda x, w: Int8Linear(w, None, FULL_LEVELS)(x)) else AVX2_LEVELS)
+        lambda x, w: Int8Linear(w, None, Int8Setting(FULL_LEVELS))(x)) else AVX2_LEVELS)
     q, _ = quantize_rows(torch.randn(64, 32), AVX2_LEVELS)
     assert int(q.abs().max()) == 63
 

@@ -249,7 +249,7 @@ class D3DDrafter(nn.Module):
         b = Batch(positions, attn_mask, cache, slots, write_at, past=past, record=record)
         self.gate.set(input_ids == MASK_ID, self.mask_embedding.dtype)
         try:
-            fused = self.fused_layers(int8) if fast else None
+            fused = self.fused_layers(int8) if fast or int8 else None  # int8 is a fast path
             if int8:
                 self._refresh(fused)
             h = run_layers(self.layers, self._shared["rot"], self.embed(input_ids), b, self.arch,
@@ -308,7 +308,7 @@ class D3DDrafter(nn.Module):
     def _int8_head(self) -> Int8Linear:
         if self._head_int8 is None:
             head = self._shared["head"]
-            self._head_int8 = Int8Linear.with_setting(head.weight, head.bias, self.int8_setting)
+            self._head_int8 = Int8Linear(head.weight, head.bias, self.int8_setting)
         return self._head_int8
 
 

@@ -43,9 +43,9 @@ class Int8Gated:
             a = torch.cat([m.delta_a for m in self.deltas])  # [R, K]
             self.out, self.rank = w.shape[0], a.shape[0]
             bias = None if b is None else torch.cat([b, b.new_zeros(self.rank)])
-            self.first = Int8Linear.with_setting(torch.cat([w, a]), bias, self.setting)  # -> [..., N + R]
+            self.first = Int8Linear(torch.cat([w, a]), bias, self.setting)  # -> [..., N + R]
             second = torch.block_diag(*[m.delta_b * m.scale for m in self.deltas])  # [N, R]
-            self.second = Int8Linear.with_setting(second, None, self.setting)  # [M, R] -> [M, N]
+            self.second = Int8Linear(second, None, self.setting)  # [M, R] -> [M, N]
         self._key = delta_versions(self.deltas)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:

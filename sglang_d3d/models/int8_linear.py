@@ -51,7 +51,7 @@ def sums_in_int32(product) -> bool:
 def weight_levels() -> int:
     """The weight levels this machine's fbgemm can take with 8-bit activations."""
     def product(x, w):
-        return Int8Linear(w, None, FULL_LEVELS)(x)
+        return Int8Linear(w, None, Int8Setting(FULL_LEVELS))(x)
     return FULL_LEVELS if sums_in_int32(product) else AVX2_LEVELS
 
 
@@ -69,10 +69,10 @@ class Int8Linear:
     cpu_linear.PackedLinear: x [..., K] -> [..., N] float32."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None,
-                 levels: int | None = None, reduce_range: bool = False) -> None:
-        """levels, reduce_range: as in `Int8Setting`."""
-        self.reduce_range = reduce_range
-        q, scale = quantize_rows(weight, weight_levels() if levels is None else levels)
+                 setting: Int8Setting = Int8Setting()) -> None:
+        self.reduce_range = setting.reduce_range
+        levels = weight_levels() if setting.levels is None else setting.levels
+        q, scale = quantize_rows(weight, levels)
         zero = torch.zeros(q.shape[0], dtype=torch.long)
         with warnings.catch_warnings():
             # torch marks quantized tensors deprecated (its issue 184982) but keeps fbgemm's
@@ -82,11 +82,6 @@ class Int8Linear:
         b = None if bias is None else bias.detach().float().contiguous()
         self.packed = torch.ops.quantized.linear_prepack(qw, b)
         self.out_features = q.shape[0]
-
-    @classmethod
-    def with_setting(cls, weight: torch.Tensor, bias: torch.Tensor | None,
-                     setting: Int8Setting) -> Int8Linear:
-        return cls(weight, bias, setting.levels, setting.reduce_range)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, x.shape[-1]).contiguous().float()  # [M, K]

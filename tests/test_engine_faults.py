@@ -131,3 +131,23 @@ def test_failing_prefill_fails_only_its_request(tiny_models, monkeypatch):
     assert [o.finish_reason for o in outs] == ["length", "error", "length"]
     assert "bad request" in outs[1].error
     assert outs[2].token_ids == reference_greedy(tiny_models[0], [9, 10], 10)
+
+
+@pytest.mark.parametrize("mode", [Mode.AR, Mode.ASYNC])
+def test_failing_metrics_listeners_cost_no_request(request, mode):
+    """A cycle or plan listener that raises (a metrics backend gone wrong) is skipped: the
+    requests complete, identical to the target's, and the other listeners still hear."""
+    models = layout_models(request, "tiny")
+    eng = make_engine(models, mode, adaptive=True)
+
+    def boom(*args):
+        raise RuntimeError("metrics backend down")
+
+    heard = []
+    eng.cycle_listeners.extend([boom, lambda rid, c: heard.append(rid)])
+    eng.plan_listeners.append(boom)
+    out = generate(eng, [PROMPT, [9, 10]], SamplingParams(max_new_tokens=20))
+    for prompt, o in zip([PROMPT, [9, 10]], out):
+        assert o.error is None
+        assert o.token_ids == reference_greedy(models[0], prompt, 20)
+    assert heard and eng.cycle_listeners.failures[id(boom)] == len(heard)

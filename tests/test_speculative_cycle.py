@@ -10,6 +10,7 @@ from sglang_d3d.config import SamplingParams, SpecConfig
 from sglang_d3d.speculative.cycle import Plan, Verdict, record, run_cycle
 from sglang_d3d.speculative.drafting import Drafting
 from sglang_d3d.speculative.executor import Executor
+from sglang_d3d.speculative.listeners import Listeners
 from sglang_d3d.speculative.sampling import make_generator, sample, sample_rows
 from sglang_d3d.speculative.stats import RequestStats
 
@@ -84,7 +85,7 @@ def test_record_folds_outcomes_into_request_stats(setup):
                      Plan(BLOCK))
     stats, heard = RequestStats(), []
     for o in outs:
-        record("r", stats, o, [lambda rid, c: heard.append((rid, c.num_accepted))])
+        record("r", stats, o, Listeners([lambda rid, c: heard.append((rid, c.num_accepted))]))
     assert stats.num_cycles == 1 and stats.accepted_lengths == [3] and heard == [("r", 2)]
 
 

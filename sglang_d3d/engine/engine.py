@@ -29,6 +29,7 @@ from sglang_d3d.speculative.cycle import Outcome, Plan, Verdict, record, run_cyc
 from sglang_d3d.speculative.drafting import Drafting
 from sglang_d3d.speculative.executor import Executor
 from sglang_d3d.speculative.fused import FusedDrafting
+from sglang_d3d.speculative.listeners import Listeners
 from sglang_d3d.speculative.logprobs import token_logprobs
 from sglang_d3d.speculative.sampling import make_generator, sample, target_probs
 from sglang_d3d.speculative.threads import intra_op_threads
@@ -69,8 +70,8 @@ class SpecEngine:
         draft_device = self.drafting.runner.device if self._separate_drafter else cfg.device
         self.executor = Executor(draft_device, cfg.draft_threads)
         self.timeline = Timeline()
-        self.cycle_listeners: list = []  # fn(request_id, CycleStats), per row and cycle
-        self.plan_listeners: list = []  # fn(batch, Plan, seconds), once per cycle
+        self.cycle_listeners = Listeners()  # fn(request_id, CycleStats), per row and cycle
+        self.plan_listeners = Listeners()  # fn(batch, Plan, seconds), once per cycle
         self.controller = None
         if cfg.adaptive:
             # Fused drafts are two-ahead predictions: the drafter's held-out rates are not theirs.
@@ -250,8 +251,7 @@ class SpecEngine:
         self.timeline.add(times)
         if self.controller is not None:
             self.controller.observe(len(rows), plan, times.end, self._tested(plan, outcomes))
-        for fn in self.plan_listeners:
-            fn(len(rows), plan, times.end)
+        self.plan_listeners.notify(len(rows), plan, times.end)
         return [self._settle(s, o) for s, o in zip(rows, outcomes, strict=True)]
 
     def _tested(self, plan: Plan, outcomes: list[Outcome]) -> list[tuple[int, int]]:

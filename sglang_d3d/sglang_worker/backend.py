@@ -31,6 +31,7 @@ from sglang_d3d.sglang_worker.backend_convert import (
     plugin_env,
     sampling_params,
 )
+from sglang_d3d.speculative.listeners import Listeners
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +48,7 @@ class SGLangEngineLoop:
         self._thread = threading.Thread(target=self._run, name="d3d-sglang", daemon=True)
         self._inflight: dict[str, EventCallback] = {}
         self._aborted: set[str] = set()
-        self._listeners: list = []
+        self._listeners = Listeners()
         self._draining = False
         self.vocab_size: int | None = None
 
@@ -164,8 +165,7 @@ class SGLangEngineLoop:
     def _deliver(self, on_event: EventCallback, ev: TokenEvent) -> None:
         if ev.finished and ev.stats is not None:
             for c in cycles_from_stats(ev.stats):
-                for fn in self._listeners:
-                    fn(ev.request_id, c)
+                self._listeners.notify(ev.request_id, c)
         try:
             on_event(ev)
         except Exception:  # noqa: BLE001 - a broken consumer must not stop the loop

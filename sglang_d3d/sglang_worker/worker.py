@@ -37,6 +37,7 @@ from sglang_d3d.sglang_worker.verify_io import build_verify_forward_batch, commi
 from sglang_d3d.speculative.cycle import Plan, Verdict, record, run_cycle
 from sglang_d3d.speculative.drafting import Drafting
 from sglang_d3d.speculative.executor import Executor
+from sglang_d3d.speculative.listeners import Listeners
 from sglang_d3d.speculative.timeline import Timeline
 from sglang_d3d.speculative.verify import verify_batch
 
@@ -64,7 +65,7 @@ class D3DWorker(BaseSpecWorker):
         self.executor = Executor(self.draft_device)
         self.timeline = Timeline(maxlen=10_000)
         self._steps = 0  # cycles run; the timeline keeps only the last 10,000
-        self.cycle_listeners: list = []  # fn(request_id, CycleStats), like SpecEngine's
+        self.cycle_listeners = Listeners()  # fn(request_id, CycleStats), like SpecEngine's
         cache = self.drafting.runner.cache
         log.info(
             "D3D worker: block %d, mode %s, drafter on %s, %d slots (cache %.2f GB)",

@@ -24,6 +24,7 @@ import torch
 from sglang_d3d.speculative.draft_state import DraftState
 from sglang_d3d.speculative.drafting import Drafting
 from sglang_d3d.speculative.executor import Executor
+from sglang_d3d.speculative.listeners import Listeners
 from sglang_d3d.speculative.stats import CycleStats, RequestStats
 from sglang_d3d.speculative.timeline import CycleTimes
 
@@ -138,12 +139,11 @@ def _outcome(draft: list[int], v: Verdict, hit, faults: int, t: CycleTimes) -> O
     return Outcome(draft[: v.accepted] + [v.token], stats, faults, t, v.logits)
 
 
-def record(request_id: str, stats: RequestStats, o: Outcome, listeners: list) -> None:
+def record(request_id: str, stats: RequestStats, o: Outcome, listeners: Listeners) -> None:
     """Fold one row's outcome into its request's stats, and hand it to the cycle listeners
     (fn(request_id, CycleStats): the Prometheus recorder)."""
     stats.fallbacks += o.faults
     if o.stats is None:
         return
     stats.add_cycle(o.stats)
-    for fn in listeners:
-        fn(request_id, o.stats)
+    listeners.notify(request_id, o.stats)

@@ -33,7 +33,8 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
                    "size of that mode (fused@4); a '-adaptive' suffix (sync-adaptive, "
                    "async-adaptive) runs that mode under the adaptive controller, which falls "
                    "back to plain decoding where speculation measures slower; '-int8' or "
-                   "'-full' (sync-full@8) sets the drafter's weights for that mode")
+                   "'-full' (sync-full@8) sets the drafter's weights for that mode; '-cut<X>' "
+                   "(sync-cut0.1@8) sets that mode's --draft-cutoff (cut0: whole blocks)")
     p.add_argument("--max-new-tokens", type=int, default=256)
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--out", default=None, help="save the results as JSON here")
@@ -72,21 +73,34 @@ def run_bench(args: argparse.Namespace) -> int:
 def mode_config(args: argparse.Namespace, name: str):
     """'async' -> the engine config for async; 'async-adaptive' -> the same with the adaptive
     controller on (whatever --adaptive says for the plain names); '-int8' / '-full' set the
-    drafter's weights (whatever --draft-weights says); an '@B' suffix ('fused@4',
+    drafter's weights (whatever --draft-weights says); '-cut<X>' sets the draft cutoff
+    (whatever --draft-cutoff says; 'cut0': whole blocks); an '@B' suffix ('fused@4',
     'sync-adaptive@8') sets that mode's block size, so modes can run side by side each at
     its own best block or weights."""
     name, _, block = name.partition("@")
     base, *suffixes = name.split("-")
+    cuts = [_cutoff(x) for x in suffixes if x.startswith("cut")]
+    suffixes = [x for x in suffixes if not x.startswith("cut")]
     if (not set(suffixes) <= {"adaptive", "int8", "full"} or {"int8", "full"} <= set(suffixes)
-            or (block and not block.isdigit())):
+            or None in cuts or len(cuts) > 1 or (block and not block.isdigit())):
         raise ValueError(f"unknown mode {name!r}: use ar, sync, async, fused, optionally "
-                         "with -adaptive and -int8 or -full, then @<block size>")
+                         "with -adaptive, -int8 or -full, -cut<X>, then @<block size>")
     cfg = engine_config(args, Mode(base).value)
     if block:
         cfg = dataclasses.replace(cfg, spec=dataclasses.replace(cfg.spec, block_size=int(block)))
     for weights in {"int8", "full"} & set(suffixes):  # at most one
         cfg = dataclasses.replace(cfg, draft_weights=weights)
+    if cuts:
+        cfg = dataclasses.replace(cfg, draft_cutoff=cuts[0])
     return dataclasses.replace(cfg, adaptive=True) if "adaptive" in suffixes else cfg
+
+
+def _cutoff(suffix: str) -> float | None:
+    """'cut0.1' -> 0.1; None where the rest is not a number."""
+    try:
+        return float(suffix.removeprefix("cut"))
+    except ValueError:
+        return None
 
 
 def _warmup(engines, ids, params) -> None:

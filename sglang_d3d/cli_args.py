@@ -47,6 +47,10 @@ def add_engine_args(
                    help="the drafter's weights on CPU: int8 (a quarter of the bytes per pass; "
                    "the target stays full precision), full, or auto: int8 where the drafter "
                    "runs on a CPU in float32")
+    g.add_argument("--draft-cutoff", type=float, default=EngineConfig.draft_cutoff,
+                   help="sync/async: verify a row's leading drafts while the product of the "
+                   "drafter's probabilities of them stays at or above this (0: whole blocks; "
+                   f"default {EngineConfig.draft_cutoff}); outputs do not change")
     g.add_argument("--threads", type=int, default=None, help="CPU threads in all (default: all cores)")
 
 
@@ -88,4 +92,5 @@ def engine_config(args: argparse.Namespace, mode: str | None = None) -> EngineCo
         target_threads=target_threads,
         draft_threads=draft_threads,
         draft_weights=getattr(args, "draft_weights", EngineConfig.draft_weights),
+        draft_cutoff=getattr(args, "draft_cutoff", EngineConfig.draft_cutoff),
     )

@@ -120,8 +120,18 @@ class EngineConfig:
     # on a CPU in fp32 with fbgemm. The target's weights are never quantised.
     draft_weights: str = "auto"
     target_threads: int = 1  # intra-op threads of the target's worker (CPU)
+    # sync/async: a row verifies its leading drafts while the product of the drafter's
+    # probabilities of them stays >= draft_cutoff (speculative/draft_length.py); 0 verifies
+    # every block whole. Exact either way: it only decides how many drafts are put to the test.
+    # Off by default: on this CPU 0.05 made a fixed block of 8 faster (sync@8 on GSM8K 1.46x of
+    # ar against 1.35x whole) but not the adaptive controller, which already verifies blocks
+    # of 4, and a verify pass of up to about 4 tokens costs what one token's does, so cutting
+    # below that loses tokens and saves nothing (benchmarks/results/README.md, sitting 10).
+    draft_cutoff: float = 0.0
 
     def __post_init__(self) -> None:
+        if not 0 <= self.draft_cutoff < 1:
+            raise ValueError(f"draft_cutoff must be in [0, 1), not {self.draft_cutoff}")
         if self.max_batch_size < 1 or self.max_context < 8:
             raise ValueError("max_batch_size >= 1 and max_context >= 8 required")
         if self.prefill_chunk < 1 or self.max_prefill_tokens < self.prefill_chunk:

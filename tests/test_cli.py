@@ -70,7 +70,13 @@ def test_bench_mode_names(tiny_pair_dir):
     assert mode_config(args, "sync-int8@8").draft_weights == "int8"
     full = mode_config(args, "async-adaptive-full@4")
     assert full.draft_weights == "full" and full.adaptive and full.spec.block_size == 4
-    for bad in ("async-fast", "sync@x", "sync-int4", "sync-int8-full"):
+    cut = p.parse_args(_engine_flags(tiny_pair_dir) + ["--draft-cutoff", "0.2"])
+    assert mode_config(cut, "sync@8").draft_cutoff == 0.2
+    assert mode_config(cut, "async-adaptive-cut0@8").draft_cutoff == 0.0
+    assert mode_config(args, "sync-cut0.05-full@8").draft_cutoff == 0.05
+    with pytest.raises(ValueError, match="draft_cutoff"):
+        mode_config(args, "sync-cut1@8")
+    for bad in ("async-fast", "sync@x", "sync-int4", "sync-int8-full", "sync-cutx", "sync-cut0-cut1"):
         with pytest.raises(ValueError, match="unknown mode"):
             mode_config(args, bad)
 

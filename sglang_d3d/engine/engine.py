@@ -72,6 +72,9 @@ class SpecEngine:
         self.timeline = Timeline()
         self.cycle_listeners = Listeners()  # fn(request_id, CycleStats), per row and cycle
         self.plan_listeners = Listeners()  # fn(batch, Plan, seconds), once per cycle
+        # Calibration times whole blocks (its synthetic text leaves the drafter unsure), so it
+        # turns the cutoff off for a while (engine/calibrate.py).
+        self.draft_cutoff = cfg.draft_cutoff if self._separate_drafter else 0.0
         self.controller = None
         if cfg.adaptive:
             # Fused drafts are two-ahead predictions: the drafter's held-out rates are not theirs.
@@ -246,7 +249,8 @@ class SpecEngine:
                 outcomes = self.drafting.cycle(rows, self._accept, plan, self._steps)
         else:
             verify = partial(self._verify, threads=self.cfg.target_threads if plan.overlap else alone)
-            outcomes = run_cycle(rows, self.drafting, verify, self.executor, plan, self._steps, alone)
+            outcomes = run_cycle(rows, self.drafting, verify, self.executor, plan, self._steps, alone,
+                                 self.draft_cutoff)
         times = outcomes[0].times
         self.timeline.add(times)
         if self.controller is not None:
@@ -256,11 +260,12 @@ class SpecEngine:
 
     def _tested(self, plan: Plan, outcomes: list[Outcome]) -> list[tuple[int, int]]:
         """(drafts put to the test, accepted) per row, for the controller's acceptance rates.
-        A fused cycle that missed its branches verifies no drafts the next time; counting its
-        block's drafts as rejected folds that miss rate into the rates, so the controller's
-        expected tokens per cycle stay right."""
-        fused = isinstance(self.drafting, FusedDrafting) and plan.block > 1
-        return [(max(o.stats.num_drafts, plan.block - 1) if fused else o.stats.num_drafts,
+        A fused cycle that missed its branches verifies no drafts the next time, and a cut
+        block (`draft_cutoff`) leaves its unsure drafts out; counting the block's missing
+        drafts as rejected folds that into the rates, so the controller's expected tokens per
+        cycle of the plan stay right."""
+        short = plan.block > 1 and (isinstance(self.drafting, FusedDrafting) or self.draft_cutoff > 0)
+        return [(max(o.stats.num_drafts, plan.block - 1) if short else o.stats.num_drafts,
                  o.stats.num_accepted) for o in outcomes if o.stats]
 
     def _verify(self, rows: list[Sequence], tokens: torch.Tensor, proposals: list,

@@ -83,6 +83,7 @@ def run_cycle(
     plan: Plan,
     step: int = 0,
     draft_threads: int | None = None,  # intra-op threads for drafting the target waits for
+    cutoff: float = 0.0,  # verify drafts while the drafter's confidence holds (draft_length.py)
 ) -> list[Outcome]:
     t0 = time.perf_counter()
     times = CycleTimes(step=step, batch=len(rows), block=plan.block)
@@ -92,6 +93,7 @@ def run_cycle(
     # draft: rows without a ready draft (a pre-drafted branch that hit) draft now
     if drafted:
         executor.run(drafting.ensure_drafts, states, plan.block, threads=draft_threads)
+        drafting.cut(states, cutoff)
     times.draft_end = time.perf_counter() - t0
     drafts = [list(s.draft) for s in states] if drafted else [[] for _ in rows]
     proposals = [s.draft_q for s in states] if drafted else [None] * len(rows)

@@ -22,6 +22,7 @@ from sglang_d3d.models.drafter import D3DDrafter
 from sglang_d3d.models.kv_cache import KVCache
 from sglang_d3d.models.packing import branch_pack, extend_pack
 from sglang_d3d.speculative.branches import match_branch, select_branches
+from sglang_d3d.speculative.draft_length import batch_length, confident_length, draft_confidences
 from sglang_d3d.speculative.draft_state import DraftState
 from sglang_d3d.speculative.sampling import RequestRandom, draw_drafts, usable
 
@@ -108,6 +109,19 @@ class Drafting:
             s.draft = s.draft[: block - 1]
             if s.draft_q is not None:
                 s.draft_q = s.draft_q[:block]
+
+    def cut(self, rows: list[DraftState], cutoff: float) -> None:
+        """Verify only the drafts worth it (draft_length.py): every row's drafts are cut to
+        the longest confident run in the batch (one verify pass, one block length). The
+        proposals q keep their rows: q after the last draft kept is the drafter's guess at the
+        bonus token, which is what pre-drafting's full-acceptance branch needs."""
+        if cutoff <= 0 or not rows:
+            return
+        wanted = [None if s.draft_q is None else
+                  confident_length(draft_confidences(s.draft, s.draft_q), cutoff) for s in rows]
+        keep = batch_length(wanted, len(rows[0].draft))
+        for s in rows:
+            s.draft = s.draft[:keep]
 
     def _sync_draft(self, rows: list[DraftState], block: int, alone: bool = True) -> None:
         rows = [s for s in rows if s.draft is None]  # a retry skips rows already drafted

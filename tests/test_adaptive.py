@@ -5,8 +5,10 @@ from __future__ import annotations
 import pytest
 
 from sglang_d3d.engine.adaptive import (
+    AcceptCounts,
     BlockController,
     Plan,
+    blend,
     bucket,
     estimate_noise,
     expected_tokens,
@@ -334,3 +336,39 @@ def test_a_plan_estimated_better_than_the_kept_one_is_re_measured():
     seconds, per_row = {one: 0.05, four: 0.09}, {one: [], four: [(3, 3)]}
     picks = _run(c, 3000, seconds, per_row)
     assert picks[-1000:].count(four) > 900
+
+
+def test_a_request_starts_at_the_traffics_rates_and_moves_to_its_own():
+    prior = [0.9, 0.6, 0.3]
+    assert blend(AcceptCounts(), prior, 8.0) == prior  # no evidence yet
+    own = AcceptCounts()
+    for _ in range(8):
+        own.add(3, 0)  # draft 1 rejected every time: drafts 2 and 3 never reached
+    rates = blend(own, prior, 8.0)
+    assert rates[0] == pytest.approx((0 + 8 * 0.9) / (8 + 8))  # its 8 cycles weigh as much as the prior
+    assert rates[1:] == prior[1:]  # nothing reached there: the traffic's rates still
+    assert own.reached == [8, 0, 0] and own.accepted == [0, 0, 0]
+
+
+def test_rows_that_reject_their_drafts_decode_plainly_on_traffic_that_accepts():
+    """The traffic's rates follow a change of prompt kind only over ~2000 row-cycles; the
+    rows' own evidence moves the choice at once (chat served right after arithmetic)."""
+    one, four = Plan(1), Plan(4)
+    c = BlockController(candidates=(one, four), warmup=1, explore_share=0.0)
+    c.observe(4, one, 0.040, [])
+    for _ in range(200):  # arithmetic: three drafts of three accepted
+        c.observe(4, four, 0.080, [(3, 3)] * 4)
+    assert c.choose(4) == four  # 16 tokens in 80 ms against 4 in 40
+    chat = []
+    for _ in range(4):
+        e = AcceptCounts()
+        for _ in range(40):  # draft 1 rate (0 + 8 * 1.0) / (40 + 8): 1.5 tokens a cycle
+            e.add(3, 0)
+        chat.append(e)
+    assert c.choose(4, evidence=chat) == one
+    # two of four rows still arithmetic-like: the batch is still worth speculating on
+    sure = AcceptCounts()
+    for _ in range(12):
+        sure.add(3, 3)
+    assert c.choose(4, evidence=[sure, sure, *chat[:2]]) == four
+    assert c.choose(4, evidence=chat[:1]) == four  # the rows beyond the evidence: traffic rates

@@ -99,10 +99,28 @@ def test_the_controller_plans_for_requests_still_prefilling(tiny_models):
     engine = make_engine(tiny_models, Mode.SYNC, adaptive=True, prefill_chunk=4)
     asked = []
     choose = engine.controller.choose
-    engine.controller.choose = lambda batch, max_block=None: asked.append(batch) or choose(batch, max_block)
+    engine.controller.choose = (lambda batch, max_block=None, evidence=():
+                                asked.append((batch, len(evidence)))
+                                or choose(batch, max_block, evidence))
     engine.submit(GenerationRequest("a", [5, 6, 7], SamplingParams(max_new_tokens=12)))
     engine.step()  # prefill a
     engine.step()  # a decodes alone
     engine.submit(GenerationRequest("b", list(range(3, 23)), SamplingParams(max_new_tokens=4)))
     engine.step()  # b's first chunk, then a's cycle: b is joining
-    assert asked == [1, 2]
+    assert asked == [(1, 1), (2, 1)]  # a's own acceptance counts; b has none yet
+
+
+def test_each_row_brings_its_own_acceptance_to_the_controller(tiny_models):
+    """Every cycle that put drafts to the test adds to the row's own counts, which the
+    controller reads with the traffic's rates as their prior (engine/adaptive.py blend)."""
+    engine = make_engine(tiny_models, Mode.SYNC, block=4, adaptive=True)
+    seen, choose = [], engine.controller.choose
+    engine.controller.choose = (lambda batch, max_block=None, evidence=():
+                                seen.extend(evidence) or choose(batch, max_block, evidence))
+    cycles = []
+    engine.cycle_listeners.append(lambda rid, c: cycles.append((c.num_drafts, c.num_accepted)))
+    generate(engine, [[5, 6, 7]], SamplingParams(max_new_tokens=20))
+    (counts,) = {id(e): e for e in seen}.values()  # one request, one record
+    tested = [(g, n) for g, n in cycles if g > 0]
+    assert tested and counts.reached[0] == len(tested)
+    assert counts.accepted[0] == sum(n > 0 for _, n in tested)

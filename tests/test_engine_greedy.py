@@ -164,7 +164,7 @@ def test_growing_block_after_a_hit_redrafts_without_faults(tiny_models):
     eng = make_engine(tiny_models, Mode.ASYNC, block=8, policy=BranchPolicy.ALL)
     OracleDrafter(eng, hf)
 
-    def grow_after_small_hits(batch: int, joining: int = 0) -> Plan:
+    def grow_after_small_hits(batch: int, joining: int = 0, evidence=()) -> Plan:
         last = eng.timeline.cycles[-1] if eng.timeline.cycles else None
         return Plan(8 if last is not None and last.block == 4 and last.hits else 4, True)
 

@@ -68,6 +68,40 @@ def expected_tokens(accept_rates: list[float], block: int) -> float:
     return total
 
 
+def count_cycle(reached: list[float], accepted: list[float], tested: int, n: int) -> None:
+    """One row-cycle that put `tested` drafts to the test and accepted the first `n`: drafts
+    1..n were reached and accepted, draft n+1 (if tested) reached and rejected."""
+    _grow(reached, tested)
+    _grow(accepted, tested)
+    for i in range(min(tested, n + 1)):
+        reached[i] += 1
+        accepted[i] += i < n
+
+
+@dataclass
+class AcceptCounts:
+    """One request's own acceptance evidence (engine/sequence.py): [i] the cycles that put
+    draft i+1 to the test after accepting drafts 1..i, and those that accepted it."""
+
+    reached: list[float] = field(default_factory=list)
+    accepted: list[float] = field(default_factory=list)
+
+    def add(self, tested: int, n: int) -> None:
+        count_cycle(self.reached, self.accepted, tested, n)
+
+
+def blend(own: AcceptCounts, prior: list[float], weight: float) -> list[float]:
+    """A request's acceptance rates: its own counts, with the served traffic's rates (`prior`)
+    worth `weight` cycles, so a new request starts at the traffic's rates and one that has
+    shown its kind (a chat turn among arithmetic) moves to its own within a few cycles."""
+    out = []
+    for i, p in enumerate(prior):
+        a = own.accepted[i] if i < len(own.accepted) else 0.0
+        r = own.reached[i] if i < len(own.reached) else 0.0
+        out.append((a + weight * p) / (r + weight))
+    return out
+
+
 @dataclass
 class BlockController:
     candidates: tuple[Plan, ...]  # Plan(1) = target only
@@ -113,6 +147,11 @@ class BlockController:
     prior: tuple[float, ...] = ()
     prior_weight: float = 8.0  # cycles' worth of evidence the prior counts for
     margin: float = 0.1  # the share by which speculation must beat plain decoding (half to stay)
+    # Each row's expected tokens come from its own acceptance (`evidence` in `choose`), with
+    # the traffic's rates worth this many of its cycles: the traffic's rates follow a change
+    # of prompt kind only over about `window` row-cycles (measured at concurrency 4: MT-Bench
+    # served right after GSM8K ran block 4 at 0.87x of plain decoding on GSM8K's rates).
+    row_weight: float = 8.0
     last: Plan | None = None  # the last plan chosen on the estimates (not warm-up, not re-measuring)
 
     def accept_rates(self) -> list[float]:
@@ -129,12 +168,15 @@ class BlockController:
             return (a + self.prior_weight * self.prior[i]) / (r + self.prior_weight)
         return (a + 1) / (r + 2)
 
-    def choose(self, batch: int, max_block: int | None = None) -> Plan:
-        """max_block: the largest block allowed at this batch size (the verify-token budget)."""
+    def choose(self, batch: int, max_block: int | None = None,
+               evidence: tuple[AcceptCounts, ...] | list[AcceptCounts] = ()) -> Plan:
+        """max_block: the largest block allowed at this batch size (the verify-token budget).
+        evidence: the decoding rows' own acceptance counts (rows beyond them, e.g. joining
+        requests, count at the traffic's rates)."""
         allowed = self.allowed(max_block)
         rows, batch = batch, bucket(batch)
         self.cycles += 1
-        est = self._estimates(batch, allowed, rows)
+        est = self._estimates(batch, allowed, rows, evidence)
         young = [p for p in allowed if self._warming(batch, p, est)]
         if young:
             return young[0]
@@ -163,17 +205,20 @@ class BlockController:
         """The candidates whose block fits in `max_block` tokens per row (plain always does)."""
         return [p for p in self.candidates if max_block is None or p.block <= max(1, max_block)]
 
-    def _estimates(self, batch: int, plans: list[Plan],
-                   rows: int | None = None) -> dict[Plan, tuple[float, float]]:
+    def _estimates(self, batch: int, plans: list[Plan], rows: int | None = None,
+                   evidence=()) -> dict[Plan, tuple[float, float]]:
         """plan -> (cycle seconds, tokens/s) for `rows` requests (default: the bucket's size)
-        for the plans with an estimate at this bucket, computed once per cycle (the acceptance
-        rates are shared by all plans)."""
+        for the plans with an estimate at this bucket, computed once per cycle (the rows'
+        acceptance rates are shared by all plans)."""
         rates, est, rows = self.accept_rates(), {}, rows or batch
+        own = [blend(e, rates, self.row_weight) for e in list(evidence)[:rows]]
         for p in plans:
             seconds = self._time(batch, p)
             if seconds is not None:
                 seconds = self._within(batch, p, rows, seconds)
-                est[p] = (seconds, throughput(rows, rates, p.block, seconds))
+                tokens = (sum(expected_tokens(r, p.block) for r in own)
+                          + (rows - len(own)) * expected_tokens(rates, p.block))
+                est[p] = (seconds, tokens / seconds)
         return est
 
     def _within(self, batch: int, plan: Plan, rows: int, seconds: float) -> float:
@@ -289,11 +334,7 @@ class BlockController:
         self.reached[:] = [r * keep for r in self.reached]
         self.accepted[:] = [a * keep for a in self.accepted]
         for g, n in tested:
-            _grow(self.reached, g)
-            _grow(self.accepted, g)
-            for i in range(min(g, n + 1)):  # drafts 1..n accepted, draft n+1 rejected
-                self.reached[i] += 1
-                self.accepted[i] += i < n
+            count_cycle(self.reached, self.accepted, g, n)
 
     def snapshot(self) -> list[tuple[int, Plan, float, float]]:
         """(bucket, plan, cycle seconds, tokens/s at the bucket's size) of every measured

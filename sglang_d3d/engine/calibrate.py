@@ -61,7 +61,7 @@ class _Scripted:
     def switch(self, plan: Plan) -> None:
         self.plan, self.skip = plan, 1
 
-    def choose(self, batch: int, max_block: int | None = None) -> Plan:
+    def choose(self, batch: int, max_block: int | None = None, evidence=()) -> Plan:
         return self.plan
 
     def observe(self, batch: int, plan: Plan, seconds: float, per_row) -> None:

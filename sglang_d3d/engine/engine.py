@@ -151,22 +151,24 @@ class SpecEngine:
             events.extend(self._prefill_step(prefilling, budget))
             started = any(not s.in_prefill for s in prefilling)
         if rows and not started:  # new first tokens go out now; decoding resumes next step
-            events.extend(self._cycle(rows, self.plan(len(rows), joining=len(prefilling))))
+            plan = self.plan(len(rows), len(prefilling), [s.accept for s in rows])
+            events.extend(self._cycle(rows, plan))
         for seq in [s for s in self.scheduler.running if s.finish_reason is not None]:
             self._free(seq)
         return events
 
-    def plan(self, batch: int, joining: int = 0) -> Plan:
+    def plan(self, batch: int, joining: int = 0, evidence=()) -> Plan:
         """This cycle's block size (1: target-only decoding) and whether to pre-draft. Without
         the adaptive controller the block shrinks as the batch grows, so that one verify pass
         stays within the token budget. The controller plans for the batch about to decode:
         `joining` requests are still prefilling and decode from the next cycles on, so a
-        batch that is short for one cycle is not worth switching plans for."""
+        batch that is short for one cycle is not worth switching plans for. `evidence`: the
+        decoding rows' own acceptance counts (Sequence.accept)."""
         if self.drafting is None:
             return Plan(1)
         budget = self.cfg.verify_token_budget // batch  # tokens per row in one verify pass
         if self.controller is not None:
-            return self.controller.choose(batch + joining, budget)
+            return self.controller.choose(batch + joining, budget, evidence)
         block = min(self.cfg.spec.block_size, budget)
         if block < self.cfg.min_block_size:
             return Plan(1)
@@ -255,6 +257,9 @@ class SpecEngine:
         self.timeline.add(times)
         if self.controller is not None:
             self.controller.observe(len(rows), plan, times.end, self._tested(plan, outcomes))
+            for s, o in zip(rows, outcomes, strict=True):
+                if o.stats:
+                    s.accept.add(*self._tested_one(plan, o))
         self.plan_listeners.notify(len(rows), plan, times.end)
         return [self._settle(s, o) for s, o in zip(rows, outcomes, strict=True)]
 
@@ -264,9 +269,12 @@ class SpecEngine:
         block (`draft_cutoff`) leaves its unsure drafts out; counting the block's missing
         drafts as rejected folds that into the rates, so the controller's expected tokens per
         cycle of the plan stay right."""
+        return [self._tested_one(plan, o) for o in outcomes if o.stats]
+
+    def _tested_one(self, plan: Plan, o: Outcome) -> tuple[int, int]:
         short = plan.block > 1 and (isinstance(self.drafting, FusedDrafting) or self.draft_cutoff > 0)
-        return [(max(o.stats.num_drafts, plan.block - 1) if short else o.stats.num_drafts,
-                 o.stats.num_accepted) for o in outcomes if o.stats]
+        return (max(o.stats.num_drafts, plan.block - 1) if short else o.stats.num_drafts,
+                o.stats.num_accepted)
 
     def _verify(self, rows: list[Sequence], tokens: torch.Tensor, proposals: list,
                 threads: int) -> list[Verdict]:

@@ -7,6 +7,7 @@ import time
 from dataclasses import dataclass, field
 
 from sglang_d3d.api import GenerationRequest
+from sglang_d3d.engine.adaptive import AcceptCounts
 from sglang_d3d.speculative.sampling import RequestRandom
 from sglang_d3d.speculative.stats import RequestStats
 
@@ -21,6 +22,7 @@ class Sequence:
     prefill_start: float = 0.0  # perf_counter when its first chunk ran
     generator: RequestRandom | None = None  # per-device seeded streams (speculative/sampling.py)
     stats: RequestStats = field(default_factory=RequestStats)
+    accept: AcceptCounts = field(default_factory=AcceptCounts)  # for the adaptive controller
     submit_time: float = field(default_factory=time.monotonic)
     finish_reason: str | None = None
 

@@ -29,8 +29,10 @@ from sglang_d3d.prompts import chat_ids, load_questions
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_engine_args(p, adaptive=True)
-    p.add_argument("--dataset", default="gsm8k")
-    p.add_argument("--num-prompts", type=int, default=16)
+    p.add_argument("--dataset", default="gsm8k",
+                   help="one, or several comma-separated, served one after another (gsm8k,"
+                        "mt_bench: a change of prompt kind)")
+    p.add_argument("--num-prompts", type=int, default=16, help="per dataset")
     p.add_argument("--concurrency", type=int, default=1)
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--also-min-explore", type=float, nargs="*", default=[],
@@ -38,11 +40,14 @@ def main() -> None:
                         "(1.0: every losing plan keeps its whole re-measurement share)")
     p.add_argument("--also-draft-weights", nargs="*", default=[], choices=list(DRAFT_WEIGHTS),
                    help="more async engines, each with these drafter weights (int8, full)")
+    p.add_argument("--also-row-weight", type=float, nargs="*", default=[],
+                   help="more async engines, each with this controller row_weight (1e12: "
+                        "every row at the traffic's acceptance rates, its own counts unused)")
     a = p.parse_args()
     if a.concurrency < 1 or a.num_prompts < 1:
         p.error("--concurrency and --num-prompts must be at least 1")
-    if a.also_min_explore and not a.adaptive:
-        p.error("--also-min-explore compares controllers: it needs --adaptive")
+    if (a.also_min_explore or a.also_row_weight) and not a.adaptive:
+        p.error("--also-min-explore and --also-row-weight compare controllers: they need --adaptive")
     target, drafter, tok = load_models(engine_config(a, "async"))
     engines = {"ar": SpecEngine(engine_config(a, "ar"), target, None),
                "async": SpecEngine(engine_config(a, "async"), target, drafter)}
@@ -50,10 +55,15 @@ def main() -> None:
         e = SpecEngine(engine_config(a, "async"), target, drafter)
         e.controller.min_explore = m
         engines[f"async(min_explore={m})"] = e
+    for w in a.also_row_weight:
+        e = SpecEngine(engine_config(a, "async"), target, drafter)
+        e.controller.row_weight = w
+        engines[f"async(row_weight={w:g})"] = e
     for w in a.also_draft_weights:
         cfg = dataclasses.replace(engine_config(a, "async"), draft_weights=w)
         engines[f"async({w})"] = SpecEngine(cfg, target, drafter)
-    prompts = [chat_ids(tok, q) for q in load_questions(a.dataset, a.num_prompts)]
+    prompts = [chat_ids(tok, q) for d in a.dataset.split(",")
+               for q in load_questions(d, a.num_prompts)]
     params = SamplingParams(max_new_tokens=a.max_new_tokens, stop_token_ids=(tok.eos_token_id,))
     generate(engines["ar"], prompts[:1], SamplingParams(max_new_tokens=8))  # first-call costs
     for name in [n for n in engines if n != "ar"] if a.calibrate else []:

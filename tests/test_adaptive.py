@@ -11,6 +11,7 @@ from sglang_d3d.engine.adaptive import (
     blend,
     bucket,
     estimate_noise,
+    expected_curve,
     expected_tokens,
     explore_weight,
 )
@@ -372,3 +373,12 @@ def test_rows_that_reject_their_drafts_decode_plainly_on_traffic_that_accepts():
         sure.add(3, 3)
     assert c.choose(4, evidence=[sure, sure, *chat[:2]]) == four
     assert c.choose(4, evidence=chat[:1]) == four  # the rows beyond the evidence: traffic rates
+
+
+def test_one_curve_gives_every_blocks_expected_tokens():
+    rates = [0.9, 0.6, 0.3]
+    curve = expected_curve(rates, 6)
+    assert len(curve) == 7
+    for b in range(1, 7):  # past the known rates the last one repeats, as expected_tokens does
+        assert curve[b] == pytest.approx(expected_tokens(rates, b))
+    assert expected_curve([], 3)[1:] == [1.0, 1.0, 1.0]

@@ -61,11 +61,23 @@ def throughput(rows: int, accept_rates: list[float], block: int, seconds: float)
 
 def expected_tokens(accept_rates: list[float], block: int) -> float:
     """Tokens per row-cycle for `block` (B-1 drafts): 1 + sum of P(first i drafts accepted)."""
-    total, run = 1.0, 1.0
-    for i in range(block - 1):
+    return expected_curve(accept_rates, block)[block]
+
+
+def expected_curve(accept_rates: list[float], top: int) -> list[float]:
+    """[b] = expected_tokens(accept_rates, b) for every block b in 1..top ([0] unused), in one
+    pass: the controller scores every plan of a cycle from one curve per row."""
+    curve, total, run = [0.0, 1.0], 1.0, 1.0
+    for i in range(top - 1):
         run *= accept_rates[i] if i < len(accept_rates) else (accept_rates[-1] if accept_rates else 0.0)
         total += run
-    return total
+        curve.append(total)
+    return curve[: top + 1]
+
+
+def smoothed(accepted: float, reached: float, prior: float, weight: float) -> float:
+    """An acceptance rate from counts, with `prior` worth `weight` cycles of evidence."""
+    return (accepted + weight * prior) / (reached + weight)
 
 
 def count_cycle(reached: list[float], accepted: list[float], tested: int, n: int) -> None:
@@ -94,12 +106,9 @@ def blend(own: AcceptCounts, prior: list[float], weight: float) -> list[float]:
     """A request's acceptance rates: its own counts, with the served traffic's rates (`prior`)
     worth `weight` cycles, so a new request starts at the traffic's rates and one that has
     shown its kind (a chat turn among arithmetic) moves to its own within a few cycles."""
-    out = []
-    for i, p in enumerate(prior):
-        a = own.accepted[i] if i < len(own.accepted) else 0.0
-        r = own.reached[i] if i < len(own.reached) else 0.0
-        out.append((a + weight * p) / (r + weight))
-    return out
+    return [smoothed(own.accepted[i] if i < len(own.accepted) else 0.0,
+                     own.reached[i] if i < len(own.reached) else 0.0, p, weight)
+            for i, p in enumerate(prior)]
 
 
 @dataclass
@@ -165,8 +174,8 @@ class BlockController:
         a = self.accepted[i] if i < len(self.accepted) else 0
         r = self.reached[i] if i < len(self.reached) else 0
         if i < len(self.prior):
-            return (a + self.prior_weight * self.prior[i]) / (r + self.prior_weight)
-        return (a + 1) / (r + 2)
+            return smoothed(a, r, self.prior[i], self.prior_weight)
+        return smoothed(a, r, 0.5, 2.0)
 
     def choose(self, batch: int, max_block: int | None = None,
                evidence: tuple[AcceptCounts, ...] | list[AcceptCounts] = ()) -> Plan:
@@ -211,15 +220,24 @@ class BlockController:
         for the plans with an estimate at this bucket, computed once per cycle (the rows'
         acceptance rates are shared by all plans)."""
         rates, est, rows = self.accept_rates(), {}, rows or batch
-        own = [blend(e, rates, self.row_weight) for e in list(evidence)[:rows]]
+        tokens = self._batch_tokens(rates, list(evidence)[:rows], rows,
+                                    max((p.block for p in plans), default=1))
         for p in plans:
             seconds = self._time(batch, p)
             if seconds is not None:
                 seconds = self._within(batch, p, rows, seconds)
-                tokens = (sum(expected_tokens(r, p.block) for r in own)
-                          + (rows - len(own)) * expected_tokens(rates, p.block))
-                est[p] = (seconds, tokens / seconds)
+                est[p] = (seconds, tokens[p.block] / seconds)
         return est
+
+    def _batch_tokens(self, rates: list[float], evidence: list[AcceptCounts], rows: int,
+                      top: int) -> list[float]:
+        """[b] = tokens a cycle of block b yields for the batch: one curve per row with
+        evidence of its own, the traffic's curve for the rest (rows that have put no draft
+        to the test yet would blend to the traffic's rates anyway)."""
+        own = [expected_curve(blend(e, rates, self.row_weight), top) for e in evidence if e.reached]
+        base = expected_curve(rates, top)
+        rest = rows - len(own)
+        return [sum(c[b] for c in own) + rest * base[b] for b in range(top + 1)]
 
     def _within(self, batch: int, plan: Plan, rows: int, seconds: float) -> float:
         """The bucket's time moved to `rows` requests, where the next bucket up has its own

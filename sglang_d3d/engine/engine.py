@@ -256,10 +256,10 @@ class SpecEngine:
         times = outcomes[0].times
         self.timeline.add(times)
         if self.controller is not None:
-            self.controller.observe(len(rows), plan, times.end, self._tested(plan, outcomes))
-            for s, o in zip(rows, outcomes, strict=True):
-                if o.stats:
-                    s.accept.add(*self._tested_one(plan, o))
+            tested = self._tested(plan, outcomes)
+            self.controller.observe(len(rows), plan, times.end, tested)
+            for s, t in zip([s for s, o in zip(rows, outcomes) if o.stats], tested, strict=True):
+                s.accept.add(*t)
         self.plan_listeners.notify(len(rows), plan, times.end)
         return [self._settle(s, o) for s, o in zip(rows, outcomes, strict=True)]
 
@@ -269,12 +269,9 @@ class SpecEngine:
         block (`draft_cutoff`) leaves its unsure drafts out; counting the block's missing
         drafts as rejected folds that into the rates, so the controller's expected tokens per
         cycle of the plan stay right."""
-        return [self._tested_one(plan, o) for o in outcomes if o.stats]
-
-    def _tested_one(self, plan: Plan, o: Outcome) -> tuple[int, int]:
         short = plan.block > 1 and (isinstance(self.drafting, FusedDrafting) or self.draft_cutoff > 0)
-        return (max(o.stats.num_drafts, plan.block - 1) if short else o.stats.num_drafts,
-                o.stats.num_accepted)
+        return [(max(o.stats.num_drafts, plan.block - 1) if short else o.stats.num_drafts,
+                 o.stats.num_accepted) for o in outcomes if o.stats]
 
     def _verify(self, rows: list[Sequence], tokens: torch.Tensor, proposals: list,
                 threads: int) -> list[Verdict]:

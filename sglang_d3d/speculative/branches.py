@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from sglang_d3d.config import BranchPolicy
+from sglang_d3d.speculative.draft_length import draft_confidences
 
 
 @dataclass(frozen=True)
@@ -36,7 +37,7 @@ def enumerate_outcomes(
     g = len(draft)
     top_p, top_i = slot_probs.float().topk(min(guesses + 1, slot_probs.shape[-1]), dim=-1)
     top_p, top_i = top_p.tolist(), top_i.tolist()
-    keep = [float(slot_probs[j, draft[j]]) for j in range(g)]
+    keep = draft_confidences(draft, slot_probs)  # a_j = q_j(d_j)
     out: list[Branch] = []
     prefix = 1.0  # a_1 ... a_n
     for n in range(g + 1):

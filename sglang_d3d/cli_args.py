@@ -47,11 +47,19 @@ def add_engine_args(
                    help="the drafter's weights on CPU: int8 (a quarter of the bytes per pass; "
                    "the target stays full precision), full, or auto: int8 where the drafter "
                    "runs on a CPU in float32")
-    g.add_argument("--draft-cutoff", type=float, default=EngineConfig.draft_cutoff,
+    g.add_argument("--draft-cutoff", type=_cutoff, default=EngineConfig.draft_cutoff,
                    help="sync/async: verify a row's leading drafts while the product of the "
                    "drafter's probabilities of them stays at or above this (0: whole blocks; "
                    f"default {EngineConfig.draft_cutoff}); outputs do not change")
     g.add_argument("--threads", type=int, default=None, help="CPU threads in all (default: all cores)")
+
+
+def _cutoff(text: str) -> float:
+    """--draft-cutoff: a probability in [0, 1), refused as a usage error otherwise."""
+    value = float(text)
+    if not 0 <= value < 1:
+        raise argparse.ArgumentTypeError(f"must be in [0, 1), not {value}")
+    return value
 
 
 def split_threads(mode: Mode, total: int | None) -> tuple[int, int]:

@@ -76,6 +76,8 @@ def test_bench_mode_names(tiny_pair_dir):
     assert mode_config(args, "sync-cut0.05-full@8").draft_cutoff == 0.05
     with pytest.raises(ValueError, match="draft_cutoff"):
         mode_config(args, "sync-cut1@8")
+    with pytest.raises(SystemExit):  # a usage error, not a traceback
+        p.parse_args(_engine_flags(tiny_pair_dir) + ["--draft-cutoff", "2"])
     for bad in ("async-fast", "sync@x", "sync-int4", "sync-int8-full", "sync-cutx", "sync-cut0-cut1"):
         with pytest.raises(ValueError, match="unknown mode"):
             mode_config(args, bad)

@@ -49,6 +49,9 @@ class ServerConfig:
         if self.backend is Backend.SGLANG and self.engine.draft_weights == "int8":
             raise ValueError("--draft-weights int8 is for the embedded backend on CPU: "
                              "SGLang's worker drafts on the GPU")
+        if self.backend is Backend.SGLANG and self.engine.tree_nodes:
+            raise ValueError("--tree-nodes is for the embedded backend: SGLang's worker "
+                             "verifies chains")
         if self.metrics_need_key and not self.api_keys:
             raise ValueError("--metrics-need-key needs an API key (--api-key or D3D_API_KEY)")
 

@@ -28,13 +28,14 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
     p.set_defaults(calibrate=True)  # adaptive modes start calibrated, as the server's does
     p.add_argument("--dataset", default="gsm8k", help="gsm8k | mt_bench | FILE.jsonl")
     p.add_argument("--num-prompts", type=int, default=20)
-    p.add_argument("--modes", default="ar,sync,async",
+    p.add_argument("--modes", type=mode_list, default="ar,sync,async",
                    help="comma-separated: ar, sync, async, fused; an '@B' suffix sets the block "
                    "size of that mode (fused@4); a '-adaptive' suffix (sync-adaptive, "
                    "async-adaptive) runs that mode under the adaptive controller, which falls "
                    "back to plain decoding where speculation measures slower; '-int8' or "
                    "'-full' (sync-full@8) sets the drafter's weights for that mode; '-cut<X>' "
-                   "(sync-cut0.1@8) sets that mode's --draft-cutoff (cut0: whole blocks)")
+                   "(sync-cut0.1@8) sets that mode's --draft-cutoff (cut0: whole blocks); '-tree<N>' "
+                   "(sync-tree7@5) its --tree-nodes (tree0: chains)")
     p.add_argument("--max-new-tokens", type=int, default=256)
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--out", default=None, help="save the results as JSON here")
@@ -42,7 +43,7 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
 
 
 def run_bench(args: argparse.Namespace) -> int:
-    modes = args.modes.split(",")
+    modes = args.modes
     cfgs = {m: mode_config(args, m) for m in modes}
     target, drafter, tok = load_models(cfgs[modes[-1]])
     engines = {m: SpecEngine(c, target, drafter if c.mode is not Mode.AR else None)
@@ -70,29 +71,72 @@ def run_bench(args: argparse.Namespace) -> int:
     return 0 if report["greedy_identical"] in (True, None) else 1
 
 
-def mode_config(args: argparse.Namespace, name: str):
-    """'async' -> the engine config for async; 'async-adaptive' -> the same with the adaptive
-    controller on (whatever --adaptive says for the plain names); '-int8' / '-full' set the
-    drafter's weights (whatever --draft-weights says); '-cut<X>' sets the draft cutoff
-    (whatever --draft-cutoff says; 'cut0': whole blocks); an '@B' suffix ('fused@4',
-    'sync-adaptive@8') sets that mode's block size, so modes can run side by side each at
-    its own best block or weights."""
-    name, _, block = name.partition("@")
-    base, *suffixes = name.split("-")
+@dataclasses.dataclass(frozen=True)
+class ModeName:
+    """One `--modes` entry, parsed: 'async-adaptive-cut0.05@8'."""
+
+    name: str
+    base: Mode
+    adaptive: bool = False
+    weights: str | None = None  # 'int8' | 'full' | None (whatever --draft-weights says)
+    cutoff: float | None = None  # None: whatever --draft-cutoff says
+    tree_nodes: int | None = None  # None: whatever --tree-nodes says
+    block: int | None = None  # None: whatever --block-size says
+
+
+def parse_mode(name: str) -> ModeName:
+    """'async' -> async; '-adaptive' turns the adaptive controller on (whatever --adaptive
+    says for the plain names); '-int8' / '-full' set the drafter's weights; '-cut<X>' sets
+    the draft cutoff ('cut0': whole blocks); '-tree<N>' the tree size ('tree0': chains); an
+    '@B' suffix ('fused@4', 'sync-adaptive@8') sets the block size, so modes run side by side
+    each at its own best block or weights.
+    Raises ValueError naming the accepted forms."""
+    stem, _, block = name.partition("@")
+    base, *suffixes = stem.split("-")
     cuts = [_cutoff(x) for x in suffixes if x.startswith("cut")]
-    suffixes = [x for x in suffixes if not x.startswith("cut")]
-    if (not set(suffixes) <= {"adaptive", "int8", "full"} or {"int8", "full"} <= set(suffixes)
-            or None in cuts or len(cuts) > 1 or (block and not block.isdigit())):
-        raise ValueError(f"unknown mode {name!r}: use ar, sync, async, fused, optionally "
-                         "with -adaptive, -int8 or -full, -cut<X>, then @<block size>")
-    cfg = engine_config(args, Mode(base).value)
-    if block:
-        cfg = dataclasses.replace(cfg, spec=dataclasses.replace(cfg.spec, block_size=int(block)))
-    for weights in {"int8", "full"} & set(suffixes):  # at most one
-        cfg = dataclasses.replace(cfg, draft_weights=weights)
-    if cuts:
-        cfg = dataclasses.replace(cfg, draft_cutoff=cuts[0])
-    return dataclasses.replace(cfg, adaptive=True) if "adaptive" in suffixes else cfg
+    trees = [x.removeprefix("tree") for x in suffixes if x.startswith("tree")]
+    rest = [x for x in suffixes if not x.startswith(("cut", "tree"))]
+    weights = [x for x in rest if x in ("int8", "full")]
+    if (base not in {m.value for m in Mode} or not set(rest) <= {"adaptive", "int8", "full"}
+            or len(weights) > 1 or None in cuts or len(cuts) > 1
+            or len(trees) > 1 or not all(t.isdigit() for t in trees)
+            or (block and not (block.isdigit() and int(block) >= 1))):
+        raise ValueError(f"unknown mode {name!r}: use ar, sync, async or fused, optionally "
+                         "with -adaptive, -int8 or -full, -cut<X>, -tree<N>, then @<block size>")
+    if cuts and not 0.0 <= cuts[0] < 1.0:
+        raise ValueError(f"mode {name!r}: the draft cutoff must be in [0, 1)")
+    return ModeName(name, Mode(base), "adaptive" in rest, (weights or [None])[0],
+                    cuts[0] if cuts else None, int(trees[0]) if trees else None,
+                    int(block) if block else None)
+
+
+def mode_list(text: str) -> list[str]:
+    """The `--modes` argparse type: a misspelt mode is a usage error, not a traceback after
+    the models have loaded."""
+    names = [m.strip() for m in text.split(",") if m.strip()]
+    try:
+        for m in names:
+            parse_mode(m)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    if not names:
+        raise argparse.ArgumentTypeError("no modes given")
+    return names
+
+
+def mode_config(args: argparse.Namespace, name: str):
+    """The engine config for one `--modes` entry (`parse_mode`)."""
+    m = parse_mode(name)
+    cfg = engine_config(args, m.base.value)
+    if m.block is not None:
+        cfg = dataclasses.replace(cfg, spec=dataclasses.replace(cfg.spec, block_size=m.block))
+    if m.weights is not None:
+        cfg = dataclasses.replace(cfg, draft_weights=m.weights)
+    if m.cutoff is not None:
+        cfg = dataclasses.replace(cfg, draft_cutoff=m.cutoff)
+    if m.tree_nodes is not None:
+        cfg = dataclasses.replace(cfg, tree_nodes=m.tree_nodes)
+    return dataclasses.replace(cfg, adaptive=True) if m.adaptive else cfg
 
 
 def _cutoff(suffix: str) -> float | None:

@@ -128,10 +128,16 @@ class EngineConfig:
     # of 4, and a verify pass of up to about 4 tokens costs what one token's does, so cutting
     # below that loses tokens and saves nothing (benchmarks/results/README.md, sitting 10).
     draft_cutoff: float = 0.0
+    # sync/async, greedy rows, cycles without pre-drafting: verify a tree of this many draft
+    # tokens (the drafter's likeliest paths, several guesses per position) instead of a chain
+    # of block_size - 1 (speculative/tree.py); 0: chains. Exact either way.
+    tree_nodes: int = 0
 
     def __post_init__(self) -> None:
         if not 0 <= self.draft_cutoff < 1:
             raise ValueError(f"draft_cutoff must be in [0, 1), not {self.draft_cutoff}")
+        if self.tree_nodes < 0:
+            raise ValueError(f"tree_nodes must be >= 0, not {self.tree_nodes}")
         if self.max_batch_size < 1 or self.max_context < 8:
             raise ValueError("max_batch_size >= 1 and max_context >= 8 required")
         if self.prefill_chunk < 1 or self.max_prefill_tokens < self.prefill_chunk:

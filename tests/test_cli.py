@@ -74,13 +74,38 @@ def test_bench_mode_names(tiny_pair_dir):
     assert mode_config(cut, "sync@8").draft_cutoff == 0.2
     assert mode_config(cut, "async-adaptive-cut0@8").draft_cutoff == 0.0
     assert mode_config(args, "sync-cut0.05-full@8").draft_cutoff == 0.05
-    with pytest.raises(ValueError, match="draft_cutoff"):
+    with pytest.raises(ValueError, match=r"cutoff must be in \[0, 1\)"):
         mode_config(args, "sync-cut1@8")
     with pytest.raises(SystemExit):  # a usage error, not a traceback
         p.parse_args(_engine_flags(tiny_pair_dir) + ["--draft-cutoff", "2"])
-    for bad in ("async-fast", "sync@x", "sync-int4", "sync-int8-full", "sync-cutx", "sync-cut0-cut1"):
+    for bad in ("async-fast", "sync@x", "sync-int4", "sync-int8-full", "sync-cutx", "sync-cut0-cut1",
+                "turbo", "sync@0", "int8"):
         with pytest.raises(ValueError, match="unknown mode"):
             mode_config(args, bad)
+
+
+def test_bench_bad_mode_is_a_usage_error(tiny_pair_dir, capsys):
+    """A misspelt mode stops at argument parsing with the accepted forms, before any model
+    loads (it was a traceback from Mode() after loading)."""
+    with pytest.raises(SystemExit) as e:
+        main(["bench"] + _engine_flags(tiny_pair_dir) + ["--modes", "ar,asynch"])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert "unknown mode 'asynch'" in err and "@<block size>" in err
+    with pytest.raises(SystemExit):
+        main(["bench"] + _engine_flags(tiny_pair_dir) + ["--modes", "sync-cut1.5"])
+    assert "cutoff must be in [0, 1)" in capsys.readouterr().err
+
+
+def test_parse_mode():
+    from sglang_d3d.bench import mode_list, parse_mode
+    from sglang_d3d.config import Mode
+
+    m = parse_mode("async-adaptive-cut0.05-int8@8")
+    assert (m.base, m.adaptive, m.weights, m.cutoff, m.block) == (Mode.ASYNC, True, "int8", 0.05, 8)
+    assert parse_mode("ar") == parse_mode("ar")
+    assert (parse_mode("ar").block, parse_mode("ar").cutoff, parse_mode("ar").weights) == (None,) * 3
+    assert mode_list("ar, sync@8,") == ["ar", "sync@8"]
 
 
 def test_bad_dataset_row_is_reported(tmp_path):

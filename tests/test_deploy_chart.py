@@ -131,6 +131,14 @@ def test_cpu_profile_requests_no_gpu(chart):
     assert parse_args(c["args"][1:]).engine.draft_weights == "int8"
     defaults = server_container(manifests(chart, None))
     assert flag(defaults["args"], "--draft-weights") is None  # the server's own default
+    assert flag(defaults["args"], "--tree-nodes") is None
+
+
+@pytest.mark.parametrize("nodes", [0, 5])
+def test_tree_nodes_reach_the_server(chart, nodes):
+    c = server_container(manifests(chart, {"server": {"treeNodes": nodes}}))
+    assert flag(c["args"], "--tree-nodes") == str(nodes)
+    assert parse_args(c["args"][1:]).engine.tree_nodes == nodes
 
 
 def test_single_gpu_gets_one_gpu_shared_by_drafter(chart):
@@ -316,6 +324,7 @@ BAD_VALUES = {
     "unknown branch policy": {"server": {"spec": {"branchPolicy": "best"}}},
     "bad draft device": {"server": {"draftDevice": "tpu:0"}},
     "unknown draft weights": {"server": {"draftWeights": "int4"}},
+    "negative tree": {"server": {"treeNodes": -1}},
     "unknown top-level key": {"replicas": 3},
     "unknown nested key": {"server": {"blocksize": 8}},
     "pvc without claim": {"models": {"source": "pvc", "target": "t"}},
@@ -347,6 +356,8 @@ def test_schema_refuses_invalid_values(chart, values):
          "fused runs in the embedded backend only"),
         ({"server": {"backend": "sglang", "draftWeights": "int8"}, "gpu": {"count": 1}},
          "draftWeights=int8 is for the embedded backend"),
+        ({"server": {"backend": "sglang", "treeNodes": 5}, "gpu": {"count": 1}},
+         "treeNodes is for the embedded backend"),
         ({"server": {"metricsNeedKey": True}}, "metricsNeedKey needs server.apiKeySecret.name"),
         (
             {"autoscaling": {"enabled": True, "minReplicas": 5, "maxReplicas": 2}},

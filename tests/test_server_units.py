@@ -66,6 +66,16 @@ def test_draft_weights_reach_the_engine_and_int8_is_refused_for_sglang(capsys):
     assert "int8 is for the embedded backend" in capsys.readouterr().err
 
 
+def test_tree_nodes_reach_the_engine_and_are_refused_for_sglang(capsys):
+    assert parse_args([]).engine.tree_nodes == 0
+    assert parse_args(["--tree-nodes", "5"]).engine.tree_nodes == 5
+    with pytest.raises(SystemExit):
+        parse_args(["--tree-nodes", "-1"])
+    with pytest.raises(SystemExit):
+        parse_args(["--backend", "sglang", "--tree-nodes", "5"])
+    assert "--tree-nodes is for the embedded backend" in capsys.readouterr().err
+
+
 # ---- stop strings -----------------------------------------------------------------------------
 
 

@@ -34,6 +34,7 @@ from sglang_d3d.speculative.logprobs import token_logprobs
 from sglang_d3d.speculative.sampling import make_generator, sample, target_probs
 from sglang_d3d.speculative.threads import intra_op_threads
 from sglang_d3d.speculative.timeline import Timeline
+from sglang_d3d.speculative.tree import DraftTree, greedy_tree_accept, path_tokens, tree_inputs
 from sglang_d3d.speculative.verify import verify_draft
 
 
@@ -53,7 +54,8 @@ class SpecEngine:
         slots, block = cfg.max_batch_size, cfg.spec.block_size
         fused = cfg.mode is Mode.FUSED
         scratch = FusedDrafting.scratch(cfg.spec, drafter.cfg.smallest_block) if fused else 0
-        self.target = TargetRunner(target, slots, cfg.max_context + block + 1 + scratch)
+        verify_width = max(block, cfg.tree_nodes + 1)  # a tree may be wider than a block
+        self.target = TargetRunner(target, slots, cfg.max_context + verify_width + 1 + scratch)
         self.drafting: Drafting | FusedDrafting | None = None
         if fused:
             self.drafting = FusedDrafting(FusedRunner(drafter, self.target), cfg.spec)
@@ -75,6 +77,7 @@ class SpecEngine:
         # Calibration times whole blocks (its synthetic text leaves the drafter unsure), so it
         # turns the cutoff off for a while (engine/calibrate.py).
         self.draft_cutoff = cfg.draft_cutoff if self._separate_drafter else 0.0
+        self.tree_nodes = cfg.tree_nodes if self._separate_drafter else 0
         self.controller = None
         if cfg.adaptive:
             # Fused drafts are two-ahead predictions: the drafter's held-out rates are not theirs.
@@ -252,7 +255,7 @@ class SpecEngine:
         else:
             verify = partial(self._verify, threads=self.cfg.target_threads if plan.overlap else alone)
             outcomes = run_cycle(rows, self.drafting, verify, self.executor, plan, self._steps, alone,
-                                 self.draft_cutoff)
+                                 self.draft_cutoff, self.tree_nodes)
         times = outcomes[0].times
         self.timeline.add(times)
         if self.controller is not None:
@@ -269,16 +272,35 @@ class SpecEngine:
         block (`draft_cutoff`) leaves its unsure drafts out; counting the block's missing
         drafts as rejected folds that into the rates, so the controller's expected tokens per
         cycle of the plan stay right."""
-        short = plan.block > 1 and (isinstance(self.drafting, FusedDrafting) or self.draft_cutoff > 0)
+        short = plan.block > 1 and (isinstance(self.drafting, FusedDrafting) or self.draft_cutoff > 0
+                                    or self.tree_nodes > 0)
         return [(max(o.stats.num_drafts, plan.block - 1) if short else o.stats.num_drafts,
                  o.stats.num_accepted) for o in outcomes if o.stats]
 
     def _verify(self, rows: list[Sequence], tokens: torch.Tensor, proposals: list,
-                threads: int) -> list[Verdict]:
-        """tokens [N, B]: the target scores every row's block in one pass."""
+                trees: list[DraftTree] | None = None, *, threads: int) -> list[Verdict]:
+        """tokens [N, B]: the target scores every row's block (a chain, or a token tree) in
+        one pass."""
+        shape = None if trees is None else tree_inputs(trees)
         with intra_op_threads(threads):
-            logits = self.target.forward_block([s.slot for s in rows], tokens)  # [N, B, V]
+            logits = self.target.forward_block([s.slot for s in rows], tokens, shape)  # [N, B, V]
+        if trees is not None:
+            return self._accept_trees(rows, trees, logits)
         return self._accept(rows, tokens[:, 1:].tolist(), proposals, list(logits))
+
+    def _accept_trees(self, rows: list[Sequence], trees: list[DraftTree],
+                      logits: torch.Tensor) -> list[Verdict]:
+        """Greedy rows only (Drafting.trees): each row follows the target's argmax down its
+        tree; the target keeps the accepted path where a chain would have written it."""
+        argmax = logits.argmax(-1).tolist()  # [N, B]
+        verdicts = []
+        for s, tree, lg, am in zip(rows, trees, logits, argmax, strict=True):
+            path, token = greedy_tree_accept(tree, am)
+            self.target.keep_path(s.slot, path)
+            self.target.advance(s.slot, len(path) + 1)
+            verdicts.append(Verdict(len(path), token, lg[[0, *path]],
+                                    path=tuple(path_tokens(tree, path))))
+        return verdicts
 
     def _accept(self, rows: list[Sequence], drafts: list[list[int]], proposals: list,
                 logits: list[torch.Tensor]) -> list[Verdict]:

@@ -51,20 +51,39 @@ class TargetRunner:
         return logits
 
     @torch.inference_mode()
-    def forward_block(self, slots: list[int], tokens: torch.Tensor) -> torch.Tensor:
+    def forward_block(self, slots: list[int], tokens: torch.Tensor,
+                      trees: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
         """tokens [N, T] appended (causally) after each row's cache -> logits [N, T, V].
 
         Writes the block's keys/values past each row's length without advancing it: the caller
-        commits what was accepted with `advance`.
-        """
+        commits what was accepted with `advance` (a tree's path first with `keep_path`).
+        `trees`: (depths [N, T] long, ancestors [N, T, T] bool) where the block is a token tree
+        (speculative/tree.py): input i sits at position length + depths[i] and attends to the
+        cache and its own ancestors; None is a chain (depths 0..T-1, causal)."""
         n, t = tokens.shape
         start = torch.tensor([self.lengths[s] for s in slots]).unsqueeze(1)  # [N, 1]
-        pos = start + torch.arange(t)  # [N, T]
-        span = int(pos.max()) + 1
-        mask = torch.arange(span).view(1, 1, span) <= pos.unsqueeze(-1)  # [N, T, span]
+        at = start + torch.arange(t)  # [N, T] cache indices
+        span = int(at.max()) + 1
+        mask = torch.arange(span).view(1, 1, span) <= at.unsqueeze(-1)  # [N, T, span]
+        pos = at
+        if trees is not None:
+            depths, ancestors = trees
+            pos = start + depths
+            mask = mask & (torch.arange(span).view(1, 1, span) < start.unsqueeze(-1))  # the cache
+            for r, a in enumerate(start[:, 0].tolist()):
+                mask[r, :, a : a + t] = ancestors[r]
         dev = self.model.device
-        b = Batch(pos.to(dev), mask.to(dev), self.cache, slots, pos.to(dev))
+        b = Batch(pos.to(dev), mask.to(dev), self.cache, slots, at.to(dev))
         return self.model(tokens.to(dev), b, fast=self.fast)
+
+    def keep_path(self, slot: int, path: list[int]) -> None:
+        """A tree's accepted nodes (block indices, root 0 excluded) move to the cache entries
+        right after the root, where a chain would have written them."""
+        base = self.lengths[slot]
+        moved = [(base + i, base + k) for k, i in enumerate(path, start=1) if i != k]
+        if moved:
+            src, dst = zip(*moved)
+            self.cache.copy_positions(slot, list(src), list(dst))
 
     def advance(self, slot: int, n: int) -> None:
         self.lengths[slot] += n

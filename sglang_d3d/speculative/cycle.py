@@ -56,11 +56,13 @@ class Verdict:
     token: int = 0  # the target's own next token (a correction, or the bonus)
     logits: torch.Tensor | None = None  # [accepted + 1, V] rows that scored the emitted tokens
     error: str | None = None  # this row's verification failed (it alone)
+    path: tuple[int, ...] | None = None  # a tree's accepted drafts (a chain's: its first ones)
 
 
 # (rows, tokens [N, B]: last token then drafts, proposals [N]: drafter probs [>=B-1, V] or None
-# for drafts proposed surely) -> one Verdict per row.
-VerifyFn = Callable[[Sequence[Row], torch.Tensor, list], list[Verdict]]
+# for drafts proposed surely[, trees [N]: the drafts as token trees, speculative/tree.py])
+# -> one Verdict per row. Hosts that verify chains only are never given trees.
+VerifyFn = Callable[..., list[Verdict]]
 
 
 @dataclass(frozen=True)
@@ -84,6 +86,7 @@ def run_cycle(
     step: int = 0,
     draft_threads: int | None = None,  # intra-op threads for drafting the target waits for
     cutoff: float = 0.0,  # verify drafts while the drafter's confidence holds (draft_length.py)
+    tree_nodes: int = 0,  # verify token trees of this many drafts where the rows allow (tree.py)
 ) -> list[Outcome]:
     t0 = time.perf_counter()
     times = CycleTimes(step=step, batch=len(rows), block=plan.block)
@@ -94,16 +97,18 @@ def run_cycle(
     if drafted:
         executor.run(drafting.ensure_drafts, states, plan.block, threads=draft_threads)
         drafting.cut(states, cutoff)
+    trees = drafting.trees(states, tree_nodes) if drafted and not plan.overlap else None
     times.draft_end = time.perf_counter() - t0
     drafts = [list(s.draft) for s in states] if drafted else [[] for _ in rows]
     proposals = [s.draft_q for s in states] if drafted else [None] * len(rows)
-    tokens = torch.tensor([[r.last_token] + d for r, d in zip(rows, drafts)], dtype=torch.int64)
+    sent = [list(t.tokens) for t in trees] if trees else drafts
+    tokens = torch.tensor([[r.last_token] + d for r, d in zip(rows, sent)], dtype=torch.int64)
     # verify on this thread, pre-drafting the next block on the executor at the same time
     predraft = None
     if drafted and plan.overlap:
         predraft = executor.submit(drafting.predraft, states, plan.block)
     v0 = time.perf_counter()
-    verdicts = verify_fn(rows, tokens, proposals)
+    verdicts = verify_fn(rows, tokens, proposals, trees) if trees else verify_fn(rows, tokens, proposals)
     times.verify_start, times.verify_end = v0 - t0, time.perf_counter() - t0
     if predraft is not None:
         _, p0, p1 = predraft.result()
@@ -115,6 +120,8 @@ def run_cycle(
     times.hits, times.misses = hits.count(True), hits.count(False)
     times.end = time.perf_counter() - t0
     new_faults = [s.faults - f for s, f in zip(states, faults)] or [0] * len(rows)
+    if trees:  # a tree tests the positions down to its depth
+        drafts = [d[: t.depth] for d, t in zip(drafts, trees)]
     return [_outcome(*row, times) for row in zip(drafts, verdicts, hits, new_faults, strict=True)]
 
 
@@ -125,7 +132,7 @@ def _follow(drafting: Drafting, states: list[DraftState], verdicts: list[Verdict
         if v.error is not None:
             hits.append(None)
         elif block > 1:
-            hits.append(drafting.advance(s, v.accepted, v.token, block))
+            hits.append(drafting.advance(s, v.accepted, v.token, block, v.path))
         else:  # a cycle without drafts
             drafting.skip(s, [v.token])
             hits.append(None)
@@ -138,7 +145,8 @@ def _outcome(draft: list[int], v: Verdict, hit, faults: int, t: CycleTimes) -> O
     draft_time = t.draft_end + (t.predraft_end - t.predraft_start)
     stats = CycleStats(len(draft), v.accepted, hit, draft_time, t.verify_end - t.verify_start,
                        t.end, t.overlap)
-    return Outcome(draft[: v.accepted] + [v.token], stats, faults, t, v.logits)
+    done = list(v.path) if v.path is not None else draft[: v.accepted]
+    return Outcome(done + [v.token], stats, faults, t, v.logits)
 
 
 def record(request_id: str, stats: RequestStats, o: Outcome, listeners: Listeners) -> None:

@@ -25,6 +25,7 @@ from sglang_d3d.speculative.branches import match_branch, select_branches
 from sglang_d3d.speculative.draft_length import batch_length, confident_length, draft_confidences
 from sglang_d3d.speculative.draft_state import DraftState
 from sglang_d3d.speculative.sampling import RequestRandom, draw_drafts, usable
+from sglang_d3d.speculative.tree import DraftTree, build_tree
 
 log = logging.getLogger(__name__)
 MAX_DRAFTER_FAULTS = 3  # after this many, a request stops using the drafter
@@ -197,11 +198,26 @@ class Drafting:
             return block * self.spec.guesses_per_position
         return self.spec.branch_budget
 
+    def trees(self, rows: list[DraftState], nodes: int) -> list[DraftTree] | None:
+        """Every row's drafts as a token tree of `nodes` drafts (speculative/tree.py), or None
+        (verify chains) unless every row is greedy, has the drafter's distributions (not a
+        placeholder) and no branches in flight: one verify pass has one shape, and only
+        greedy verification of trees is built."""
+        if nodes <= 0 or not rows or any(
+                not s.params.greedy or s.draft_q is None or not s.draft or s.branches for s in rows):
+            return None
+        trees = [build_tree(s.draft_q[: len(s.draft)], nodes) for s in rows]
+        return trees if len({t.size for t in trees}) == 1 else None
+
     # ---- after verify -----------------------------------------------------------------------
-    def advance(self, s: DraftState, accepted: int, token: int, block: int) -> bool | None:
+    def advance(self, s: DraftState, accepted: int, token: int, block: int,
+                path: tuple[int, ...] | None = None) -> bool | None:
         """Bring the drafter up to date with the verified outcome. -> branch hit/miss/None.
+        `path`: the accepted drafts where the block was a tree (else the first `accepted`).
         A fault here costs this request its drafter cache (rebuilt from its tokens), never its
         tokens and never another request's drafts."""
+        if path is not None:
+            s.draft = list(path)  # what was accepted is what the drafter follows
         run = list(s.draft or [])[:accepted] + [token]
         try:
             hit = self._follow(s, accepted, token, block)

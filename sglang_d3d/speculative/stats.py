@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, field
 class CycleStats:
     """One verify cycle of one request."""
 
-    num_drafts: int  # draft tokens sent to the target (0 in ar mode)
+    num_drafts: int  # draft positions sent to the target (a token tree: its depth; 0 in ar mode)
     num_accepted: int  # drafts the target accepted (the bonus/correction token not included)
     branch_hit: bool | None  # async only: did a pre-drafted branch match? None otherwise
     draft_time: float  # seconds the drafter spent on this cycle's drafting work

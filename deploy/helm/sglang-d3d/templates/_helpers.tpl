@@ -80,6 +80,9 @@ and the autoscaler's bounds must be ordered.
 {{- if and (eq .Values.server.backend "sglang") (eq (.Values.server.draftWeights | default "") "int8") }}
 {{- fail "server.draftWeights=int8 is for the embedded backend on CPU: SGLang's worker drafts on the GPU" }}
 {{- end }}
+{{- if and (eq .Values.server.backend "sglang") (gt (int (.Values.server.treeNodes | default 0)) 0) }}
+{{- fail "server.treeNodes is for the embedded backend: SGLang's worker verifies chains" }}
+{{- end }}
 {{- if and .Values.server.metricsNeedKey (not .Values.server.apiKeySecret.name) }}
 {{- fail "server.metricsNeedKey needs server.apiKeySecret.name: a key to scrape /metrics with" }}
 {{- end }}
@@ -116,6 +119,10 @@ and the autoscaler's bounds must be ordered.
 {{- with .Values.server.draftWeights }}
 - --draft-weights
 - {{ . | quote }}
+{{- end }}
+{{- if not (kindIs "invalid" .Values.server.treeNodes) }}
+- --tree-nodes
+- {{ .Values.server.treeNodes | quote }}
 {{- end }}
 - --block-size
 - {{ .Values.server.spec.blockSize | quote }}

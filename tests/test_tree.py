@@ -1,0 +1,217 @@
+"""Token trees (speculative/tree.py) and the target's tree verify pass (models/target.py)."""
+
+from __future__ import annotations
+
+import itertools
+from types import SimpleNamespace
+
+import pytest
+import torch
+from conftest import layout_models, reference_greedy
+from engine_helpers import OracleDrafter, make_engine
+
+from sglang_d3d.config import EngineConfig, Mode, SamplingParams
+from sglang_d3d.engine.offline import generate
+from sglang_d3d.models.decoder import Decoder
+from sglang_d3d.models.target import TargetRunner
+from sglang_d3d.speculative.cycle import Plan
+from sglang_d3d.speculative.tree import (
+    DraftTree,
+    ancestor_mask,
+    build_tree,
+    chain_tree,
+    greedy_tree_accept,
+    path_tokens,
+)
+from sglang_d3d.testing import tiny_hf_model
+
+
+def _q(rows: list[dict[int, float]], vocab: int = 10) -> torch.Tensor:
+    q = torch.full((len(rows), vocab), 1e-6)
+    for d, row in enumerate(rows):
+        for t, p in row.items():
+            q[d, t] = p
+    return q / q.sum(-1, keepdim=True)
+
+
+def _paths(tree: DraftTree) -> set[tuple[int, ...]]:
+    out = set()
+    for i in range(1, tree.size + 1):
+        path, node = [], i
+        while node:
+            path.append(tree.tokens[node - 1])
+            node = tree.parents[node - 1]
+        out.add(tuple(reversed(path)))
+    return out
+
+
+def test_build_tree_keeps_the_likeliest_paths():
+    q = _q([{5: 0.9, 6: 0.1}, {7: 0.6, 8: 0.4}, {1: 0.5, 2: 0.5}])
+    tree = build_tree(q, nodes=4)
+    # scores: (5) .9, (5,7) .54, (5,8) .36, (5,7,1) = (5,7,2) .27, (6) .1
+    assert _paths(tree) == {(5,), (5, 7), (5, 8), (5, 7, 1)} or \
+        _paths(tree) == {(5,), (5, 7), (5, 8), (5, 7, 2)}
+    assert tree.depths[tree.tokens.index(5)] == 1 and tree.depth == 3
+    for i, p in enumerate(tree.parents, start=1):  # parents come first
+        assert p < i
+
+
+def test_build_tree_against_brute_force():
+    """The best-first tree holds exactly the `nodes` best-scoring paths."""
+    torch.manual_seed(0)
+    q = torch.softmax(torch.randn(3, 5) * 2, -1)
+    scores = {}
+    for d in range(1, 4):
+        for path in itertools.product(range(5), repeat=d):
+            scores[path] = float(torch.prod(torch.stack([q[j, t] for j, t in enumerate(path)])))
+    best = sorted(scores, key=scores.get, reverse=True)
+    for nodes in (1, 3, 7, 12):
+        assert _paths(build_tree(q, nodes, width=5)) == set(best[:nodes])
+
+
+def test_build_tree_with_one_depth_and_few_candidates():
+    q = _q([{3: 0.7, 4: 0.3}])
+    tree = build_tree(q, nodes=5, width=2)
+    assert tree.tokens == (3, 4) and tree.parents == (0, 0) and tree.depths == (1, 1)
+
+
+def test_ancestor_mask():
+    tree = DraftTree(tokens=(5, 7, 8, 1), parents=(0, 1, 1, 2), depths=(1, 2, 2, 3))
+    m = ancestor_mask(tree).int().tolist()
+    assert m == [
+        [1, 0, 0, 0, 0],
+        [1, 1, 0, 0, 0],
+        [1, 1, 1, 0, 0],
+        [1, 1, 0, 1, 0],
+        [1, 1, 1, 0, 1],
+    ]
+    assert torch.equal(ancestor_mask(chain_tree([4, 4, 4])), torch.tril(torch.ones(4, 4)).bool())
+
+
+def test_greedy_tree_accept_follows_the_target():
+    tree = DraftTree(tokens=(5, 7, 8, 1), parents=(0, 1, 1, 2), depths=(1, 2, 2, 3))
+    # root -> 5 (node 1) -> 8 (node 3), whose child list is empty: next token from node 3
+    path, nxt = greedy_tree_accept(tree, [5, 8, 0, 9, 0])
+    assert path == [1, 3] and nxt == 9 and path_tokens(tree, path) == [5, 8]
+    path, nxt = greedy_tree_accept(tree, [5, 7, 1, 0, 0])
+    assert path == [1, 2, 4] and nxt == 0
+    assert greedy_tree_accept(tree, [6, 0, 0, 0, 0]) == ([], 6)
+
+
+def test_chain_tree_accepts_like_a_chain():
+    tree = chain_tree([3, 4, 5])
+    assert greedy_tree_accept(tree, [3, 4, 9, 0]) == ([1, 2], 9)
+    assert greedy_tree_accept(tree, [3, 4, 5, 6]) == ([1, 2, 3], 6)
+
+
+@pytest.fixture(scope="module")
+def runner() -> TargetRunner:
+    torch.manual_seed(0)
+    return TargetRunner(Decoder.from_hf(tiny_hf_model()), num_slots=2, max_len=64)
+
+
+def _tree_inputs(tree: DraftTree, root: int):
+    tokens = torch.tensor([[root, *tree.tokens]])
+    depths = torch.tensor([[0, *tree.depths]])
+    return tokens, (depths, ancestor_mask(tree).unsqueeze(0))
+
+
+def test_tree_verify_scores_each_path_as_its_own_chain(runner):
+    """Every node's logits equal those of a chain verify of its own path, and keeping a path
+    leaves the cache as a chain verify of it would have."""
+    prompt = [4, 9, 17, 33, 8, 21]
+    tree = DraftTree(tokens=(5, 7, 8, 1, 2), parents=(0, 1, 1, 3, 0), depths=(1, 2, 2, 3, 1))
+    runner.prefill(0, prompt[:-1])
+    tokens, trees = _tree_inputs(tree, prompt[-1])
+    got = runner.forward_block([0], tokens, trees)[0]  # [6, V]
+    for node, path in [(3, [1, 3]), (4, [1, 3, 4]), (5, [5]), (2, [1, 2])]:
+        runner.prefill(1, prompt[:-1])
+        chain = torch.tensor([[prompt[-1], *path_tokens(tree, path)]])
+        want = runner.forward_block([1], chain)[0]
+        torch.testing.assert_close(got[node], want[-1], rtol=1e-4, atol=1e-4)
+    # keep the path root -> 5 -> 8 -> 1 (nodes 1, 3, 4), then decode one more token
+    runner.keep_path(0, [1, 3, 4])
+    runner.advance(0, 4)
+    runner.prefill(1, prompt[:-1])
+    runner.forward_block([1], torch.tensor([[prompt[-1], 5, 8, 1]]))
+    runner.advance(1, 4)
+    a = runner.forward_block([0], torch.tensor([[11]]))
+    b = runner.forward_block([1], torch.tensor([[11]]))
+    torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+
+
+# ---- the engine ----------------------------------------------------------------------------------
+PROMPTS = [[5, 6, 7, 8], [9, 10, 11], [12, 40, 13, 50, 14, 60, 15], [70]]
+
+
+def _spy_trees(eng):
+    """Record every verify pass: (width, was it a tree)."""
+    passes, real = [], eng._verify
+
+    def spy(rows, tokens, proposals, trees=None, *, threads):
+        passes.append((tokens.shape[1], trees is not None))
+        return real(rows, tokens, proposals, trees, threads=threads)
+
+    eng._verify = spy
+    return passes
+
+
+@pytest.mark.parametrize("layout,block,nodes", [("tiny", 4, 6), ("tiny", 5, 3), ("production", 8, 7),
+                                                ("production", 4, 12)])
+@pytest.mark.parametrize("mode", [Mode.SYNC, Mode.ASYNC])
+def test_tree_verification_keeps_greedy_output_identical(request, layout, block, nodes, mode):
+    """Trees in every cycle without pre-drafting (sync: all of them), batches of several rows,
+    and the drafter and target caches follow the accepted paths: output = the target's."""
+    models = layout_models(request, layout)
+    eng = make_engine(models, mode, block=block, tree_nodes=nodes)
+    passes = _spy_trees(eng)
+    stats = []
+    eng.cycle_listeners.append(lambda rid, c: stats.append(c))
+    out = generate(eng, PROMPTS, SamplingParams(max_new_tokens=24))
+    for prompt, o in zip(PROMPTS, out):
+        assert o.error is None
+        assert o.token_ids == reference_greedy(models[0], prompt, 24)
+    trees = [w for w, tree in passes if tree]
+    if mode is Mode.SYNC:
+        assert trees and set(trees) == {nodes + 1}  # every speculative pass a tree, one width
+    assert all(0 <= c.num_accepted <= c.num_drafts <= block - 1 for c in stats)
+
+
+def test_trees_accept_paths_a_chain_would_have_missed(tiny_models):
+    """The same requests with trees accept more drafts per cycle than with chains, at equal
+    output: the oracle drafter ranks the target's token second or third at some positions,
+    which a chain rejects and a tree holds."""
+    def run(nodes):
+        eng = make_engine(tiny_models, Mode.SYNC, block=4, tree_nodes=nodes)
+        OracleDrafter(eng, tiny_models[0])
+        stats = []
+        eng.cycle_listeners.append(lambda rid, c: stats.append(c.num_accepted))
+        out = generate(eng, PROMPTS, SamplingParams(max_new_tokens=32))
+        return [o.token_ids for o in out], sum(stats) / len(stats)
+
+    chain_out, chain_rate = run(0)
+    tree_out, tree_rate = run(9)
+    assert tree_out == chain_out
+    assert tree_rate > chain_rate
+
+
+def test_sampled_rows_verify_chains(request):
+    """Only greedy verification of trees is built: a batch with a sampled row verifies chains,
+    and sampling completes."""
+    models = layout_models(request, "production")
+    eng = make_engine(models, Mode.SYNC, block=8, tree_nodes=7)
+    passes = _spy_trees(eng)
+    out = generate(eng, PROMPTS, SamplingParams(temperature=0.8, seed=1, max_new_tokens=16))
+    assert all(o.error is None and len(o.token_ids) == 16 for o in out)
+    assert passes and not any(tree for _, tree in passes)
+
+
+def test_tree_nodes_is_checked():
+    with pytest.raises(ValueError, match="tree_nodes"):
+        EngineConfig(tree_nodes=-1)
+
+
+def test_the_controller_counts_a_shallow_tree_as_a_short_block(tiny_models):
+    eng = make_engine(tiny_models, Mode.SYNC, block=5, adaptive=True, tree_nodes=3)
+    one = SimpleNamespace(stats=SimpleNamespace(num_drafts=2, num_accepted=2))  # an Outcome's
+    assert eng._tested(Plan(5), [one]) == [(4, 2)]

@@ -43,6 +43,8 @@ def main() -> None:
     p.add_argument("--also-row-weight", type=float, nargs="*", default=[],
                    help="more async engines, each with this controller row_weight (1e12: "
                         "every row at the traffic's acceptance rates, its own counts unused)")
+    p.add_argument("--also-tree-nodes", type=int, nargs="*", default=[],
+                   help="more async engines, each verifying token trees of this many drafts")
     a = p.parse_args()
     if a.concurrency < 1 or a.num_prompts < 1:
         p.error("--concurrency and --num-prompts must be at least 1")
@@ -59,6 +61,9 @@ def main() -> None:
         e = SpecEngine(engine_config(a, "async"), target, drafter)
         e.controller.row_weight = w
         engines[f"async(row_weight={w:g})"] = e
+    for n in a.also_tree_nodes:
+        cfg = dataclasses.replace(engine_config(a, "async"), tree_nodes=n)
+        engines[f"async(tree{n})"] = SpecEngine(cfg, target, drafter)
     for w in a.also_draft_weights:
         cfg = dataclasses.replace(engine_config(a, "async"), draft_weights=w)
         engines[f"async({w})"] = SpecEngine(cfg, target, drafter)

@@ -7,6 +7,7 @@ dataclasses so that the engine stays the single source of truth.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import enum
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -97,8 +98,11 @@ def _add_server_args(p: argparse.ArgumentParser) -> None:
 
 
 def config_from_args(ns: argparse.Namespace) -> ServerConfig:
+    engine = engine_config(ns)
+    if ns.backend is Backend.SGLANG and ns.tree_nodes is None:  # its worker verifies chains
+        engine = dataclasses.replace(engine, tree_nodes=0)
     return ServerConfig(
-        engine=engine_config(ns),
+        engine=engine,
         backend=ns.backend,
         host=ns.host,
         port=ns.port,

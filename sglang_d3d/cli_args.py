@@ -51,11 +51,11 @@ def add_engine_args(
                    help="sync/async: verify a row's leading drafts while the product of the "
                    "drafter's probabilities of them stays at or above this (0: whole blocks; "
                    f"default {EngineConfig.draft_cutoff}); outputs do not change")
-    g.add_argument("--tree-nodes", type=_nodes, default=EngineConfig.tree_nodes,
+    g.add_argument("--tree-nodes", type=_nodes, default=None,
                    help="sync/async, greedy requests: verify a tree of this many draft tokens "
                    "(the drafter's likeliest paths, several guesses per position) in cycles "
                    f"without pre-drafting (0: a chain of block-1 drafts; default "
-                   f"{EngineConfig.tree_nodes}); outputs do not change")
+                   f"{EngineConfig.tree_nodes}, 0 with --backend sglang); outputs do not change")
     g.add_argument("--threads", type=int, default=None, help="CPU threads in all (default: all cores)")
 
 
@@ -114,5 +114,6 @@ def engine_config(args: argparse.Namespace, mode: str | None = None) -> EngineCo
         draft_threads=draft_threads,
         draft_weights=getattr(args, "draft_weights", EngineConfig.draft_weights),
         draft_cutoff=getattr(args, "draft_cutoff", EngineConfig.draft_cutoff),
-        tree_nodes=getattr(args, "tree_nodes", EngineConfig.tree_nodes),
+        tree_nodes=EngineConfig.tree_nodes if getattr(args, "tree_nodes", None) is None
+        else args.tree_nodes,
     )

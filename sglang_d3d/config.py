@@ -130,8 +130,10 @@ class EngineConfig:
     draft_cutoff: float = 0.0
     # sync/async, greedy rows, cycles without pre-drafting: verify a tree of this many draft
     # tokens (the drafter's likeliest paths, several guesses per position) instead of a chain
-    # of block_size - 1 (speculative/tree.py); 0: chains. Exact either way.
-    tree_nodes: int = 0
+    # of block_size - 1 (speculative/tree.py); 0: chains. Exact either way. 5 (a verify pass
+    # of 6 tokens, which costs about what one of 4 does on this CPU) was faster than chains
+    # on GSM8K, MT-Bench and code at batch 1 (benchmarks/results/README.md, sitting 11).
+    tree_nodes: int = 5
 
     def __post_init__(self) -> None:
         if not 0 <= self.draft_cutoff < 1:

@@ -22,10 +22,13 @@ def _prompts(seed: int, n: int = 3) -> list[list[int]]:
 
 @pytest.mark.parametrize("mode", list(Mode))
 @pytest.mark.parametrize("block", [2, 4, 7])
-def test_modes_equal_target_greedy(request, mode, block):
+@pytest.mark.parametrize("trees", [True, False], ids=["trees", "chains"])
+def test_modes_equal_target_greedy(request, mode, block, trees):
+    """`trees`: the default token trees (speculative/tree.py), or chains only (tree_nodes=0)."""
     models = request.getfixturevalue("tiny_prod_models" if mode is Mode.FUSED else "tiny_models")
     hf = models[0]
-    outs = generate(make_engine(models, mode, block), PROMPTS, SamplingParams(max_new_tokens=24))
+    kw = {} if trees else {"tree_nodes": 0}
+    outs = generate(make_engine(models, mode, block, **kw), PROMPTS, SamplingParams(max_new_tokens=24))
     for prompt, out in zip(PROMPTS, outs):
         assert out.error is None
         assert out.token_ids == reference_greedy(hf, prompt, 24)

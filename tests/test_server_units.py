@@ -67,8 +67,10 @@ def test_draft_weights_reach_the_engine_and_int8_is_refused_for_sglang(capsys):
 
 
 def test_tree_nodes_reach_the_engine_and_are_refused_for_sglang(capsys):
-    assert parse_args([]).engine.tree_nodes == 0
-    assert parse_args(["--tree-nodes", "5"]).engine.tree_nodes == 5
+    assert parse_args([]).engine.tree_nodes == EngineConfig.tree_nodes > 0
+    assert parse_args(["--tree-nodes", "0"]).engine.tree_nodes == 0
+    assert parse_args(["--tree-nodes", "9"]).engine.tree_nodes == 9
+    assert parse_args(["--backend", "sglang"]).engine.tree_nodes == 0  # its worker: chains
     with pytest.raises(SystemExit):
         parse_args(["--tree-nodes", "-1"])
     with pytest.raises(SystemExit):

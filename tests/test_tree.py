@@ -119,6 +119,18 @@ def _tree_inputs(tree: DraftTree, root: int):
 def test_tree_verify_scores_each_path_as_its_own_chain(runner):
     """Every node's logits equal those of a chain verify of its own path, and keeping a path
     leaves the cache as a chain verify of it would have."""
+    _check_tree_pass(runner)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_tree_verify_on_cuda():
+    """The same on the GPU path (masks and positions built on the host, moved once)."""
+    torch.manual_seed(0)
+    _check_tree_pass(TargetRunner(Decoder.from_hf(tiny_hf_model().cuda()), num_slots=2, max_len=64))
+
+
+def _check_tree_pass(runner: TargetRunner) -> None:
     prompt = [4, 9, 17, 33, 8, 21]
     tree = DraftTree(tokens=(5, 7, 8, 1, 2), parents=(0, 1, 1, 3, 0), depths=(1, 2, 2, 3, 1))
     runner.prefill(0, prompt[:-1])

@@ -216,11 +216,10 @@ class Drafting:
         `path`: the accepted drafts where the block was a tree (else the first `accepted`).
         A fault here costs this request its drafter cache (rebuilt from its tokens), never its
         tokens and never another request's drafts."""
-        if path is not None:
-            s.draft = list(path)  # what was accepted is what the drafter follows
-        run = list(s.draft or [])[:accepted] + [token]
+        done = list(path) if path is not None else list(s.draft or [])[:accepted]
+        run = done + [token]
         try:
-            hit = self._follow(s, accepted, token, block)
+            hit = self._follow(s, done, token, block)
         except Exception as e:  # noqa: BLE001 - any drafter failure degrades, never fails
             self._fault([s], e)
             s.pending.extend(run)  # _reset queued the tokens before this cycle's run
@@ -229,10 +228,11 @@ class Drafting:
         s.tokens.extend(run)
         return hit
 
-    def _follow(self, s: DraftState, accepted: int, token: int, block: int) -> bool | None:
-        hit_index = None
+    def _follow(self, s: DraftState, done: list[int], token: int, block: int) -> bool | None:
+        """`done`: the drafts accepted (a tree's path, or the chain's first ones)."""
+        accepted, hit_index = len(done), None
         had_branches = s.branch_logits is not None and bool(s.branches)
-        if had_branches:
+        if had_branches:  # branches are outcomes of a chain, and trees are never pre-drafted
             hit_index = match_branch(s.branches, accepted, token)
         if hit_index is not None:
             self.runner.commit_branch(s.slot, len(s.draft), hit_index, accepted,
@@ -243,7 +243,7 @@ class Drafting:
             s.pending.append(token)
             s.draft = None
         else:
-            s.pending.extend(s.draft[:accepted])
+            s.pending.extend(done)
             s.pending.append(token)
             s.draft = None
         s.branches, s.branch_logits = [], None

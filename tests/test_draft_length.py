@@ -74,9 +74,9 @@ def test_the_controller_counts_drafts_cut_as_rejected(tiny_models):
     """Its expected tokens per cycle are of the plan as run: a block of 5 cut to 1 draft
     that was accepted yields 2 tokens, as a whole block rejected at draft 2 would."""
     eng = make_engine(tiny_models, Mode.SYNC, block=5, adaptive=True, draft_cutoff=0.9)
-    whole = make_engine(tiny_models, Mode.SYNC, block=5, adaptive=True, tree_nodes=0)
+    whole = make_engine(tiny_models, Mode.SYNC, block=5, adaptive=True)
 
-    one = SimpleNamespace(stats=SimpleNamespace(num_drafts=1, num_accepted=1))  # an Outcome's
+    one = SimpleNamespace(stats=SimpleNamespace(num_drafts=1, num_accepted=1), chain=None)  # an Outcome's
     assert eng._tested(Plan(5), [one]) == [(4, 1)]
     assert whole._tested(Plan(5), [one]) == [(1, 1)]
 

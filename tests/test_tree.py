@@ -19,6 +19,7 @@ from sglang_d3d.speculative.tree import (
     DraftTree,
     ancestor_mask,
     build_tree,
+    chain_accepted,
     chain_tree,
     greedy_tree_accept,
     path_tokens,
@@ -223,7 +224,34 @@ def test_tree_nodes_is_checked():
         EngineConfig(tree_nodes=-1)
 
 
-def test_the_controller_counts_a_shallow_tree_as_a_short_block(tiny_models):
-    eng = make_engine(tiny_models, Mode.SYNC, block=5, adaptive=True, tree_nodes=3)
-    one = SimpleNamespace(stats=SimpleNamespace(num_drafts=2, num_accepted=2))  # an Outcome's
-    assert eng._tested(Plan(5), [one]) == [(4, 2)]
+def test_chain_accepted():
+    # chain 5 7 1; the tree accepted 5 8 (a second guess), then the target said 9
+    assert chain_accepted([5, 7, 1], [5, 8], 9) == 1
+    assert chain_accepted([5, 7, 1], [5, 7, 1], 4) == 3  # the chain's own path, all accepted
+    assert chain_accepted([5, 7, 1], [5, 7], 1) == 3  # the token after the path is the chain's
+    assert chain_accepted([5, 7, 1], [], 6) == 0
+
+
+def test_the_controller_counts_what_the_chain_would_have_accepted(tiny_models):
+    """Acceptance rates stay the chain's whichever way a block was verified, so the rates
+    of pre-drafted (chain) plans are not inflated by tree cycles."""
+    eng = make_engine(tiny_models, Mode.SYNC, block=4, adaptive=True)
+    tree = SimpleNamespace(stats=SimpleNamespace(num_drafts=2, num_accepted=2), chain=(3, 1))
+    chain = SimpleNamespace(stats=SimpleNamespace(num_drafts=3, num_accepted=2), chain=None)
+    assert eng._tested(Plan(4), [tree, chain]) == [(3, 1), (3, 2)]
+
+
+def test_tree_cycles_report_depth_and_the_chain(tiny_models):
+    eng = make_engine(tiny_models, Mode.SYNC, block=4, tree_nodes=6, adaptive=True)
+    OracleDrafter(eng, tiny_models[0])
+    seen = []
+    real = eng._tested
+    eng._tested = lambda plan, outcomes: seen.extend(outcomes) or real(plan, outcomes)
+    generate(eng, PROMPTS, SamplingParams(max_new_tokens=16))
+    trees = [o for o in seen if o.chain is not None]
+    assert trees and all(o.chain[0] == 3 and 0 <= o.chain[1] <= 3 for o in trees)
+    assert all(o.stats.num_accepted <= o.stats.num_drafts <= 3 for o in trees)
+    # the chain agrees with the target at most one token past the tree's path
+    assert all(o.chain[1] <= o.stats.num_accepted + 1 for o in trees)
+    # the oracle ranks the truth second at some positions: there the tree goes further
+    assert any(o.stats.num_accepted > o.chain[1] for o in trees)

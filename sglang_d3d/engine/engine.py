@@ -271,11 +271,16 @@ class SpecEngine:
         A fused cycle that missed its branches verifies no drafts the next time, and a cut
         block (`draft_cutoff`) leaves its unsure drafts out; counting the block's missing
         drafts as rejected folds that into the rates, so the controller's expected tokens per
-        cycle of the plan stay right."""
-        short = plan.block > 1 and (isinstance(self.drafting, FusedDrafting) or self.draft_cutoff > 0
-                                    or self.tree_nodes > 0)
-        return [(max(o.stats.num_drafts, plan.block - 1) if short else o.stats.num_drafts,
-                 o.stats.num_accepted) for o in outcomes if o.stats]
+        cycle of the plan stay right. A token tree counts as its top-1 chain would have
+        (`Outcome.chain`): the rates are the chain's, whichever way blocks were verified."""
+        short = plan.block > 1 and (isinstance(self.drafting, FusedDrafting) or self.draft_cutoff > 0)
+        out = []
+        for o in outcomes:
+            if o.stats is None:
+                continue
+            tested, n = o.chain or (o.stats.num_drafts, o.stats.num_accepted)
+            out.append((max(tested, plan.block - 1) if short else tested, n))
+        return out
 
     def _verify(self, rows: list[Sequence], tokens: torch.Tensor, proposals: list,
                 trees: list[DraftTree] | None = None, *, threads: int) -> list[Verdict]:

@@ -14,6 +14,7 @@ anyway runs on the caller's thread with every core, on the drafter's stream (`Ex
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -27,6 +28,7 @@ from sglang_d3d.speculative.executor import Executor
 from sglang_d3d.speculative.listeners import Listeners
 from sglang_d3d.speculative.stats import CycleStats, RequestStats
 from sglang_d3d.speculative.timeline import CycleTimes
+from sglang_d3d.speculative.tree import DraftTree, chain_accepted
 
 
 @dataclass(frozen=True, order=True)
@@ -75,6 +77,9 @@ class Outcome:
     times: CycleTimes  # the whole cycle's (shared by its rows)
     logits: torch.Tensor | None = None  # Verdict.logits
     error: str | None = None
+    # a tree cycle: (drafts of the top-1 chain, how many of them the chain would have had
+    # accepted), so acceptance rates stay the chain's whichever way a block was verified
+    chain: tuple[int, int] | None = None
 
 
 def run_cycle(
@@ -120,9 +125,20 @@ def run_cycle(
     times.hits, times.misses = hits.count(True), hits.count(False)
     times.end = time.perf_counter() - t0
     new_faults = [s.faults - f for s, f in zip(states, faults)] or [0] * len(rows)
-    if trees:  # a tree tests the positions down to its depth
-        drafts = [d[: t.depth] for d, t in zip(drafts, trees)]
-    return [_outcome(*row, times) for row in zip(drafts, verdicts, hits, new_faults, strict=True)]
+    outcomes = [_outcome(*row, times) for row in zip(drafts, verdicts, hits, new_faults, strict=True)]
+    if trees:
+        outcomes = [_as_tree(o, d, t, v) for o, d, t, v in zip(outcomes, drafts, trees, verdicts)]
+    return outcomes
+
+
+def _as_tree(o: Outcome, chain: list[int], tree: DraftTree, v: Verdict) -> Outcome:
+    """A tree cycle's outcome: its stats count the positions it tested (its depth), and it
+    says what its top-1 chain would have had accepted."""
+    if o.stats is None:
+        return o
+    stats = dataclasses.replace(o.stats, num_drafts=tree.depth)
+    return dataclasses.replace(o, stats=stats,
+                               chain=(len(chain), chain_accepted(chain, list(v.path), v.token)))
 
 
 def _follow(drafting: Drafting, states: list[DraftState], verdicts: list[Verdict], block: int):

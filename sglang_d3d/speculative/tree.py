@@ -97,6 +97,20 @@ def greedy_tree_accept(
     return path, argmax[node]
 
 
+def chain_accepted(chain: list[int], path: list[int], token: int) -> int:
+    """Drafts the chain (the drafter's top-1 guesses) would have accepted where the tree
+    accepted `path` and the target's next token is `token`: greedy verification accepts the
+    chain while it agrees with the target's argmax, which is `path + [token]` from the root.
+    Exact unless the tree left out a chain node the target would have accepted past the
+    token after its path (the target never scored that far): then a lower bound."""
+    n = 0
+    for guess, truth in zip(chain, [*path, token]):
+        if guess != truth:
+            break
+        n += 1
+    return n
+
+
 def path_tokens(tree: DraftTree, path: list[int]) -> list[int]:
     return [tree.tokens[i - 1] for i in path]
 

@@ -131,6 +131,7 @@ class MetricsRecorder:
         self.accepted_per_pos = c(
             "spec_num_accepted_tokens_per_pos", "Accepted drafts by position.", ("position",)
         )
+        self.tree_cycles = c("spec_tree_cycles", "Verify cycles whose drafts went as a token tree.")
         self.branch_hits = c("spec_branch_hits", "Cycles whose pre-drafted branch matched.")
         self.branch_misses = c("spec_branch_misses", "Cycles whose pre-drafted branches missed.")
         self.overlap_seconds = c("spec_overlap_seconds", "Drafter/target overlap time.")
@@ -172,6 +173,8 @@ class MetricsRecorder:
             self.num_accepted.inc(c.num_accepted)
             for pos in range(c.num_accepted):
                 self.accepted_per_pos.labels(**self._labels, position=str(pos)).inc()
+            if c.tree_nodes > 0:
+                self.tree_cycles.inc()
         if c.branch_hit is True:
             self.branch_hits.inc()
         elif c.branch_hit is False:

@@ -29,6 +29,7 @@ COUNTERS = [
     "spec_num_draft_tokens",
     "spec_num_accepted_tokens",
     "spec_num_accepted_tokens_per_pos",
+    "spec_tree_cycles",
     "spec_branch_hits",
     "spec_branch_misses",
     "spec_overlap_seconds",
@@ -71,7 +72,7 @@ def test_recorder_counts_cycles_exactly():
     cycles = [
         CycleStats(3, 2, True, 0.01, 0.02, 0.03, 0.01),
         CycleStats(3, 0, False, 0.01, 0.02, 0.04, 0.02),
-        CycleStats(3, 3, None, 0.01, 0.02, 0.03, 0.0),
+        CycleStats(3, 3, None, 0.01, 0.02, 0.03, 0.0, tree_nodes=5),
     ]
     for c in cycles:
         rec.on_cycle("r", c)
@@ -86,6 +87,7 @@ def test_recorder_counts_cycles_exactly():
     assert per_pos == [2, 2, 1]  # cycle 1 accepted positions 0,1; cycle 3 positions 0,1,2
     assert value(snap, "d3d:spec_branch_hits_total") == 1
     assert value(snap, "d3d:spec_branch_misses_total") == 1
+    assert value(snap, "d3d:spec_tree_cycles_total") == 1
     assert value(snap, "d3d:spec_accepted_length_count") == 3
     assert value(snap, "d3d:spec_accepted_length_sum") == sum(c.accepted_length for c in cycles)
     assert value(snap, "d3d:spec_cycle_seconds_total") == pytest.approx(0.10)

@@ -147,6 +147,7 @@ def speculation_panels() -> list[dict]:
         f"sum by (mode) ({hits})\n/\n(sum by (mode) ({hits}) + sum by (mode) ({misses}))",
         "{{mode}}",
     )
+    trees = target(ratio("d3d:spec_tree_cycles_total", "d3d:spec_num_drafts_total"), "{{mode}}")
     unit_ratio = {"defaults": {"min": 0, "max": 1}}
     return [
         panel(
@@ -171,6 +172,14 @@ def speculation_panels() -> list[dict]:
             "percentunit",
             **unit_ratio,
             description="Share of cycles whose pre-drafted branch matched the verify outcome.",
+        ),
+        panel(
+            "Verified as token trees",
+            [trees],
+            "percentunit",
+            **unit_ratio,
+            description="Share of speculative cycles whose drafts went to the target as a "
+            "token tree (greedy requests, cycles without pre-drafting; --tree-nodes).",
         ),
     ]
 

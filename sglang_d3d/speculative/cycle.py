@@ -136,7 +136,7 @@ def _as_tree(o: Outcome, chain: list[int], tree: DraftTree, v: Verdict) -> Outco
     says what its top-1 chain would have had accepted."""
     if o.stats is None:
         return o
-    stats = dataclasses.replace(o.stats, num_drafts=tree.depth)
+    stats = dataclasses.replace(o.stats, num_drafts=tree.depth, tree_nodes=tree.size)
     return dataclasses.replace(o, stats=stats,
                                chain=(len(chain), chain_accepted(chain, list(v.path), v.token)))
 

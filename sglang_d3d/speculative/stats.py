@@ -20,6 +20,7 @@ class CycleStats:
     verify_time: float  # seconds of the target forward pass
     cycle_time: float  # wall seconds from cycle start to tokens emitted
     overlap_time: float  # seconds during which drafter and target ran at the same time
+    tree_nodes: int = 0  # drafts sent as a token tree (speculative/tree.py); 0: a chain
 
     @property
     def accepted_length(self) -> int:

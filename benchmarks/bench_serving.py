@@ -62,6 +62,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from sglang_d3d.benchmarks.paired import paired_ratios, print_paired
 
 import sglang_d3d
+from sglang_d3d.cli_args import count
 from sglang_d3d.engine.calibrate import plan_name
 from sglang_d3d.interleave import rotated
 from sglang_d3d.prompts import NAMED, datasets_dir, question_text
@@ -472,13 +473,6 @@ def _dataset(name: str) -> str:
     raise argparse.ArgumentTypeError(f"{name!r}: use {', '.join(DATASETS)} or an existing .jsonl file")
 
 
-def _count(text: str) -> int:
-    n = int(text)
-    if n < 0:
-        raise argparse.ArgumentTypeError(f"{n}: must be 0 or more")
-    return n
-
-
 def _positive(text: str) -> int:
     n = int(text)
     if n < 1:
@@ -495,7 +489,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--concurrency", nargs="+", type=int, default=[1, 4, 16])
     p.add_argument("--num-prompts", type=int, default=32, help="per dataset and concurrency")
     p.add_argument("--max-tokens", type=int, default=128)
-    p.add_argument("--warmup-rounds", type=_count, default=1,
+    p.add_argument("--warmup-rounds", type=count, default=1,
                    help="unmeasured rounds of `concurrency` requests before each load (0: cold)")
     p.add_argument("--rounds", type=_positive, default=1,
                    help="times each load runs through every mode, for paired ratios to the first mode")

@@ -51,7 +51,7 @@ def add_engine_args(
                    help="sync/async: verify a row's leading drafts while the product of the "
                    "drafter's probabilities of them stays at or above this (0: whole blocks; "
                    f"default {EngineConfig.draft_cutoff}); outputs do not change")
-    g.add_argument("--tree-nodes", type=_nodes, default=None,
+    g.add_argument("--tree-nodes", type=count, default=None,
                    help="sync/async, greedy requests: verify a tree of this many draft tokens "
                    "(the drafter's likeliest paths, several guesses per position) in cycles "
                    f"without pre-drafting (0: a chain of block-1 drafts; default "
@@ -59,12 +59,12 @@ def add_engine_args(
     g.add_argument("--threads", type=int, default=None, help="CPU threads in all (default: all cores)")
 
 
-def _nodes(text: str) -> int:
-    """--tree-nodes: a count >= 0, refused as a usage error otherwise."""
-    value = int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, not {value}")
-    return value
+def count(text: str) -> int:
+    """An argparse type: an integer >= 0, refused as a usage error otherwise."""
+    n = int(text)
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"{n}: must be 0 or more")
+    return n
 
 
 def _cutoff(text: str) -> float:

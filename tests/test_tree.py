@@ -20,11 +20,16 @@ from sglang_d3d.speculative.tree import (
     ancestor_mask,
     build_tree,
     chain_accepted,
-    chain_tree,
     greedy_tree_accept,
     path_tokens,
 )
 from sglang_d3d.testing import tiny_hf_model
+
+
+def chain_tree(drafts: list[int]) -> DraftTree:
+    """A chain of drafts as a tree (each node the child of the one before)."""
+    n = len(drafts)
+    return DraftTree(tuple(drafts), tuple(range(n)), tuple(range(1, n + 1)))
 
 
 def _q(rows: list[dict[int, float]], vocab: int = 10) -> torch.Tensor:
@@ -255,3 +260,22 @@ def test_tree_cycles_report_depth_and_the_chain(tiny_models):
     assert all(o.chain[1] <= o.stats.num_accepted + 1 for o in trees)
     # the oracle ranks the truth second at some positions: there the tree goes further
     assert any(o.stats.num_accepted > o.chain[1] for o in trees)
+
+
+def test_a_failing_tree_row_fails_alone(tiny_models):
+    """A row whose tree verification raises ends with an error; the others stay exact."""
+    eng = make_engine(tiny_models, Mode.SYNC, block=4, tree_nodes=5)
+    real, bad = eng.target.keep_path, {}
+
+    def keep_path(slot, path):
+        if slot == bad.setdefault("slot", slot):
+            raise RuntimeError("boom")
+        return real(slot, path)
+
+    eng.target.keep_path = keep_path
+    out = generate(eng, PROMPTS, SamplingParams(max_new_tokens=12))
+    failed = [o for o in out if o.error is not None]
+    assert len(failed) == 1 and "boom" in failed[0].error
+    for prompt, o in zip(PROMPTS, out):
+        if o.error is None:
+            assert o.token_ids == reference_greedy(tiny_models[0], prompt, 12)

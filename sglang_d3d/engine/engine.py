@@ -300,8 +300,12 @@ class SpecEngine:
         argmax = logits.argmax(-1).tolist()  # [N, B]
         verdicts = []
         for s, tree, lg, am in zip(rows, trees, logits, argmax, strict=True):
-            path, token = greedy_tree_accept(tree, am)
-            self.target.keep_path(s.slot, path)
+            try:
+                path, token = greedy_tree_accept(tree, am)
+                self.target.keep_path(s.slot, path)
+            except Exception as e:  # noqa: BLE001 - one request's failure must not stop the others
+                verdicts.append(Verdict(error=f"{type(e).__name__}: {e}"))
+                continue
             self.target.advance(s.slot, len(path) + 1)
             verdicts.append(Verdict(len(path), token, lg[[0, *path]],
                                     path=tuple(path_tokens(tree, path))))

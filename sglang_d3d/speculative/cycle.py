@@ -14,7 +14,6 @@ anyway runs on the caller's thread with every core, on the drafter's stream (`Ex
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -125,20 +124,9 @@ def run_cycle(
     times.hits, times.misses = hits.count(True), hits.count(False)
     times.end = time.perf_counter() - t0
     new_faults = [s.faults - f for s, f in zip(states, faults)] or [0] * len(rows)
-    outcomes = [_outcome(*row, times) for row in zip(drafts, verdicts, hits, new_faults, strict=True)]
-    if trees:
-        outcomes = [_as_tree(o, d, t, v) for o, d, t, v in zip(outcomes, drafts, trees, verdicts)]
-    return outcomes
-
-
-def _as_tree(o: Outcome, chain: list[int], tree: DraftTree, v: Verdict) -> Outcome:
-    """A tree cycle's outcome: its stats count the positions it tested (its depth), and it
-    says what its top-1 chain would have had accepted."""
-    if o.stats is None:
-        return o
-    stats = dataclasses.replace(o.stats, num_drafts=tree.depth, tree_nodes=tree.size)
-    return dataclasses.replace(o, stats=stats,
-                               chain=(len(chain), chain_accepted(chain, list(v.path), v.token)))
+    rows_trees = trees or [None] * len(rows)
+    return [_outcome(*row, times)
+            for row in zip(drafts, verdicts, hits, new_faults, rows_trees, strict=True)]
 
 
 def _follow(drafting: Drafting, states: list[DraftState], verdicts: list[Verdict], block: int):
@@ -155,14 +143,20 @@ def _follow(drafting: Drafting, states: list[DraftState], verdicts: list[Verdict
     return hits
 
 
-def _outcome(draft: list[int], v: Verdict, hit, faults: int, t: CycleTimes) -> Outcome:
+def _outcome(draft: list[int], v: Verdict, hit, faults: int, tree: DraftTree | None,
+             t: CycleTimes) -> Outcome:
+    """`draft`: the row's chain; `tree`: the tree verified instead, if any. A tree cycle's
+    stats count the positions it tested (its depth), and it says what its top-1 chain would
+    have had accepted."""
     if v.error is not None:
         return Outcome([], None, faults, t, error=v.error)
     draft_time = t.draft_end + (t.predraft_end - t.predraft_start)
-    stats = CycleStats(len(draft), v.accepted, hit, draft_time, t.verify_end - t.verify_start,
-                       t.end, t.overlap)
+    tested, nodes = (tree.depth, tree.size) if tree else (len(draft), 0)
+    stats = CycleStats(tested, v.accepted, hit, draft_time, t.verify_end - t.verify_start,
+                       t.end, t.overlap, nodes)
     done = list(v.path) if v.path is not None else draft[: v.accepted]
-    return Outcome(done + [v.token], stats, faults, t, v.logits)
+    chain = (len(draft), chain_accepted(draft, done, v.token)) if tree else None
+    return Outcome(done + [v.token], stats, faults, t, v.logits, chain=chain)
 
 
 def record(request_id: str, stats: RequestStats, o: Outcome, listeners: Listeners) -> None:

@@ -67,12 +67,6 @@ def build_tree(
     return DraftTree(tuple(tokens), tuple(parents), tuple(depths))
 
 
-def chain_tree(drafts: list[int]) -> DraftTree:
-    """A chain of drafts as a tree (each node the child of the one before)."""
-    n = len(drafts)
-    return DraftTree(tuple(drafts), tuple(range(n)), tuple(range(1, n + 1)))
-
-
 def ancestor_mask(tree: DraftTree) -> torch.Tensor:
     """[M+1, M+1] bool: node i may attend to node j (j is i or an ancestor of i)."""
     m = tree.size + 1

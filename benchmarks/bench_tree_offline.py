@@ -39,7 +39,10 @@ def main() -> None:
     ranks, trees = draft_blocks(drafter, blocks(samples, a.anchors, a.block + 1), a.block)
     nodes = [int(n) for n in a.nodes.split(",")]
     table = score(ranks, trees, nodes, a.block - 1)
-    print(f"{len(ranks)} blocks, {a.block - 1} draft depths; accepted tokens per cycle (drafts + 1):")
+    print(f"{len(ranks)} blocks; share with the target's token in the drafter's top 1 / 2 / 3:")
+    for d, row in enumerate(coverage(ranks, 3), start=1):
+        print(f"  draft {d}: " + " / ".join(f"{c:.2f}" for c in row))
+    print(f"{a.block - 1} draft depths; accepted tokens per cycle (drafts + 1):")
     for row in table:
         print(f"nodes {row['nodes']:2d}: chain {row['chain']:.3f}  static tree {row['static']:.3f}"
               f"  drafter's tree {row['drafter']:.3f}")
@@ -63,6 +66,11 @@ def draft_blocks(drafter, cases, block: int):
         ranks.append((lg > lg.gather(1, t[:, None])).sum(1).tolist())
         probs.append((torch.softmax(lg, -1), truth))
     return np.array(ranks), probs
+
+
+def coverage(ranks: np.ndarray, k: int) -> list[list[float]]:
+    """[depth][j]: share of blocks whose true token is among the drafter's top j + 1 there."""
+    return [[float((ranks[:, d] <= j).mean()) for j in range(k)] for d in range(ranks.shape[1])]
 
 
 def score(ranks: np.ndarray, drafted, nodes: list[int], depth: int) -> list[dict]:

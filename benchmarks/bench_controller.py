@@ -35,6 +35,8 @@ def main() -> None:
     p.add_argument("--num-prompts", type=int, default=16, help="per dataset")
     p.add_argument("--concurrency", type=int, default=1)
     p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--temperature", type=float, default=0.0, help="0: greedy (each prompt "
+                   "sampled with its own seed otherwise)")
     p.add_argument("--also-min-explore", type=float, nargs="*", default=[],
                    help="more async engines, each with this controller min_explore "
                         "(1.0: every losing plan keeps its whole re-measurement share)")
@@ -69,7 +71,8 @@ def main() -> None:
         engines[f"async({w})"] = SpecEngine(cfg, target, drafter)
     prompts = [chat_ids(tok, q) for d in a.dataset.split(",")
                for q in load_questions(d, a.num_prompts)]
-    params = SamplingParams(max_new_tokens=a.max_new_tokens, stop_token_ids=(tok.eos_token_id,))
+    params = [SamplingParams(max_new_tokens=a.max_new_tokens, stop_token_ids=(tok.eos_token_id,),
+                             temperature=a.temperature, seed=i) for i in range(len(prompts))]
     generate(engines["ar"], prompts[:1], SamplingParams(max_new_tokens=8))  # first-call costs
     for name in [n for n in engines if n != "ar"] if a.calibrate else []:
         # as the server does at start-up (--no-calibrate: learn from traffic)
@@ -81,7 +84,7 @@ def main() -> None:
         for name in rotated(list(engines), i // a.concurrency):
             e = engines[name]
             t0 = time.perf_counter()
-            outs = generate(e, prompts[i : i + a.concurrency], params)
+            outs = generate(e, prompts[i : i + a.concurrency], params[i : i + a.concurrency])
             seconds[name] += time.perf_counter() - t0
             tokens[name] += sum(len(o.token_ids) for o in outs)
     print({n: f"{tokens[n] / seconds[n]:.1f} tok/s" for n in engines})
@@ -93,9 +96,14 @@ def main() -> None:
 def _print_cycles(engine: SpecEngine) -> None:
     per = collections.defaultdict(list)
     for c in engine.timeline.cycles:
-        per[(c.batch, c.block)].append(c.end)
-    for (batch, block), ts in sorted(per.items()):
-        print(f"batch {batch:2d} block {block:2d}: {len(ts):4d} cycles, mean {1e3 * sum(ts) / len(ts):6.1f} ms")
+        per[(c.batch, c.block, c.predraft_end > 0)].append(c.end)
+    for (batch, block, pre), ts in sorted(per.items()):
+        kind = " pre-drafted" if pre else ""
+        print(f"batch {batch:2d} block {block:2d}{kind}: {len(ts):4d} cycles, "
+              f"mean {1e3 * sum(ts) / len(ts):6.1f} ms")
+    factors = {plan_name(p): round(engine.controller.tree_factor(p), 3)
+               for p in engine.controller.tree_yield}
+    print(f"tree yield over chains, by plan: {factors}")
     rows = collections.defaultdict(list)
     for b, plan, s, t in sorted(engine.controller.snapshot()):
         rows[b].append(f"{plan_name(plan)} {1e3 * s:.0f} ms {t:.1f} tok/s")

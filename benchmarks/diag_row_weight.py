@@ -3,7 +3,8 @@
 The adaptive controller rates each decoding row by its own acceptance counts, with the
 traffic's rates as their prior (engine/adaptive.py `blend`, `row_weight`). To compare that with
 the traffic's rates alone side by side, list the same adaptive mode twice under two names;
-the third engine built (the second of the two) gets `row_weight = 1e12`:
+the third engine built (the second of the two) gets `row_weight = 1e12`
+(`diag_controller.py --engine 3 --set row_weight=1e12`):
 
     .venv/bin/python -m benchmarks.diag_row_weight --dataset gsm8k --num-prompts 30 \\
         --max-new-tokens 128 --branch-budget 1 --block-size 8 \\
@@ -14,26 +15,9 @@ from __future__ import annotations
 
 import sys
 
-import sglang_d3d.bench as bench
-from sglang_d3d.cli import main
+from benchmarks.diag_controller import run
 
 TRAFFIC_ONLY = 1e12  # a prior worth this many cycles: the row's own counts never matter
 
-
-def _patch() -> None:
-    real, built = bench.SpecEngine, []
-
-    def make(cfg, *args, **kwargs):
-        engine = real(cfg, *args, **kwargs)
-        built.append(engine)
-        if len(built) == 3:
-            engine.controller.row_weight = TRAFFIC_ONLY
-            print("engine 3: the traffic's acceptance rates only", flush=True)
-        return engine
-
-    bench.SpecEngine = make
-
-
 if __name__ == "__main__":
-    _patch()
-    sys.exit(main(["bench", *sys.argv[1:]]))
+    sys.exit(run(["--engine", "3", "--set", f"row_weight={TRAFFIC_ONLY}", *sys.argv[1:]]))

@@ -48,3 +48,12 @@ $D3D bench --dataset mt_bench --num-prompts 20 --max-new-tokens 128 --branch-bud
   --block-size $BLOCK --modes $M --drafter "$DRAFTER" --out $OUT/bench_int8_mtbench20_${TAG}.json
 $D3D bench --dataset runs/mbpp20.jsonl --num-prompts 10 --max-new-tokens 128 --branch-budget 1 \
   --block-size $BLOCK --modes $M --drafter "$DRAFTER" --out $OUT/bench_int8_mbpp10_${TAG}.json
+
+# Sampled requests (temperature 0.7): token trees filled with draws, against chains (-tree0),
+# side by side (sitting 12: bench_s12_sampled_*.json). Outputs follow the target's
+# distribution, not token for token, so no identity check.
+M=ar,sync-tree0@4,sync@4,async-adaptive-tree0@$BLOCK,async-adaptive@$BLOCK
+$D3D bench --dataset gsm8k --num-prompts 20 --max-new-tokens 128 --temperature 0.7 --branch-budget 1 \
+  --block-size $BLOCK --modes $M --drafter "$DRAFTER" --out $OUT/bench_s12_sampled_gsm8k20_${TAG}.json
+$D3D bench --dataset mt_bench --num-prompts 20 --max-new-tokens 128 --temperature 0.7 --branch-budget 1 \
+  --block-size $BLOCK --modes $M --drafter "$DRAFTER" --out $OUT/bench_s12_sampled_mtbench20_${TAG}.json

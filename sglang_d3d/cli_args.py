@@ -52,10 +52,11 @@ def add_engine_args(
                    "drafter's probabilities of them stays at or above this (0: whole blocks; "
                    f"default {EngineConfig.draft_cutoff}); outputs do not change")
     g.add_argument("--tree-nodes", type=count, default=None,
-                   help="sync/async, greedy requests: verify a tree of this many draft tokens "
-                   "(the drafter's likeliest paths, several guesses per position) in cycles "
-                   f"without pre-drafting (0: a chain of block-1 drafts; default "
-                   f"{EngineConfig.tree_nodes}, 0 with --backend sglang); outputs do not change")
+                   help="sync/async: verify a tree of this many draft tokens (greedy requests: "
+                   "the drafter's likeliest paths, several guesses per position; sampled: the "
+                   "same shape filled with draws) in cycles without pre-drafting (0: a chain of "
+                   f"block-1 drafts; default {EngineConfig.tree_nodes}, 0 with --backend "
+                   "sglang); outputs do not change (sampled: in distribution)")
     g.add_argument("--threads", type=int, default=None, help="CPU threads in all (default: all cores)")
 
 

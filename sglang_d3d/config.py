@@ -128,9 +128,10 @@ class EngineConfig:
     # of 4, and a verify pass of up to about 4 tokens costs what one token's does, so cutting
     # below that loses tokens and saves nothing (benchmarks/results/README.md, sitting 10).
     draft_cutoff: float = 0.0
-    # sync/async, greedy rows, cycles without pre-drafting: verify a tree of this many draft
-    # tokens (the drafter's likeliest paths, several guesses per position) instead of a chain
-    # of block_size - 1 (speculative/tree.py); 0: chains. Exact either way. 5 (a verify pass
+    # sync/async, cycles without pre-drafting: verify a tree of this many draft tokens
+    # (greedy rows: the drafter's likeliest paths, several guesses per position; sampled rows:
+    # the same shape filled with draws) instead of a chain of block_size - 1
+    # (speculative/tree.py, tree_sampling.py); 0: chains. Exact either way. 5 (a verify pass
     # of 6 tokens, which costs about what one of 4 does on this CPU) was faster than chains
     # on GSM8K, MT-Bench and code at batch 1 (benchmarks/results/README.md, sitting 11).
     tree_nodes: int = 5

@@ -382,3 +382,38 @@ def test_one_curve_gives_every_blocks_expected_tokens():
     for b in range(1, 7):  # past the known rates the last one repeats, as expected_tokens does
         assert curve[b] == pytest.approx(expected_tokens(rates, b))
     assert expected_curve([], 3)[1:] == [1.0, 1.0, 1.0]
+
+
+def test_plans_verified_as_trees_are_scored_by_what_their_trees_yield():
+    """A plan's trees that accept more than its chains would have raise its score by that
+    ratio; trees that accept less (a deep block the tree does not reach) lower it; plans
+    without trees keep the chain's estimate."""
+    four, eight, four_o = Plan(4), Plan(8), Plan(4, True)
+    c = BlockController(candidates=(Plan(1), four, eight, four_o), warmup=1)
+    for p in (four, eight, four_o):
+        c.observe(1, p, 0.08, [(p.block - 1, 2)])
+    before = {p: c.score(1, p) for p in (four, eight, four_o)}
+    assert c.tree_factor(four) == 1.0
+    for _ in range(200):
+        c.observe_trees(four, [(3, 2)])  # 4 tokens where the chain had 3
+        c.observe_trees(eight, [(2, 3)])  # 3 where the chain of 7 had 4
+    assert c.tree_factor(four) == pytest.approx(4 / 3, rel=0.02)
+    assert c.tree_factor(eight) == pytest.approx(3 / 4, rel=0.02)
+    assert c.score(1, four) == pytest.approx(before[four] * c.tree_factor(four))
+    assert c.score(1, eight) == pytest.approx(before[eight] * c.tree_factor(eight))
+    assert c.score(1, four_o) == before[four_o]
+    snap = {p: tps for _, p, _, tps in c.snapshot()}
+    assert snap[four] == pytest.approx(c.score(1, four))
+    c.observe_trees(four, [])  # a cycle without trees teaches nothing
+    assert c.tree_factor(four) == pytest.approx(4 / 3, rel=0.02)
+
+
+def test_the_tree_factor_starts_at_the_chains_and_follows_the_traffic():
+    c = BlockController(candidates=(Plan(1), Plan(4)), window=100)
+    c.observe_trees(Plan(4), [(3, 2)])  # one cycle barely moves the prior
+    assert 1.0 < c.tree_factor(Plan(4)) < 1.1
+    for _ in range(500):
+        c.observe_trees(Plan(4), [(3, 2)])
+    for _ in range(500):
+        c.observe_trees(Plan(4), [(2, 2)])  # trees now yield what chains do
+    assert c.tree_factor(Plan(4)) == pytest.approx(1.0, abs=0.02)

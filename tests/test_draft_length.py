@@ -13,7 +13,12 @@ from sglang_d3d.config import EngineConfig, Mode, SamplingParams
 from sglang_d3d.engine.calibrate import calibrate
 from sglang_d3d.engine.offline import generate
 from sglang_d3d.speculative.cycle import Plan
-from sglang_d3d.speculative.draft_length import batch_length, confident_length, draft_confidences
+from sglang_d3d.speculative.draft_length import (
+    batch_length,
+    confident_length,
+    draft_confidences,
+    row_confidences,
+)
 
 PROMPTS = [[5, 6, 7, 8], [9, 10]]
 
@@ -33,6 +38,17 @@ def test_confidences_are_the_drafter_probabilities_of_its_own_drafts():
     q = torch.tensor([[0.1, 0.7, 0.2], [0.5, 0.25, 0.25], [0.3, 0.3, 0.4]])  # [G+1, V]
     assert draft_confidences([1, 2], q) == pytest.approx([0.7, 0.25])
     assert draft_confidences([], q) == []
+
+
+def test_a_sampled_rows_confidences_do_not_look_at_its_draws():
+    """Sampled drafts are draws: cutting on their own probabilities would verify a draft only
+    for some draws (not exact), so a sampled row's confidence is each slot's top probability,
+    the same whatever was drawn."""
+    q = torch.tensor([[0.1, 0.7, 0.2], [0.5, 0.25, 0.25], [0.3, 0.3, 0.4]])
+    assert row_confidences([1, 2], q, greedy=True) == pytest.approx([0.7, 0.25])
+    for draft in ([1, 2], [0, 0], [2, 1]):
+        assert row_confidences(draft, q, greedy=False) == pytest.approx([0.7, 0.5])
+    assert row_confidences([], q, greedy=False) == []
 
 
 def test_one_block_length_per_pass_the_longest_asked():

@@ -33,9 +33,13 @@ def _exact_pair_distribution(hf, params: SamplingParams, vocab: int) -> torch.Te
     return p1.unsqueeze(1) * p2
 
 
-@pytest.mark.parametrize("layout,block", [("tiny", 3), ("production", 16)])
+@pytest.mark.parametrize("layout,block,engine_kw", [
+    ("tiny", 3, {}), ("production", 16, {}),  # token trees (tree_sampling.py), the default
+    ("tiny", 3, {"tree_nodes": 0}),  # chains
+    ("tiny", 3, {"draft_cutoff": 0.3}),  # blocks cut by the drafter's confidence
+], ids=["tiny", "production", "tiny-chains", "tiny-cutoff"])
 @pytest.mark.parametrize("mode", [Mode.ASYNC, Mode.SYNC])
-def test_sampled_tokens_follow_the_target(request, layout, block, mode):
+def test_sampled_tokens_follow_the_target(request, layout, block, engine_kw, mode):
     """The first token comes from prefill and the second from speculative verification; their
     joint distribution must be the target's (chi-square over the likely pairs)."""
     models = layout_models(request, layout)
@@ -43,9 +47,13 @@ def test_sampled_tokens_follow_the_target(request, layout, block, mode):
     params = SamplingParams(temperature=2.5, top_k=6, max_new_tokens=2)
     exact = _exact_pair_distribution(hf, params, 96)
     n = 1200
-    eng = make_engine(models, mode, block=block, batch=8, max_queue=n)
+    eng = make_engine(models, mode, block=block, batch=8, max_queue=n, **engine_kw)
+    trees = []
+    eng.cycle_listeners.append(lambda rid, c: trees.append(c.tree_nodes > 0))
     plist = [SamplingParams(temperature=2.5, top_k=6, max_new_tokens=2, seed=s) for s in range(n)]
     outs = generate(eng, [PROMPT] * n, plist)
+    if mode is Mode.SYNC:  # every cycle verifies trees, unless chains were asked for
+        assert trees and all(trees) == (eng.tree_nodes > 0) and any(trees) == all(trees)
     counts = torch.zeros(96, 96)
     for o in outs:
         counts[o.token_ids[0], o.token_ids[1]] += 1

@@ -213,15 +213,20 @@ def test_trees_accept_paths_a_chain_would_have_missed(tiny_models):
     assert tree_rate > chain_rate
 
 
-def test_sampled_rows_verify_chains(request):
-    """Only greedy verification of trees is built: a batch with a sampled row verifies chains,
-    and sampling completes."""
+def test_sampled_rows_verify_trees(request):
+    """Sampled rows, alone and batched with greedy ones, verify trees (tree_sampling.py): every
+    speculative pass of a sync engine is a tree, requests complete, and the greedy rows still
+    equal the target's output."""
     models = layout_models(request, "production")
     eng = make_engine(models, Mode.SYNC, block=8, tree_nodes=7)
     passes = _spy_trees(eng)
-    out = generate(eng, PROMPTS, SamplingParams(temperature=0.8, seed=1, max_new_tokens=16))
+    sampled = SamplingParams(temperature=0.8, seed=1, max_new_tokens=16)
+    greedy = SamplingParams(max_new_tokens=16)
+    out = generate(eng, PROMPTS, [sampled, greedy, sampled, greedy])
     assert all(o.error is None and len(o.token_ids) == 16 for o in out)
-    assert passes and not any(tree for _, tree in passes)
+    assert passes and all(tree for _, tree in passes)
+    for i in (1, 3):
+        assert out[i].token_ids == reference_greedy(models[0], PROMPTS[i], 16)
 
 
 def test_tree_nodes_is_checked():
@@ -260,6 +265,19 @@ def test_tree_cycles_report_depth_and_the_chain(tiny_models):
     assert all(o.chain[1] <= o.stats.num_accepted + 1 for o in trees)
     # the oracle ranks the truth second at some positions: there the tree goes further
     assert any(o.stats.num_accepted > o.chain[1] for o in trees)
+
+
+def test_the_controller_learns_what_trees_yield(tiny_models):
+    """Trees that hold second guesses (the oracle ranks the truth second at some positions)
+    raise the controller's estimate of the plan they verified, greedy and sampled alike."""
+    for params in (SamplingParams(max_new_tokens=24),
+                   SamplingParams(temperature=0.5, seed=3, max_new_tokens=24)):
+        eng = make_engine(tiny_models, Mode.SYNC, block=4, tree_nodes=6, adaptive=True)
+        OracleDrafter(eng, tiny_models[0])
+        eng.controller.choose = lambda *a, **k: Plan(4)  # speculate in every cycle
+        generate(eng, PROMPTS, params)
+        assert list(eng.controller.tree_yield) == [Plan(4)]
+        assert eng.controller.tree_factor(Plan(4)) > 1.0
 
 
 def test_a_failing_tree_row_fails_alone(tiny_models):

@@ -179,7 +179,7 @@ def speculation_panels() -> list[dict]:
             "percentunit",
             **unit_ratio,
             description="Share of speculative cycles whose drafts went to the target as a "
-            "token tree (greedy requests, cycles without pre-drafting; --tree-nodes).",
+            "token tree (cycles without pre-drafting; --tree-nodes).",
         ),
     ]
 

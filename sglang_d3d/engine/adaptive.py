@@ -162,6 +162,16 @@ class BlockController:
     # served right after GSM8K ran block 4 at 0.87x of plain decoding on GSM8K's rates).
     row_weight: float = 8.0
     last: Plan | None = None  # the last plan chosen on the estimates (not warm-up, not re-measuring)
+    # Plans verified as token trees (speculative/tree.py) yield other than their chain: more
+    # at a block of 4 (second guesses), less at 8 (a tree of 5 drafts rarely reaches past
+    # depth 4, where the chain of 7 would go on). The rates above stay the chain's, so each
+    # such plan keeps plan -> [tokens its trees yielded, tokens their chains would have], over
+    # about the last `window` row-cycles, and its expected tokens are scaled by their ratio
+    # (`tree_factor`). Measured before this: the controller, scoring trees as chains, ran
+    # blocks of 8 whose trees yielded what blocks of 4 did for a dearer draft pass, 2.5-4%
+    # behind sync at block 4 (benchmarks/results/README.md, sitting 11).
+    tree_yield: dict[Plan, list[float]] = field(default_factory=dict)
+    tree_prior: float = 16.0  # tokens' worth of evidence for a factor of 1 (the chain's)
 
     def accept_rates(self) -> list[float]:
         """P(draft i accepted | drafts before it accepted) for every draft a candidate can
@@ -192,6 +202,22 @@ class BlockController:
         ranked = sorted(allowed, key=lambda p: -est[p][1])  # all estimated now
         current = self._keep(ranked, est)
         return self._explore(batch, current, [p for p in ranked if p != current], est) or current
+
+    def tree_factor(self, plan: Plan) -> float:
+        """Tokens a cycle of `plan` yields over what its chains would have (1 until trees of
+        it were seen)."""
+        tree, chain = self.tree_yield.get(plan, (0.0, 0.0))
+        return (tree + self.tree_prior) / (chain + self.tree_prior)
+
+    def observe_trees(self, plan: Plan, pairs: list[tuple[int, int]]) -> None:
+        """pairs: (drafts the tree accepted, drafts its top-1 chain would have) per row of a
+        cycle of `plan` verified as trees."""
+        if not pairs:
+            return
+        keep = (1 - 1 / self.window) ** len(pairs)
+        tree, chain = self.tree_yield.get(plan, (0.0, 0.0))
+        self.tree_yield[plan] = [tree * keep + sum(1 + t for t, _ in pairs),
+                                 chain * keep + sum(1 + c for _, c in pairs)]
 
     def _keep(self, ranked: list[Plan], est: dict[Plan, tuple[float, float]]) -> Plan:
         """The best plan, but a speculative one only where it beats plain decoding by `margin`
@@ -226,7 +252,7 @@ class BlockController:
             seconds = self._time(batch, p)
             if seconds is not None:
                 seconds = self._within(batch, p, rows, seconds)
-                est[p] = (seconds, tokens[p.block] / seconds)
+                est[p] = (seconds, tokens[p.block] * self.tree_factor(p) / seconds)
         return est
 
     def _batch_tokens(self, rates: list[float], evidence: list[AcceptCounts], rows: int,
@@ -359,7 +385,8 @@ class BlockController:
         pair, for metrics. Another thread may call it while the engine plans: it reads a copy
         of the times (one C-level copy, so no insertion can interleave)."""
         times, rates = list(self.times.items()), self.accept_rates()
-        return [(b, p, s, throughput(b, rates, p.block, s)) for (b, p), s in times]
+        return [(b, p, s, throughput(b, rates, p.block, s) * self.tree_factor(p))
+                for (b, p), s in times]
 
     def seed_time(self, batch: int, plan: Plan, seconds: float, samples: int) -> None:
         """A time measured before serving (engine/calibrate.py), from `samples` cycles on

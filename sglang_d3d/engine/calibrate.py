@@ -70,6 +70,9 @@ class _Scripted:
             return
         self.seen[(bucket(batch), plan)].append(seconds)
 
+    def observe_trees(self, plan: Plan, pairs) -> None:
+        """What trees yield on synthetic text says nothing about real prompts: dropped."""
+
     def recorded(self, batch: int, plan: Plan) -> int:
         return len(self.seen.get((batch, plan), ()))
 

@@ -35,6 +35,7 @@ from sglang_d3d.speculative.sampling import make_generator, sample, target_probs
 from sglang_d3d.speculative.threads import intra_op_threads
 from sglang_d3d.speculative.timeline import Timeline
 from sglang_d3d.speculative.tree import DraftTree, greedy_tree_accept, path_tokens, tree_inputs
+from sglang_d3d.speculative.tree_sampling import sampled_tree_accept
 from sglang_d3d.speculative.verify import verify_draft
 
 
@@ -261,6 +262,8 @@ class SpecEngine:
         if self.controller is not None:
             tested = self._tested(plan, outcomes)
             self.controller.observe(len(rows), plan, times.end, tested)
+            self.controller.observe_trees(
+                plan, [(o.stats.num_accepted, o.chain[1]) for o in outcomes if o.chain and o.stats])
             for s, t in zip([s for s, o in zip(rows, outcomes) if o.stats], tested, strict=True):
                 s.accept.add(*t)
         self.plan_listeners.notify(len(rows), plan, times.end)
@@ -290,18 +293,19 @@ class SpecEngine:
         with intra_op_threads(threads):
             logits = self.target.forward_block([s.slot for s in rows], tokens, shape)  # [N, B, V]
         if trees is not None:
-            return self._accept_trees(rows, trees, logits)
+            return self._accept_trees(rows, trees, proposals, logits)
         return self._accept(rows, tokens[:, 1:].tolist(), proposals, list(logits))
 
-    def _accept_trees(self, rows: list[Sequence], trees: list[DraftTree],
+    def _accept_trees(self, rows: list[Sequence], trees: list[DraftTree], proposals: list,
                       logits: torch.Tensor) -> list[Verdict]:
-        """Greedy rows only (Drafting.trees): each row follows the target's argmax down its
-        tree; the target keeps the accepted path where a chain would have written it."""
-        argmax = logits.argmax(-1).tolist()  # [N, B]
+        """logits [N, M+1, V]: each row walks down its tree (greedy: the target's argmax;
+        sampled: recursive rejection sampling, tree_sampling.py); the target keeps the accepted
+        path where a chain would have written it."""
+        argmax = logits.argmax(-1).tolist()  # [N, M+1]
         verdicts = []
-        for s, tree, lg, am in zip(rows, trees, logits, argmax, strict=True):
+        for s, tree, q, lg, am in zip(rows, trees, proposals, logits, argmax, strict=True):
             try:
-                path, token = greedy_tree_accept(tree, am)
+                path, token = self._walk(s, tree, q, lg, am)
                 self.target.keep_path(s.slot, path)
             except Exception as e:  # noqa: BLE001 - one request's failure must not stop the others
                 verdicts.append(Verdict(error=f"{type(e).__name__}: {e}"))
@@ -310,6 +314,13 @@ class SpecEngine:
             verdicts.append(Verdict(len(path), token, lg[[0, *path]],
                                     path=tuple(path_tokens(tree, path))))
         return verdicts
+
+    @staticmethod
+    def _walk(s: Sequence, tree: DraftTree, q: torch.Tensor, logits: torch.Tensor,
+              argmax: list[int]) -> tuple[list[int], int]:
+        if s.params.greedy:
+            return greedy_tree_accept(tree, argmax)
+        return sampled_tree_accept(tree, q, target_probs(logits, s.params), s.generator)
 
     def _accept(self, rows: list[Sequence], drafts: list[list[int]], proposals: list,
                 logits: list[torch.Tensor]) -> list[Verdict]:

@@ -9,7 +9,7 @@ blocks of 8, the int8 drafter: draft 2 was accepted 96% of the time at q >= 0.9 
 row verifies its leading drafts while the product of their probabilities, the drafter's
 estimate that all of them are accepted, stays at or above a cutoff. Truncating a draft never
 changes the output: verification is exact for any number of drafts (greedy: compared;
-sampling: rejection against q). What it gained is in benchmarks/results/README.md (sitting
+sampling: rejection against q) chosen before the draws (`row_confidences`). What it gained is in benchmarks/results/README.md (sitting
 10): a fixed block of 8 got faster, the adaptive controller's blocks of 4 did not.
 """
 
@@ -24,6 +24,16 @@ def draft_confidences(draft: list[int], q: torch.Tensor) -> list[float]:
         return []
     idx = torch.tensor(draft, dtype=torch.long, device=q.device)
     return q[torch.arange(len(draft), device=q.device), idx].float().tolist()
+
+
+def row_confidences(draft: list[int], q: torch.Tensor, greedy: bool) -> list[float]:
+    """A row's confidences for `confident_length`. A sampled row's drafts are draws from q, and
+    a cut that looked at them would verify a draft only for some draws, so the drafts tested
+    would no longer be fair draws from q and sampling would not be exact: a sampled row's
+    confidence at slot j is q_j's top probability, which no draw moves."""
+    if greedy or not draft:
+        return draft_confidences(draft, q)
+    return q[: len(draft)].float().amax(-1).tolist()
 
 
 def confident_length(confidences: list[float], cutoff: float) -> int:

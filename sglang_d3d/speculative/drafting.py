@@ -22,10 +22,11 @@ from sglang_d3d.models.drafter import D3DDrafter
 from sglang_d3d.models.kv_cache import KVCache
 from sglang_d3d.models.packing import branch_pack, extend_pack
 from sglang_d3d.speculative.branches import match_branch, select_branches
-from sglang_d3d.speculative.draft_length import batch_length, confident_length, draft_confidences
+from sglang_d3d.speculative.draft_length import batch_length, confident_length, row_confidences
 from sglang_d3d.speculative.draft_state import DraftState
 from sglang_d3d.speculative.sampling import RequestRandom, draw_drafts, usable
 from sglang_d3d.speculative.tree import DraftTree, build_tree
+from sglang_d3d.speculative.tree_sampling import sample_tree
 
 log = logging.getLogger(__name__)
 MAX_DRAFTER_FAULTS = 3  # after this many, a request stops using the drafter
@@ -119,7 +120,8 @@ class Drafting:
         if cutoff <= 0 or not rows:
             return
         wanted = [None if s.draft_q is None else
-                  confident_length(draft_confidences(s.draft, s.draft_q), cutoff) for s in rows]
+                  confident_length(row_confidences(s.draft, s.draft_q, s.params.greedy), cutoff)
+                  for s in rows]
         keep = batch_length(wanted, len(rows[0].draft))
         for s in rows:
             s.draft = s.draft[:keep]
@@ -200,14 +202,21 @@ class Drafting:
 
     def trees(self, rows: list[DraftState], nodes: int) -> list[DraftTree] | None:
         """Every row's drafts as a token tree of `nodes` drafts (speculative/tree.py), or None
-        (verify chains) unless every row is greedy, has the drafter's distributions (not a
-        placeholder) and no branches in flight: one verify pass has one shape, and only
-        greedy verification of trees is built."""
+        (verify chains) unless every row has the drafter's distributions (not a placeholder)
+        and no branches in flight: one verify pass has one shape. A greedy row's tree holds
+        the drafter's likeliest paths; a sampled row's has the same shape, filled with draws
+        (tree_sampling.py), its chain's drafts first."""
         if nodes <= 0 or not rows or any(
-                not s.params.greedy or s.draft_q is None or not s.draft or s.branches for s in rows):
+                s.draft_q is None or not s.draft or s.branches for s in rows):
             return None
-        trees = [build_tree(s.draft_q[: len(s.draft)], nodes) for s in rows]
+        trees = [self._tree(s, nodes) for s in rows]
         return trees if len({t.size for t in trees}) == 1 else None
+
+    @staticmethod
+    def _tree(s: DraftState, nodes: int) -> DraftTree:
+        q = s.draft_q[: len(s.draft)]  # [D, V]
+        shape = build_tree(q, nodes)
+        return shape if s.params.greedy else sample_tree(shape, s.draft, q, s.generator)
 
     # ---- after verify -----------------------------------------------------------------------
     def advance(self, s: DraftState, accepted: int, token: int, block: int,

@@ -1,4 +1,4 @@
-"""Token trees: verify several guesses per position in one target pass (greedy rows).
+"""Token trees: verify several guesses per position in one target pass.
 
 The D3D drafter fills a block's mask slots in one pass, each slot conditioned on the accepted
 prefix only, so slot j gives a distribution q_j over the token j+1 after the anchor that does
@@ -12,8 +12,8 @@ GSM8K blocks of 4, a tree of 5 drafts yields 3.03 tokens a cycle against 2.76 fo
 
 Greedy verification of a tree keeps the target's output exactly: from the root (the last
 accepted token), follow the child whose token is the target's argmax at its parent; the
-target's argmax at the last node followed is the next token. Sampled rows verify a chain
-(multi-candidate rejection sampling is not built).
+target's argmax at the last node followed is the next token. Sampled rows verify a tree of the
+same shape filled with draws, by recursive rejection sampling (tree_sampling.py).
 
 Node 0 of a tree is the root; nodes 1..M are candidates, parents before children.
 """

@@ -1,0 +1,131 @@
+"""Token trees for sampled rows: exact verification by recursive rejection sampling.
+
+A greedy tree holds the drafter's likeliest tokens (tree.py). A sampled row cannot: rejection
+sampling is exact only for candidates *drawn* from the proposal q. So a sampled row keeps the
+greedy tree's shape (how many children each node has, fixed by q alone, before any draw) and
+fills each depth's sibling slots with tokens drawn from q_d without replacement: slot 0 is the
+chain's own draft (already drawn from q_d), slots 1.. the next draws. The D3D drafter's q_d does
+not depend on the guesses before depth d, so one set of draws per depth serves every parent.
+
+Verification walks down from the root. At a node whose target distribution is p, its children
+c_1..c_k (in draw order) are tried in turn: c_i is accepted with probability
+min(1, p_i(c_i) / q_i(c_i)), where q_i is q_d without c_1..c_{i-1} (renormalised) and
+p_1 = p; after a rejection p_{i+1} = norm(max(p_i - q_i, 0)). An accepted child is emitted
+and the walk goes on from it; if every child is rejected, the next token is drawn from the
+last residual (which has no mass on the rejected children) and the walk ends. Each step is
+the standard rejection-sampling argument (the candidate is drawn from q_i, given the ones
+before it), so every emitted token follows p exactly: recursive rejection sampling, as in
+Jeon et al., "Recursive Speculative Decoding" (2024). With one child per node it is the
+chain's rejection sampling (verify.py), uniform for uniform.
+
+Why the shape is fixed before the draws: a shape that depended on the deeper draws would make
+reaching a node depend on the draws tested there, and the candidate would no longer be a fair
+draw from q_i.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from sglang_d3d.speculative.sampling import RequestRandom, on_device
+from sglang_d3d.speculative.tree import DraftTree
+from sglang_d3d.speculative.verify import inverse_cdf, residual
+
+Generator = RequestRandom | torch.Generator | None
+
+
+def sibling_ranks(tree: DraftTree) -> list[int]:
+    """[M] each node's place among its parent's children, in the order they were added."""
+    seen: dict[int, int] = {}
+    ranks = []
+    for p in tree.parents:
+        ranks.append(seen.get(p, 0))
+        seen[p] = ranks[-1] + 1
+    return ranks
+
+
+def draw_without_replacement(
+    q: torch.Tensor,  # [V] a proposal distribution
+    first: int,  # the first draw, already made from q
+    k: int,  # draws wanted, the first included
+    generator: Generator,
+) -> list[int]:
+    """`first` then k-1 more tokens from q, each from q without the ones before it
+    (renormalised): an exponential race (the token with the largest q / Exp(1) wins), whose
+    order of finish is sequential drawing without replacement. Past q's support the extra
+    slots hold tokens of zero mass, which verification never tries."""
+    if k <= 1:
+        return [first][:k]
+    rest = q.float().clone()
+    rest[first] = 0.0
+    race = torch.empty_like(rest).exponential_(generator=on_device(generator, rest.device))
+    keys = torch.where(rest > 0, rest / race, torch.full_like(rest, -1.0))
+    keys[first] = -2.0  # never again, even past the support
+    return [first, *keys.topk(k - 1).indices.tolist()]
+
+
+def sample_tree(
+    shape: DraftTree,  # the greedy tree built from q (tree.build_tree): its shape only
+    chain: list[int],  # [D] the row's drafts, chain[d] drawn from q[d]
+    q: torch.Tensor,  # [>=D, V] the drafter's proposal distributions
+    generator: Generator,
+) -> DraftTree:
+    """The shape with each depth's sibling slots filled by draws without replacement from
+    that depth's q, the chain's draft first."""
+    ranks = sibling_ranks(shape)
+    wanted = [0] * shape.depth
+    for d, r in zip(shape.depths, ranks):
+        wanted[d - 1] = max(wanted[d - 1], r + 1)
+    draws = [draw_without_replacement(q[d], chain[d], k, generator) for d, k in enumerate(wanted)]
+    tokens = tuple(draws[d - 1][r] for d, r in zip(shape.depths, ranks))
+    return DraftTree(tokens, shape.parents, shape.depths)
+
+
+def sampled_tree_accept(
+    tree: DraftTree,  # from `sample_tree`
+    q: torch.Tensor,  # [>=D, V] the proposals the tree's tokens were drawn from
+    p: torch.Tensor,  # [M+1, V] the target's processed distribution after each node (0: root)
+    generator: Generator,
+) -> tuple[list[int], int]:
+    """-> (accepted nodes, root excluded, in path order; the next token), every emitted token
+    distributed as the target's p."""
+    kids = _children(tree)
+    q = q[: tree.depth].to(device=p.device, dtype=torch.float32)  # the drafter may sit elsewhere
+    # [M+1]: u[i-1] tries node i (each node is tried at most once), u[M] draws the next token
+    u = torch.rand(tree.size + 1, generator=on_device(generator, p.device), device=p.device).tolist()
+    path, node = [], 0
+    while True:
+        nxt, dist = _try_children(kids.get(node, []), tree, q, p[node].float(), u)  # dist [V]
+        if nxt is None:
+            token = inverse_cdf(dist.unsqueeze(0), torch.tensor([u[-1]], device=p.device))
+            return path, int(token[0])
+        path.append(nxt)
+        node = nxt
+
+
+def _try_children(children: list[int], tree: DraftTree, q: torch.Tensor, dist: torch.Tensor,
+                  u: list[float]) -> tuple[int | None, torch.Tensor]:
+    """Recursive rejection sampling over one node's children (in draw order). -> (the child
+    accepted, or None; the distribution left to draw the next token from)."""
+    if not children:
+        return None, dist
+    q_i = q[tree.depths[children[0] - 1] - 1].clone()  # [V]
+    for child in children:
+        token = tree.tokens[child - 1]
+        mass = q_i.sum()
+        if float(q_i[token]) <= 0 or float(mass) <= 0:
+            break  # not a draw from q_i (q's support is spent): nothing more to try
+        q_i = q_i / mass
+        if u[child - 1] * float(q_i[token]) < float(dist[token]):
+            return child, dist
+        dist = residual(dist, q_i)
+        q_i[token] = 0.0
+    return None, dist
+
+
+def _children(tree: DraftTree) -> dict[int, list[int]]:
+    """node -> its children, in the order they were added (the draw order)."""
+    out: dict[int, list[int]] = {}
+    for i, p in enumerate(tree.parents, start=1):
+        out.setdefault(p, []).append(i)
+    return out

@@ -22,7 +22,8 @@ echo "== 1/2 pytest -m gpu (streams, generators, on-device verification)"
 rc=0
 "$PY" -m pytest -q -p no:cacheprovider -m gpu \
   tests/test_speculative_verify_batch.py tests/test_drafting_isolation.py \
-  tests/test_executor.py tests/test_sglang_gpu.py tests/test_tree.py || rc=$?
+  tests/test_executor.py tests/test_sglang_gpu.py tests/test_tree.py \
+  tests/test_tree_sampling.py || rc=$?
 
 echo "== 2/2 gpu_scale.py"
 "$PY" benchmarks/gpu_scale.py --out "$OUT" --pytest-rc "$rc" "$@"

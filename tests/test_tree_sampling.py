@@ -174,3 +174,21 @@ def test_a_child_outside_the_proposal_is_never_accepted():
     for seed in range(20):
         path, token = sampled_tree_accept(tree, q, p, torch.Generator().manual_seed(seed))
         assert path == [] and token == 2
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_sampled_tree_verify_with_the_drafter_on_another_device():
+    """Target distributions on the GPU, the drafter's on the CPU (a drafter on its own device):
+    a chain tree gives chain rejection sampling's verdict, drawn from the same request stream."""
+    from sglang_d3d.speculative.sampling import RequestRandom
+
+    gen = torch.Generator().manual_seed(10)
+    for trial in range(50):
+        q = torch.softmax(torch.randn(3, 7, generator=gen), -1)  # on the CPU
+        p = torch.softmax(torch.randn(4, 7, generator=gen), -1).cuda()
+        draft = [int(torch.multinomial(q[j], 1, generator=gen)) for j in range(3)]
+        tree = DraftTree(tuple(draft), (0, 1, 2), (1, 2, 3))
+        path, token = sampled_tree_accept(tree, q, p, RequestRandom(trial))
+        n, token_c = rejection_accept(torch.tensor(draft).cuda(), q.cuda(), p, RequestRandom(trial))
+        assert (len(path), token) == (n, token_c)

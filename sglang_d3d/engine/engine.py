@@ -301,11 +301,10 @@ class SpecEngine:
         """logits [N, M+1, V]: each row walks down its tree (greedy: the target's argmax;
         sampled: recursive rejection sampling, tree_sampling.py); the target keeps the accepted
         path where a chain would have written it."""
-        argmax = logits.argmax(-1).tolist()  # [N, M+1]
         verdicts = []
-        for s, tree, q, lg, am in zip(rows, trees, proposals, logits, argmax, strict=True):
+        for s, tree, q, lg in zip(rows, trees, proposals, logits, strict=True):
             try:
-                path, token = self._walk(s, tree, q, lg, am)
+                path, token = self._walk(s, tree, q, lg)
                 self.target.keep_path(s.slot, path)
             except Exception as e:  # noqa: BLE001 - one request's failure must not stop the others
                 verdicts.append(Verdict(error=f"{type(e).__name__}: {e}"))
@@ -316,10 +315,10 @@ class SpecEngine:
         return verdicts
 
     @staticmethod
-    def _walk(s: Sequence, tree: DraftTree, q: torch.Tensor, logits: torch.Tensor,
-              argmax: list[int]) -> tuple[list[int], int]:
+    def _walk(s: Sequence, tree: DraftTree, q: torch.Tensor,
+              logits: torch.Tensor) -> tuple[list[int], int]:  # logits [M+1, V]
         if s.params.greedy:
-            return greedy_tree_accept(tree, argmax)
+            return greedy_tree_accept(tree, logits.argmax(-1).tolist())
         return sampled_tree_accept(tree, q, target_probs(logits, s.params), s.generator)
 
     def _accept(self, rows: list[Sequence], drafts: list[list[int]], proposals: list,

@@ -76,16 +76,23 @@ def ancestor_mask(tree: DraftTree) -> torch.Tensor:
     return mask
 
 
+def children(tree: DraftTree) -> dict[int, list[int]]:
+    """node -> its children, in the order they were added (parents come before children)."""
+    out: dict[int, list[int]] = {}
+    for i, p in enumerate(tree.parents, start=1):
+        out.setdefault(p, []).append(i)
+    return out
+
+
 def greedy_tree_accept(
     tree: DraftTree,
     argmax: list[int],  # [M+1] the target's argmax after each node (node 0: the root)
 ) -> tuple[list[int], int]:
     """-> (accepted nodes, root excluded, in path order; the target's next token)."""
-    children: dict[int, dict[int, int]] = {}
-    for i, (p, t) in enumerate(zip(tree.parents, tree.tokens), start=1):
-        children.setdefault(p, {}).setdefault(t, i)  # the first of equal siblings
+    by_token = {p: {tree.tokens[c - 1]: c for c in reversed(kids)}  # the first of equal siblings
+                for p, kids in children(tree).items()}
     path, node = [], 0
-    while (nxt := children.get(node, {}).get(argmax[node])) is not None:
+    while (nxt := by_token.get(node, {}).get(argmax[node])) is not None:
         path.append(nxt)
         node = nxt
     return path, argmax[node]

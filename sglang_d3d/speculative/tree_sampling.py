@@ -28,7 +28,7 @@ from __future__ import annotations
 import torch
 
 from sglang_d3d.speculative.sampling import RequestRandom, on_device
-from sglang_d3d.speculative.tree import DraftTree
+from sglang_d3d.speculative.tree import DraftTree, children
 from sglang_d3d.speculative.verify import inverse_cdf, residual
 
 Generator = RequestRandom | torch.Generator | None
@@ -89,7 +89,7 @@ def sampled_tree_accept(
 ) -> tuple[list[int], int]:
     """-> (accepted nodes, root excluded, in path order; the next token), every emitted token
     distributed as the target's p."""
-    kids = _children(tree)
+    kids = children(tree)
     q = q[: tree.depth].to(device=p.device, dtype=torch.float32)  # the drafter may sit elsewhere
     # [M+1]: u[i-1] tries node i (each node is tried at most once), u[M] draws the next token
     u = torch.rand(tree.size + 1, generator=on_device(generator, p.device), device=p.device).tolist()
@@ -103,14 +103,14 @@ def sampled_tree_accept(
         node = nxt
 
 
-def _try_children(children: list[int], tree: DraftTree, q: torch.Tensor, dist: torch.Tensor,
+def _try_children(kids: list[int], tree: DraftTree, q: torch.Tensor, dist: torch.Tensor,
                   u: list[float]) -> tuple[int | None, torch.Tensor]:
     """Recursive rejection sampling over one node's children (in draw order). -> (the child
     accepted, or None; the distribution left to draw the next token from)."""
-    if not children:
+    if not kids:
         return None, dist
-    q_i = q[tree.depths[children[0] - 1] - 1].clone()  # [V]
-    for child in children:
+    q_i = q[tree.depths[kids[0] - 1] - 1].clone()  # [V]
+    for child in kids:
         token = tree.tokens[child - 1]
         mass = q_i.sum()
         if float(q_i[token]) <= 0 or float(mass) <= 0:
@@ -121,11 +121,3 @@ def _try_children(children: list[int], tree: DraftTree, q: torch.Tensor, dist: t
         dist = residual(dist, q_i)
         q_i[token] = 0.0
     return None, dist
-
-
-def _children(tree: DraftTree) -> dict[int, list[int]]:
-    """node -> its children, in the order they were added (the draw order)."""
-    out: dict[int, list[int]] = {}
-    for i, p in enumerate(tree.parents, start=1):
-        out.setdefault(p, []).append(i)
-    return out

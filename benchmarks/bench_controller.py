@@ -50,6 +50,8 @@ def main() -> None:
     a = p.parse_args()
     if a.concurrency < 1 or a.num_prompts < 1:
         p.error("--concurrency and --num-prompts must be at least 1")
+    if a.temperature < 0:
+        p.error("--temperature must be 0 (greedy) or more")
     if (a.also_min_explore or a.also_row_weight) and not a.adaptive:
         p.error("--also-min-explore and --also-row-weight compare controllers: they need --adaptive")
     target, drafter, tok = load_models(engine_config(a, "async"))

@@ -6,7 +6,9 @@ A slot's distribution does not depend on the guesses at the slots before it (the
 mask slots see the prefix only), so a tree's accepted length is known from the ranks alone.
 Two kinds of tree are scored, each on held-out blocks:
   static: the `nodes` rank paths most often right on the other half of the blocks;
-  drafter: `build_tree` on each block's own distributions, as the engine builds it.
+  drafter: `build_tree` on each block's own distributions, as the engine builds it;
+  and with --lookup L, the drafter's tree with up to L prompt-lookup guesses grafted under its
+  first draft (speculative/lookup.py), as the engine builds a greedy row's tree.
 
     .venv/bin/python benchmarks/bench_tree_offline.py --dataset gsm8k --num-prompts 30 --block 4
 """
@@ -25,7 +27,8 @@ from benchmarks.bench_int8_accuracy import blocks
 from sglang_d3d.models.draft_runner import DraftRunner
 from sglang_d3d.models.loading import resolve_drafter_path
 from sglang_d3d.models.packing import extend_pack
-from sglang_d3d.speculative.tree import build_tree, greedy_tree_accept
+from sglang_d3d.speculative.lookup import lookup_continuation
+from sglang_d3d.speculative.tree import build_tree, graft, greedy_tree_accept
 
 
 def main() -> None:
@@ -33,26 +36,33 @@ def main() -> None:
     p.add_argument("--drafter", default=None)
     p.add_argument("--block", type=int, default=4, help="drafter slots: block - 1 draft depths")
     p.add_argument("--nodes", default="3,5,7,9,11")
+    p.add_argument("--lookup", default="0", help="comma-separated lookup lengths to score")
     add_sample_args(p, anchors=10, threads=2)
     a = p.parse_args()
     drafter, samples = load_pair(a, resolve_drafter_path(a.drafter))
-    ranks, trees = draft_blocks(drafter, blocks(samples, a.anchors, a.block + 1), a.block)
+    lookups = [int(n) for n in a.lookup.split(",")]
+    # the truth must reach as deep as a grafted lookup run can
+    cases = blocks(samples, a.anchors, a.block + 1 + max(lookups))
+    ranks, trees = draft_blocks(drafter, cases, a.block)
     nodes = [int(n) for n in a.nodes.split(",")]
-    table = score(ranks, trees, nodes, a.block - 1)
+    table = score(ranks, trees, nodes, a.block - 1, lookups)
     print(f"{len(ranks)} blocks; share with the target's token in the drafter's top 1 / 2 / 3:")
     for d, row in enumerate(coverage(ranks, 3), start=1):
         print(f"  draft {d}: " + " / ".join(f"{c:.2f}" for c in row))
     print(f"{a.block - 1} draft depths; accepted tokens per cycle (drafts + 1):")
     for row in table:
         print(f"nodes {row['nodes']:2d}: chain {row['chain']:.3f}  static tree {row['static']:.3f}"
-              f"  drafter's tree {row['drafter']:.3f}")
+              f"  drafter's tree {row['drafter']:.3f}" + "".join(
+                  f"  +lookup {k} {v:.3f} ({row['lookup_nodes'][k]:.1f} nodes)"
+                  for k, v in row["lookup"].items()))
     if a.out:
         Path(a.out).write_text(json.dumps({"blocks": len(ranks), "block": a.block,
                                            "table": table}, indent=2) + "\n")
 
 
 def draft_blocks(drafter, cases, block: int):
-    """-> (ranks [n, block-1] of the true token per slot, per block {nodes: accepted drafts})."""
+    """-> (ranks [n, block-1] of the true token per slot, per block (q [block-1, V], the
+    true continuation, the context up to the anchor))."""
     ref = DraftRunner(drafter, 1, 4096)
     run = DraftRunner(drafter, 1, 4096, int8=True)
     ranks, probs = [], []
@@ -64,7 +74,7 @@ def draft_blocks(drafter, cases, block: int):
         lg = run.run([(0, extend_pack([anchor], block))])[0][0][: block - 1].float()  # [D, V]
         t = torch.tensor(truth[: block - 1])
         ranks.append((lg > lg.gather(1, t[:, None])).sum(1).tolist())
-        probs.append((torch.softmax(lg, -1), truth))
+        probs.append((torch.softmax(lg, -1), truth, [*ctx, anchor]))
     return np.array(ranks), probs
 
 
@@ -73,7 +83,8 @@ def coverage(ranks: np.ndarray, k: int) -> list[list[float]]:
     return [[float((ranks[:, d] <= j).mean()) for j in range(k)] for d in range(ranks.shape[1])]
 
 
-def score(ranks: np.ndarray, drafted, nodes: list[int], depth: int) -> list[dict]:
+def score(ranks: np.ndarray, drafted, nodes: list[int], depth: int,
+          lookups: list[int]) -> list[dict]:
     rng = np.random.default_rng(0)
     order = rng.permutation(len(ranks))
     fit, test = ranks[order[::2]], ranks[order[1::2]]
@@ -85,8 +96,12 @@ def score(ranks: np.ndarray, drafted, nodes: list[int], depth: int) -> list[dict
             "nodes": n,
             "chain": accepted(test, chain),
             "static": accepted(test, static_tree(fit, n, depth)),
-            "drafter": float(np.mean([drafter_tree(q, truth, n) for q, truth in held])) + 1,
+            "drafter": float(np.mean([drafter_tree(q, truth, n)[0] for q, truth, _ in held])) + 1,
         })
+        runs = {k: [drafter_tree(q, truth, n, k, ctx) for q, truth, ctx in held]
+                for k in lookups if k > 0}
+        rows[-1]["lookup"] = {k: float(np.mean([a for a, _ in r])) + 1 for k, r in runs.items()}
+        rows[-1]["lookup_nodes"] = {k: float(np.mean([m for _, m in r])) for k, r in runs.items()}
     return rows
 
 
@@ -116,16 +131,22 @@ def accepted(ranks: np.ndarray, tree: set[tuple[int, ...]]) -> float:
     return float(np.mean(out))
 
 
-def drafter_tree(q: torch.Tensor, truth: list[int], nodes: int) -> int:
-    """Drafts accepted by the engine's tree on this block (the target's argmax is the truth
-    along the true path, and the accepted path can only follow it)."""
+def drafter_tree(q: torch.Tensor, truth: list[int], nodes: int, lookup: int = 0,
+                 context: list[int] | None = None) -> tuple[int, int]:
+    """(drafts accepted by the engine's tree on this block, its size): the target's argmax is
+    the truth along the true path, and the accepted path can only follow it. With `lookup`,
+    the greedy row's tree as `Drafting.trees` builds it for a batch of one."""
     tree = build_tree(q, nodes)
+    if lookup:
+        chain = lookup_continuation([*context, tree.tokens[0]], lookup)
+        if chain:
+            tree = graft(build_tree(q, nodes + lookup), chain, nodes + lookup)
     # argmax after each node: the truth where the node is on the true path, else unused
     argmax = [truth[0]]
     for i in range(tree.size):
         argmax.append(truth[tree.depths[i]] if tree.depths[i] < len(truth) else -1)
     path, _ = greedy_tree_accept(tree, argmax)
-    return len(path)
+    return len(path), tree.size
 
 
 if __name__ == "__main__":

@@ -50,9 +50,9 @@ class ServerConfig:
         if self.backend is Backend.SGLANG and self.engine.draft_weights == "int8":
             raise ValueError("--draft-weights int8 is for the embedded backend on CPU: "
                              "SGLang's worker drafts on the GPU")
-        if self.backend is Backend.SGLANG and self.engine.tree_nodes:
-            raise ValueError("--tree-nodes is for the embedded backend: SGLang's worker "
-                             "verifies chains")
+        if self.backend is Backend.SGLANG and (self.engine.tree_nodes or self.engine.lookup_tokens):
+            raise ValueError("--tree-nodes and --lookup-tokens are for the embedded backend: "
+                             "SGLang's worker verifies chains")
         if self.metrics_need_key and not self.api_keys:
             raise ValueError("--metrics-need-key needs an API key (--api-key or D3D_API_KEY)")
 
@@ -99,8 +99,10 @@ def _add_server_args(p: argparse.ArgumentParser) -> None:
 
 def config_from_args(ns: argparse.Namespace) -> ServerConfig:
     engine = engine_config(ns)
-    if ns.backend is Backend.SGLANG and ns.tree_nodes is None:  # its worker verifies chains
-        engine = dataclasses.replace(engine, tree_nodes=0)
+    if ns.backend is Backend.SGLANG:  # its worker verifies chains
+        engine = dataclasses.replace(
+            engine, tree_nodes=engine.tree_nodes if ns.tree_nodes is not None else 0,
+            lookup_tokens=engine.lookup_tokens if ns.lookup_tokens is not None else 0)
     return ServerConfig(
         engine=engine,
         backend=ns.backend,

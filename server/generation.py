@@ -174,6 +174,7 @@ class Generation:
         return D3DStats(
             mode=s.mode,
             num_cycles=s.num_cycles,
+            copy_cycles=s.copy_cycles,
             mean_accepted_length=s.mean_accepted_length,
             branch_hit_rate=s.branch_hit_rate,
             overlap_fraction=s.overlap_fraction,

@@ -132,6 +132,8 @@ class MetricsRecorder:
             "spec_num_accepted_tokens_per_pos", "Accepted drafts by position.", ("position",)
         )
         self.tree_cycles = c("spec_tree_cycles", "Verify cycles whose drafts went as a token tree.")
+        self.copy_cycles = c("spec_copy_cycles", "Verify cycles whose drafts were copied from the "
+                             "request's own text, with no drafter pass.")
         self.branch_hits = c("spec_branch_hits", "Cycles whose pre-drafted branch matched.")
         self.branch_misses = c("spec_branch_misses", "Cycles whose pre-drafted branches missed.")
         self.overlap_seconds = c("spec_overlap_seconds", "Drafter/target overlap time.")
@@ -175,6 +177,8 @@ class MetricsRecorder:
                 self.accepted_per_pos.labels(**self._labels, position=str(pos)).inc()
             if c.tree_nodes > 0:
                 self.tree_cycles.inc()
+            if c.copied:
+                self.copy_cycles.inc()
         if c.branch_hit is True:
             self.branch_hits.inc()
         elif c.branch_hit is False:

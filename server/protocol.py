@@ -188,6 +188,7 @@ class D3DStats(BaseModel):
 
     mode: str
     num_cycles: int  # verify passes
+    copy_cycles: int = 0  # of those, passes of tokens copied from the text, no drafter pass
     mean_accepted_length: float  # tokens gained per verify pass
     branch_hit_rate: float | None  # async mode: share of cycles whose pre-drafted branch matched
     overlap_fraction: float  # share of cycle time with drafter and target running together

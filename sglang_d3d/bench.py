@@ -35,7 +35,8 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
                    "back to plain decoding where speculation measures slower; '-int8' or "
                    "'-full' (sync-full@8) sets the drafter's weights for that mode; '-cut<X>' "
                    "(sync-cut0.1@8) sets that mode's --draft-cutoff (cut0: whole blocks); '-tree<N>' "
-                   "(sync-tree7@5) its --tree-nodes (tree0: chains)")
+                   "(sync-tree7@5) its --tree-nodes (tree0: chains); '-lookup<N>' (sync-lookup0) "
+                   "its --lookup-tokens; '-copy<N>' (sync-copy0) its --copy-ngram")
     p.add_argument("--max-new-tokens", type=int, default=256)
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--out", default=None, help="save the results as JSON here")
@@ -71,6 +72,10 @@ def run_bench(args: argparse.Namespace) -> int:
     return 0 if report["greedy_identical"] in (True, None) else 1
 
 
+# '-<prefix><N>' mode suffixes that set an integer engine setting for that mode
+COUNT_SUFFIXES = {"tree": "tree_nodes", "lookup": "lookup_tokens", "copy": "copy_ngram"}
+
+
 @dataclasses.dataclass(frozen=True)
 class ModeName:
     """One `--modes` entry, parsed: 'async-adaptive-cut0.05@8'."""
@@ -80,33 +85,37 @@ class ModeName:
     adaptive: bool = False
     weights: str | None = None  # 'int8' | 'full' | None (whatever --draft-weights says)
     cutoff: float | None = None  # None: whatever --draft-cutoff says
-    tree_nodes: int | None = None  # None: whatever --tree-nodes says
+    counts: tuple[tuple[str, int], ...] = ()  # (EngineConfig field, value) from COUNT_SUFFIXES
     block: int | None = None  # None: whatever --block-size says
 
 
 def parse_mode(name: str) -> ModeName:
     """'async' -> async; '-adaptive' turns the adaptive controller on (whatever --adaptive
     says for the plain names); '-int8' / '-full' set the drafter's weights; '-cut<X>' sets
-    the draft cutoff ('cut0': whole blocks); '-tree<N>' the tree size ('tree0': chains); an
-    '@B' suffix ('fused@4', 'sync-adaptive@8') sets the block size, so modes run side by side
-    each at its own best block or weights.
+    the draft cutoff ('cut0': whole blocks); '-tree<N>' the tree size ('tree0': chains),
+    '-lookup<N>' the copied guesses per tree, '-copy<N>' the match that lets a cycle verify
+    copies without drafting ('copy0': never); an '@B' suffix ('fused@4', 'sync-adaptive@8')
+    sets the block size, so modes run side by side each at its own best block or weights.
     Raises ValueError naming the accepted forms."""
     stem, _, block = name.partition("@")
     base, *suffixes = stem.split("-")
     cuts = [_cutoff(x) for x in suffixes if x.startswith("cut")]
-    trees = [x.removeprefix("tree") for x in suffixes if x.startswith("tree")]
-    rest = [x for x in suffixes if not x.startswith(("cut", "tree"))]
+    counts = [(field, x.removeprefix(prefix)) for x in suffixes
+              for prefix, field in COUNT_SUFFIXES.items() if x.startswith(prefix)]
+    rest = [x for x in suffixes if not x.startswith(("cut", *COUNT_SUFFIXES))]
     weights = [x for x in rest if x in ("int8", "full")]
+    fields = [f for f, _ in counts]
     if (base not in {m.value for m in Mode} or not set(rest) <= {"adaptive", "int8", "full"}
             or len(weights) > 1 or None in cuts or len(cuts) > 1
-            or len(trees) > 1 or not all(t.isdigit() for t in trees)
+            or len(set(fields)) < len(fields) or not all(v.isdigit() for _, v in counts)
             or (block and not (block.isdigit() and int(block) >= 1))):
         raise ValueError(f"unknown mode {name!r}: use ar, sync, async or fused, optionally "
-                         "with -adaptive, -int8 or -full, -cut<X>, -tree<N>, then @<block size>")
+                         "with -adaptive, -int8 or -full, -cut<X>, -tree<N>, -lookup<N>, "
+                         "-copy<N>, then @<block size>")
     if cuts and not 0.0 <= cuts[0] < 1.0:
         raise ValueError(f"mode {name!r}: the draft cutoff must be in [0, 1)")
     return ModeName(name, Mode(base), "adaptive" in rest, (weights or [None])[0],
-                    cuts[0] if cuts else None, int(trees[0]) if trees else None,
+                    cuts[0] if cuts else None, tuple((f, int(v)) for f, v in counts),
                     int(block) if block else None)
 
 
@@ -134,8 +143,8 @@ def mode_config(args: argparse.Namespace, name: str):
         cfg = dataclasses.replace(cfg, draft_weights=m.weights)
     if m.cutoff is not None:
         cfg = dataclasses.replace(cfg, draft_cutoff=m.cutoff)
-    if m.tree_nodes is not None:
-        cfg = dataclasses.replace(cfg, tree_nodes=m.tree_nodes)
+    if m.counts:
+        cfg = dataclasses.replace(cfg, **dict(m.counts))
     return dataclasses.replace(cfg, adaptive=True) if m.adaptive else cfg
 
 

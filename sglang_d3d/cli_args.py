@@ -57,6 +57,16 @@ def add_engine_args(
                    "same shape filled with draws) in cycles without pre-drafting (0: a chain of "
                    f"block-1 drafts; default {EngineConfig.tree_nodes}, 0 with --backend "
                    "sglang); outputs do not change (sampled: in distribution)")
+    g.add_argument("--lookup-tokens", type=count, default=None,
+                   help="greedy requests: add up to this many guesses copied from the request's "
+                   "own text (what followed the last earlier occurrence of its latest 2-4 "
+                   "tokens) to each token tree, under its first draft; a verify pass grows by "
+                   "them only within --verify-token-budget (0: none; default "
+                   f"{EngineConfig.lookup_tokens}; needs --tree-nodes > 0); outputs do not change")
+    g.add_argument("--copy-ngram", type=count, default=None,
+                   help="a cycle verifies such copies alone, with no drafter pass, where every "
+                   "running request is greedy and its latest N or more tokens occurred before "
+                   f"(0: never; default {EngineConfig.copy_ngram}); outputs do not change")
     g.add_argument("--threads", type=int, default=None, help="CPU threads in all (default: all cores)")
 
 
@@ -117,4 +127,8 @@ def engine_config(args: argparse.Namespace, mode: str | None = None) -> EngineCo
         draft_cutoff=getattr(args, "draft_cutoff", EngineConfig.draft_cutoff),
         tree_nodes=EngineConfig.tree_nodes if getattr(args, "tree_nodes", None) is None
         else args.tree_nodes,
+        lookup_tokens=EngineConfig.lookup_tokens if getattr(args, "lookup_tokens", None) is None
+        else args.lookup_tokens,
+        copy_ngram=EngineConfig.copy_ngram if getattr(args, "copy_ngram", None) is None
+        else args.copy_ngram,
     )

@@ -135,12 +135,22 @@ class EngineConfig:
     # of 6 tokens, which costs about what one of 4 does on this CPU) was faster than chains
     # on GSM8K, MT-Bench and code at batch 1 (benchmarks/results/README.md, sitting 11).
     tree_nodes: int = 5
+    # ... and, for greedy rows, up to this many more guesses copied from the request's own text
+    # after its first draft (prompt lookup, speculative/lookup.py), where a 2-4 token suffix
+    # occurred before; 0: none. Exact either way: the target verifies them in the same tree.
+    lookup_tokens: int = 8
+    # A cycle verifies such copies alone, with no drafter pass, where every row is greedy and
+    # its latest `copy_ngram` or more tokens occurred before (0: never; copies then only ride
+    # in the drafter's trees). A copy after a 2-token match was right for about as many
+    # tokens a cycle as the drafter's tree, in the time of a verify pass alone.
+    copy_ngram: int = 2
 
     def __post_init__(self) -> None:
         if not 0 <= self.draft_cutoff < 1:
             raise ValueError(f"draft_cutoff must be in [0, 1), not {self.draft_cutoff}")
-        if self.tree_nodes < 0:
-            raise ValueError(f"tree_nodes must be >= 0, not {self.tree_nodes}")
+        if min(self.tree_nodes, self.lookup_tokens, self.copy_ngram) < 0:
+            raise ValueError(f"tree_nodes, lookup_tokens and copy_ngram must be >= 0, not "
+                             f"{self.tree_nodes}, {self.lookup_tokens}, {self.copy_ngram}")
         if self.max_batch_size < 1 or self.max_context < 8:
             raise ValueError("max_batch_size >= 1 and max_context >= 8 required")
         if self.prefill_chunk < 1 or self.max_prefill_tokens < self.prefill_chunk:

@@ -38,7 +38,7 @@ def test_every_allowed_plan_is_timed_at_every_bucket_and_the_engine_is_left_clea
     assert 4 not in table  # a budget of 8 tokens leaves batch 4 only plain decoding
     assert ctl.accepted == [] and ctl.reached == []  # synthetic text teaches no acceptance
     assert not engine.has_work() and engine.timeline.to_list() == []
-    assert engine.controller is ctl
+    assert engine.controller is ctl and engine.copy_ngram == engine.cfg.copy_ngram > 0
     # every slot is free again and serving is exact
     prompts = [[5, 6, 7], [9, 3], [4, 4, 8, 1], [2]]
     outs = generate(engine, prompts, SamplingParams(max_new_tokens=10))
@@ -113,7 +113,9 @@ def test_the_controller_plans_for_requests_still_prefilling(tiny_models):
 def test_each_row_brings_its_own_acceptance_to_the_controller(tiny_models):
     """Every cycle that put drafts to the test adds to the row's own counts, which the
     controller reads with the traffic's rates as their prior (engine/adaptive.py blend)."""
-    engine = make_engine(tiny_models, Mode.SYNC, block=4, adaptive=True)
+    # lookup_tokens 0: cycles of copies from the text are not the drafter's, and the controller
+    # does not count them (test_copy_cycles.py)
+    engine = make_engine(tiny_models, Mode.SYNC, block=4, adaptive=True, lookup_tokens=0)
     seen, choose = [], engine.controller.choose
     engine.controller.choose = (lambda batch, max_block=None, evidence=():
                                 seen.extend(evidence) or choose(batch, max_block, evidence))

@@ -106,6 +106,12 @@ def test_parse_mode():
     assert parse_mode("ar") == parse_mode("ar")
     assert (parse_mode("ar").block, parse_mode("ar").cutoff, parse_mode("ar").weights) == (None,) * 3
     assert mode_list("ar, sync@8,") == ["ar", "sync@8"]
+    m = parse_mode("sync-tree7-lookup0-copy3@4")
+    assert (m.counts, m.block) == (
+        (("tree_nodes", 7), ("lookup_tokens", 0), ("copy_ngram", 3)), 4)
+    for bad in ("sync-tree5-tree6", "sync-lookupx", "sync-copy-1"):
+        with pytest.raises(ValueError, match="unknown mode"):
+            parse_mode(bad)
 
 
 def test_bad_dataset_row_is_reported(tmp_path):

@@ -132,13 +132,16 @@ def test_cpu_profile_requests_no_gpu(chart):
     defaults = server_container(manifests(chart, None))
     assert flag(defaults["args"], "--draft-weights") is None  # the server's own default
     assert flag(defaults["args"], "--tree-nodes") is None
+    assert flag(defaults["args"], "--lookup-tokens") is None
 
 
 @pytest.mark.parametrize("nodes", [0, 5])
 def test_tree_nodes_reach_the_server(chart, nodes):
-    c = server_container(manifests(chart, {"server": {"treeNodes": nodes}}))
+    c = server_container(manifests(chart, {"server": {"treeNodes": nodes, "lookupTokens": nodes}}))
     assert flag(c["args"], "--tree-nodes") == str(nodes)
-    assert parse_args(c["args"][1:]).engine.tree_nodes == nodes
+    assert flag(c["args"], "--lookup-tokens") == str(nodes)
+    engine = parse_args(c["args"][1:]).engine
+    assert engine.tree_nodes == engine.lookup_tokens == nodes
 
 
 def test_single_gpu_gets_one_gpu_shared_by_drafter(chart):
@@ -358,6 +361,8 @@ def test_schema_refuses_invalid_values(chart, values):
          "draftWeights=int8 is for the embedded backend"),
         ({"server": {"backend": "sglang", "treeNodes": 5}, "gpu": {"count": 1}},
          "treeNodes is for the embedded backend"),
+        ({"server": {"backend": "sglang", "lookupTokens": 4}, "gpu": {"count": 1}},
+         "lookupTokens is for the embedded backend"),
         ({"server": {"metricsNeedKey": True}}, "metricsNeedKey needs server.apiKeySecret.name"),
         (
             {"autoscaling": {"enabled": True, "minReplicas": 5, "maxReplicas": 2}},

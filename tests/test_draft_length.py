@@ -69,7 +69,8 @@ def test_the_cutoff_is_a_probability():
 def test_cut_blocks_keep_greedy_output_identical_and_verify_fewer_drafts(request, layout, block, mode):
     models = layout_models(request, layout)
     cycles = []
-    eng = make_engine(models, mode, block=block, draft_cutoff=0.9)
+    # lookup_tokens 0: the drafter's blocks, cut (copies from the text are never cut)
+    eng = make_engine(models, mode, block=block, draft_cutoff=0.9, lookup_tokens=0)
     eng.cycle_listeners.append(lambda rid, c: cycles.append(c.num_drafts))
     out = generate(eng, PROMPTS, SamplingParams(max_new_tokens=24))
     for prompt, o in zip(PROMPTS, out):

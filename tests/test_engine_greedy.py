@@ -57,7 +57,8 @@ def test_drafter_catches_up_on_a_long_prompt_in_chunks_while_others_decode(tiny_
     from sglang_d3d.api import GenerationRequest
 
     hf = tiny_models[0]
-    eng = make_engine(tiny_models, Mode.ASYNC, 4, prefill_chunk=16)
+    # copy_ngram 0: cycles that verify copies from the text would leave the drafter idle
+    eng = make_engine(tiny_models, Mode.ASYNC, 4, prefill_chunk=16, copy_ngram=0)
     calls = []
     real = eng.drafting.runner.prefill
     eng.drafting.runner.prefill = lambda slot, toks, **kw: (calls.append(len(toks)), real(slot, toks, **kw))
@@ -103,7 +104,9 @@ def test_oracle_drafter_exercises_every_outcome(tiny_models, mode):
     """With drafts that are often right, acceptance is long, branches hit and miss, and the
     output is still exactly the target's."""
     hf = tiny_models[0]
-    eng = make_engine(tiny_models, mode, block=5, policy=BranchPolicy.ALL, guesses=1)
+    # lookup_tokens 0: the drafter's own outcomes (copies from the text would add longer ones)
+    eng = make_engine(tiny_models, mode, block=5, policy=BranchPolicy.ALL, guesses=1,
+                      lookup_tokens=0)
     OracleDrafter(eng, hf)
     outs = generate(eng, PROMPTS, SamplingParams(max_new_tokens=30))
     hits = misses = 0
@@ -141,7 +144,8 @@ def test_per_request_stats(tiny_models):
 
 def test_adaptive_block_size_keeps_outputs_exact(tiny_models):
     hf = tiny_models[0]
-    eng = make_engine(tiny_models, Mode.ASYNC, block=8, adaptive=True)
+    # lookup_tokens 0: cycles of copies from the text are not the controller's plans
+    eng = make_engine(tiny_models, Mode.ASYNC, block=8, adaptive=True, lookup_tokens=0)
     outs = generate(eng, PROMPTS, SamplingParams(max_new_tokens=40))
     for prompt, out in zip(PROMPTS, outs):
         assert out.token_ids == reference_greedy(hf, prompt, 40)
@@ -164,7 +168,7 @@ def test_growing_block_after_a_hit_redrafts_without_faults(tiny_models):
     """A branch hit leaves a ready draft and nothing pending; if the next cycle wants a larger
     block, the drafter re-reads its anchor instead of failing (regression: IndexError)."""
     hf = tiny_models[0]
-    eng = make_engine(tiny_models, Mode.ASYNC, block=8, policy=BranchPolicy.ALL)
+    eng = make_engine(tiny_models, Mode.ASYNC, block=8, policy=BranchPolicy.ALL, lookup_tokens=0)
     OracleDrafter(eng, hf)
 
     def grow_after_small_hits(batch: int, joining: int = 0, evidence=()) -> Plan:

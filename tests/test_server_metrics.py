@@ -30,6 +30,7 @@ COUNTERS = [
     "spec_num_accepted_tokens",
     "spec_num_accepted_tokens_per_pos",
     "spec_tree_cycles",
+    "spec_copy_cycles",
     "spec_branch_hits",
     "spec_branch_misses",
     "spec_overlap_seconds",
@@ -73,24 +74,27 @@ def test_recorder_counts_cycles_exactly():
         CycleStats(3, 2, True, 0.01, 0.02, 0.03, 0.01),
         CycleStats(3, 0, False, 0.01, 0.02, 0.04, 0.02),
         CycleStats(3, 3, None, 0.01, 0.02, 0.03, 0.0, tree_nodes=5),
+        CycleStats(8, 6, None, 0.0, 0.02, 0.02, 0.0, copied=True),
     ]
     for c in cycles:
         rec.on_cycle("r", c)
     snap = samples(rec.render().decode())
     lab = {"model_name": "m", "mode": "async"}
-    assert value(snap, "d3d:spec_num_drafts_total", **lab) == 3
-    assert value(snap, "d3d:spec_num_draft_tokens_total", **lab) == 9
-    assert value(snap, "d3d:spec_num_accepted_tokens_total", **lab) == 5
+    assert value(snap, "d3d:spec_num_drafts_total", **lab) == 4
+    assert value(snap, "d3d:spec_num_draft_tokens_total", **lab) == 17
+    assert value(snap, "d3d:spec_num_accepted_tokens_total", **lab) == 11
     per_pos = [
-        value(snap, "d3d:spec_num_accepted_tokens_per_pos_total", position=str(i)) for i in range(3)
+        value(snap, "d3d:spec_num_accepted_tokens_per_pos_total", position=str(i)) for i in range(7)
     ]
-    assert per_pos == [2, 2, 1]  # cycle 1 accepted positions 0,1; cycle 3 positions 0,1,2
+    # cycle 1 accepted positions 0,1; cycle 3 positions 0,1,2; cycle 4 (copied) 0..5
+    assert per_pos == [3, 3, 2, 1, 1, 1, 0]
     assert value(snap, "d3d:spec_branch_hits_total") == 1
     assert value(snap, "d3d:spec_branch_misses_total") == 1
     assert value(snap, "d3d:spec_tree_cycles_total") == 1
-    assert value(snap, "d3d:spec_accepted_length_count") == 3
+    assert value(snap, "d3d:spec_copy_cycles_total") == 1
+    assert value(snap, "d3d:spec_accepted_length_count") == 4
     assert value(snap, "d3d:spec_accepted_length_sum") == sum(c.accepted_length for c in cycles)
-    assert value(snap, "d3d:spec_cycle_seconds_total") == pytest.approx(0.10)
+    assert value(snap, "d3d:spec_cycle_seconds_total") == pytest.approx(0.12)
     assert value(snap, "d3d:spec_overlap_seconds_total") == pytest.approx(0.03)
 
 
@@ -128,7 +132,9 @@ def test_controller_estimates_are_gauges_read_at_scrape_time():
 
 @pytest.fixture(scope="module")
 def srv(tiny_pair_dir):
-    cfg = tiny_server_config(tiny_pair_dir)
+    # no guesses copied from the text (lookup_tokens 0): tiny models repeat themselves, and the
+    # counts below follow every cycle drafting a block of 4 (copies: test_copy_cycles_counted)
+    cfg = tiny_server_config(tiny_pair_dir, lookup_tokens=0)
     with ServerThread(create_app(cfg)) as s:
         yield s
 
@@ -207,3 +213,19 @@ def test_every_refusal_is_counted_by_reason(srv):
     assert value(after, "d3d:request_rejected_total", reason="queue_full") == 0  # yet
     errors = value(after, "d3d:request_errors_total", type="invalid_request_error")
     assert errors - value(before, "d3d:request_errors_total", type="invalid_request_error") == 3
+
+
+@pytest.mark.slow
+def test_copy_cycles_counted(tiny_pair_dir):
+    """The default server verifies runs copied from a repetitive greedy answer without a
+    drafter pass, and says so in `d3d:spec_copy_cycles_total`."""
+    with ServerThread(create_app(tiny_server_config(tiny_pair_dir))) as s:
+        client = openai.OpenAI(base_url=f"{s.url}/v1", api_key="unused", max_retries=0)
+        before = samples(scrape(s))
+        r = client.completions.create(model="tiny", prompt="w5 w6 w5 w6 w5 w6 w5", max_tokens=40,
+                                      temperature=0)
+        after = samples(scrape(s))
+    copies = value(after, "d3d:spec_copy_cycles_total") - value(before, "d3d:spec_copy_cycles_total")
+    drafts = value(after, "d3d:spec_num_drafts_total") - value(before, "d3d:spec_num_drafts_total")
+    assert r.usage.completion_tokens == 40
+    assert 0 < copies <= drafts

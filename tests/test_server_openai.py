@@ -50,7 +50,9 @@ def test_chat_completion_has_usage_finish_reason_and_d3d_stats(client):
     assert r.usage.total_tokens == r.usage.prompt_tokens + 10
     d3d = r.model_extra["d3d"]
     assert d3d["mode"] == "async" and d3d["num_cycles"] >= 1
-    assert 1.0 <= d3d["mean_accepted_length"] <= 4.0  # block_size 4
+    # block_size 4, or 1 + 8 where a cycle verified guesses copied from the text (lookup.py)
+    assert 1.0 <= d3d["mean_accepted_length"] <= 1 + 8
+    assert 0 <= d3d["copy_cycles"] <= d3d["num_cycles"]
     assert d3d["branch_hit_rate"] is None or 0.0 <= d3d["branch_hit_rate"] <= 1.0
 
 

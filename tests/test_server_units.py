@@ -66,16 +66,18 @@ def test_draft_weights_reach_the_engine_and_int8_is_refused_for_sglang(capsys):
     assert "int8 is for the embedded backend" in capsys.readouterr().err
 
 
-def test_tree_nodes_reach_the_engine_and_are_refused_for_sglang(capsys):
-    assert parse_args([]).engine.tree_nodes == EngineConfig.tree_nodes > 0
-    assert parse_args(["--tree-nodes", "0"]).engine.tree_nodes == 0
-    assert parse_args(["--tree-nodes", "9"]).engine.tree_nodes == 9
-    assert parse_args(["--backend", "sglang"]).engine.tree_nodes == 0  # its worker: chains
+@pytest.mark.parametrize("flag, field", [("--tree-nodes", "tree_nodes"),
+                                         ("--lookup-tokens", "lookup_tokens")])
+def test_tree_flags_reach_the_engine_and_are_refused_for_sglang(capsys, flag, field):
+    assert getattr(parse_args([]).engine, field) == getattr(EngineConfig, field) > 0
+    assert getattr(parse_args([flag, "0"]).engine, field) == 0
+    assert getattr(parse_args([flag, "9"]).engine, field) == 9
+    assert getattr(parse_args(["--backend", "sglang"]).engine, field) == 0  # its worker: chains
     with pytest.raises(SystemExit):
-        parse_args(["--tree-nodes", "-1"])
+        parse_args([flag, "-1"])
     with pytest.raises(SystemExit):
-        parse_args(["--backend", "sglang", "--tree-nodes", "5"])
-    assert "--tree-nodes is for the embedded backend" in capsys.readouterr().err
+        parse_args(["--backend", "sglang", flag, "5"])
+    assert "--lookup-tokens are for the embedded backend" in capsys.readouterr().err
 
 
 # ---- stop strings -----------------------------------------------------------------------------

@@ -18,17 +18,19 @@ from sglang_d3d.sglang_worker.backend_convert import (
 from sglang_d3d.sglang_worker.options import PluginOptions
 
 CFG = EngineConfig(
-    spec=SpecConfig(block_size=4, branch_policy=BranchPolicy.ALL), draft_device="cuda:1"
+    spec=SpecConfig(block_size=4, branch_policy=BranchPolicy.ALL), draft_device="cuda:1",
+    copy_ngram=3,
 )
 REQ = GenerationRequest("r1", [1, 2, 3], SamplingParams(max_new_tokens=8))
 
 
 def test_plugin_environment_round_trips_through_the_plugins_reader():
     opts = PluginOptions.from_env(plugin_env(CFG))
-    assert (opts.mode, opts.branch_policy, opts.draft_device) == (
+    assert (opts.mode, opts.branch_policy, opts.draft_device, opts.copy_ngram) == (
         Mode.ASYNC,
         BranchPolicy.ALL,
         "cuda:1",
+        3,
     )
 
 

@@ -52,8 +52,10 @@ def test_greedy_d3d_in_sglang_equals_sglang_without_speculation(run):
 
 
 def test_sglang_and_embedded_engine_agree(run, pair):
-    tokens, accepted = _embedded(pair, run["prompts"])
+    tokens, accepted, copies = _embedded(pair, run["prompts"])
     assert tokens == run["baseline"]
+    # tiny models repeat themselves, so both ran cycles of blocks copied from the text
+    assert copies > 0
     for i in range(len(run["prompts"])):
         # SGLang reports cycles by accepted drafts (a histogram), so compare as multisets
         assert sorted(run["d3d"][f"g{i}"]["accepted_lengths"]) == sorted(accepted[i])
@@ -83,20 +85,22 @@ def _embedded(pair, prompts):
     target = Decoder.from_hf(load_hf_model(Path(pair[0])))
     drafter = D3DDrafter.from_pretrained(Path(pair[1]), target)  # ignores the HF keys SGLang needs
     # SGLang's worker drafts on full-precision weights; the same drafts need the same weights.
+    # Its cycles of copies from the text verify a block's worth (BLOCK - 1 copied tokens).
     cfg = EngineConfig(
         mode=Mode.ASYNC, spec=SpecConfig(block_size=BLOCK), max_batch_size=4, max_context=256,
-        draft_weights="full",
+        draft_weights="full", lookup_tokens=BLOCK - 1,
     )
     engine = SpecEngine(cfg, target, drafter)
     params = SamplingParams(temperature=0.0, max_new_tokens=16)
     for i, p in enumerate(prompts):
         engine.submit(GenerationRequest(str(i), p, params))
     tokens = {str(i): [] for i in range(len(prompts))}
-    accepted = {}
+    accepted, copies = {}, 0
     while engine.has_work():
         for ev in engine.step():
             tokens[ev.request_id] += ev.token_ids
             if ev.finished:
                 accepted[int(ev.request_id)] = ev.stats.accepted_lengths
+                copies += ev.stats.copy_cycles
     engine.shutdown()
-    return [tokens[str(i)] for i in range(len(prompts))], accepted
+    return [tokens[str(i)] for i in range(len(prompts))], accepted, copies

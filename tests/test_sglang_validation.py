@@ -149,5 +149,9 @@ def test_plugin_options_from_environment():
     )
     assert (opts.mode.value, opts.branch_budget, opts.draft_device) == ("sync", 2, "cuda:1")
     assert opts.spec_config(5).num_drafts == 4
+    assert opts.copy_ngram == 2  # the default: cycles of copies from the text where they fit
+    assert PluginOptions.from_env({"SGLANG_D3D_COPY_NGRAM": "0"}).copy_ngram == 0
+    with pytest.raises(ValueError, match="COPY_NGRAM must be >= 0"):
+        PluginOptions.from_env({"SGLANG_D3D_COPY_NGRAM": "-1"})
     with pytest.raises(ValueError, match="makes no sense"):
         PluginOptions.from_env({"SGLANG_D3D_MODE": "ar"})

@@ -177,11 +177,15 @@ def _spy_trees(eng):
 @pytest.mark.parametrize("layout,block,nodes", [("tiny", 4, 6), ("tiny", 5, 3), ("production", 8, 7),
                                                 ("production", 4, 12)])
 @pytest.mark.parametrize("mode", [Mode.SYNC, Mode.ASYNC])
-def test_tree_verification_keeps_greedy_output_identical(request, layout, block, nodes, mode):
+@pytest.mark.parametrize("lookup", [0, 5])
+def test_tree_verification_keeps_greedy_output_identical(request, layout, block, nodes, mode,
+                                                         lookup):
     """Trees in every cycle without pre-drafting (sync: all of them), batches of several rows,
-    and the drafter and target caches follow the accepted paths: output = the target's."""
+    and the drafter and target caches follow the accepted paths: output = the target's. With
+    `lookup`, trees also carry guesses copied from the text (random tiny models repeat
+    themselves, so copies are found), deeper than the block."""
     models = layout_models(request, layout)
-    eng = make_engine(models, mode, block=block, tree_nodes=nodes)
+    eng = make_engine(models, mode, block=block, tree_nodes=nodes, lookup_tokens=lookup)
     passes = _spy_trees(eng)
     stats = []
     eng.cycle_listeners.append(lambda rid, c: stats.append(c))
@@ -190,9 +194,14 @@ def test_tree_verification_keeps_greedy_output_identical(request, layout, block,
         assert o.error is None
         assert o.token_ids == reference_greedy(models[0], prompt, 24)
     trees = [w for w, tree in passes if tree]
-    if mode is Mode.SYNC:
-        assert trees and set(trees) == {nodes + 1}  # every speculative pass a tree, one width
-    assert all(0 <= c.num_accepted <= c.num_drafts <= block - 1 for c in stats)
+    if mode is Mode.SYNC:  # every speculative pass a tree, of the drafter's width or grown
+        # (4 rows: the verify token budget leaves room for fewer copies beside a wide tree)
+        assert trees and set(trees) <= {nodes + 1 + k for k in range(lookup + 1)}
+    assert all(0 <= c.num_accepted <= c.num_drafts <= max(block - 1, lookup + 1) for c in stats)
+    if lookup and mode is Mode.SYNC:
+        assert any(w > nodes + 1 for w in trees)  # copies found (random tiny models repeat)
+        if lookup + 1 > block - 1:
+            assert max(c.num_drafts for c in stats) > block - 1  # a copy went past the block
 
 
 def test_trees_accept_paths_a_chain_would_have_missed(tiny_models):
@@ -200,7 +209,7 @@ def test_trees_accept_paths_a_chain_would_have_missed(tiny_models):
     output: the oracle drafter ranks the target's token second or third at some positions,
     which a chain rejects and a tree holds."""
     def run(nodes):
-        eng = make_engine(tiny_models, Mode.SYNC, block=4, tree_nodes=nodes)
+        eng = make_engine(tiny_models, Mode.SYNC, block=4, tree_nodes=nodes, lookup_tokens=0)
         OracleDrafter(eng, tiny_models[0])
         stats = []
         eng.cycle_listeners.append(lambda rid, c: stats.append(c.num_accepted))
@@ -218,7 +227,7 @@ def test_sampled_rows_verify_trees(request):
     speculative pass of a sync engine is a tree, requests complete, and the greedy rows still
     equal the target's output."""
     models = layout_models(request, "production")
-    eng = make_engine(models, Mode.SYNC, block=8, tree_nodes=7)
+    eng = make_engine(models, Mode.SYNC, block=8, tree_nodes=7, lookup_tokens=0)
     passes = _spy_trees(eng)
     sampled = SamplingParams(temperature=0.8, seed=1, max_new_tokens=16)
     greedy = SamplingParams(max_new_tokens=16)
@@ -252,7 +261,7 @@ def test_the_controller_counts_what_the_chain_would_have_accepted(tiny_models):
 
 
 def test_tree_cycles_report_depth_and_the_chain(tiny_models):
-    eng = make_engine(tiny_models, Mode.SYNC, block=4, tree_nodes=6, adaptive=True)
+    eng = make_engine(tiny_models, Mode.SYNC, block=4, tree_nodes=6, adaptive=True, lookup_tokens=0)
     OracleDrafter(eng, tiny_models[0])
     seen = []
     real = eng._tested
@@ -272,7 +281,7 @@ def test_the_controller_learns_what_trees_yield(tiny_models):
     raise the controller's estimate of the plan they verified, greedy and sampled alike."""
     for params in (SamplingParams(max_new_tokens=24),
                    SamplingParams(temperature=0.5, seed=3, max_new_tokens=24)):
-        eng = make_engine(tiny_models, Mode.SYNC, block=4, tree_nodes=6, adaptive=True)
+        eng = make_engine(tiny_models, Mode.SYNC, block=4, tree_nodes=6, adaptive=True, lookup_tokens=0)
         OracleDrafter(eng, tiny_models[0])
         eng.controller.choose = lambda *a, **k: Plan(4)  # speculate in every cycle
         generate(eng, PROMPTS, params)
@@ -282,7 +291,7 @@ def test_the_controller_learns_what_trees_yield(tiny_models):
 
 def test_a_failing_tree_row_fails_alone(tiny_models):
     """A row whose tree verification raises ends with an error; the others stay exact."""
-    eng = make_engine(tiny_models, Mode.SYNC, block=4, tree_nodes=5)
+    eng = make_engine(tiny_models, Mode.SYNC, block=4, tree_nodes=5, lookup_tokens=0)
     real, bad = eng.target.keep_path, {}
 
     def keep_path(slot, path):

@@ -147,7 +147,10 @@ def speculation_panels() -> list[dict]:
         f"sum by (mode) ({hits})\n/\n(sum by (mode) ({hits}) + sum by (mode) ({misses}))",
         "{{mode}}",
     )
-    trees = target(ratio("d3d:spec_tree_cycles_total", "d3d:spec_num_drafts_total"), "{{mode}}")
+    trees = target(ratio("d3d:spec_tree_cycles_total", "d3d:spec_num_drafts_total"),
+                   "trees {{mode}}")
+    copies = target(ratio("d3d:spec_copy_cycles_total", "d3d:spec_num_drafts_total"),
+                    "copies {{mode}}")
     unit_ratio = {"defaults": {"min": 0, "max": 1}}
     return [
         panel(
@@ -174,12 +177,13 @@ def speculation_panels() -> list[dict]:
             description="Share of cycles whose pre-drafted branch matched the verify outcome.",
         ),
         panel(
-            "Verified as token trees",
-            [trees],
+            "Verified as token trees / copies",
+            [trees, copies],
             "percentunit",
             **unit_ratio,
             description="Share of speculative cycles whose drafts went to the target as a "
-            "token tree (cycles without pre-drafting; --tree-nodes).",
+            "token tree (cycles without pre-drafting; --tree-nodes), and of those whose drafts "
+            "were copied from the request's own text with no drafter pass (--copy-ngram).",
         ),
     ]
 

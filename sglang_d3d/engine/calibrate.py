@@ -97,13 +97,14 @@ def calibrate(engine: SpecEngine, cfg: CalibrationConfig = CalibrationConfig()) 
     torch.set_num_threads(engine.cfg.target_threads)  # this thread runs the target
     engine.controller = script
     cutoff, engine.draft_cutoff = engine.draft_cutoff, 0.0  # whole blocks: the dearest cycle
+    copy, engine.copy_ngram = engine.copy_ngram, 0  # no cycles of copies: each is a plan's
     try:
         for batch in _buckets(min(engine.cfg.max_batch_size, cfg.max_batch or 1 << 30)):
             plans = real.allowed(engine.cfg.verify_token_budget // batch)
             if len(plans) > 1:  # one candidate needs no measuring
                 _measure_bucket(engine, script, batch, plans, cfg)
     finally:
-        engine.controller, engine.draft_cutoff = real, cutoff
+        engine.controller, engine.draft_cutoff, engine.copy_ngram = real, cutoff, copy
         engine.timeline = Timeline()  # synthetic cycles are not the served ones
     script.hand_over()
     table = _table(real, script)

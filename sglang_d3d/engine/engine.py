@@ -25,7 +25,7 @@ from sglang_d3d.models.drafter import D3DDrafter
 from sglang_d3d.models.fused_runner import FusedRunner
 from sglang_d3d.models.int8_linear import use_int8
 from sglang_d3d.models.target import TargetRunner
-from sglang_d3d.speculative.cycle import Outcome, Plan, Verdict, record, run_cycle
+from sglang_d3d.speculative.cycle import Outcome, Plan, Verdict, record, run_copy_cycle, run_cycle
 from sglang_d3d.speculative.drafting import Drafting
 from sglang_d3d.speculative.executor import Executor
 from sglang_d3d.speculative.fused import FusedDrafting
@@ -55,7 +55,8 @@ class SpecEngine:
         slots, block = cfg.max_batch_size, cfg.spec.block_size
         fused = cfg.mode is Mode.FUSED
         scratch = FusedDrafting.scratch(cfg.spec, drafter.cfg.smallest_block) if fused else 0
-        verify_width = max(block, cfg.tree_nodes + 1)  # a tree may be wider than a block
+        # a tree may be wider than a block
+        verify_width = max(block, cfg.tree_nodes + cfg.lookup_tokens + 1)
         self.target = TargetRunner(target, slots, cfg.max_context + verify_width + 1 + scratch)
         self.drafting: Drafting | FusedDrafting | None = None
         if fused:
@@ -79,6 +80,8 @@ class SpecEngine:
         # turns the cutoff off for a while (engine/calibrate.py).
         self.draft_cutoff = cfg.draft_cutoff if self._separate_drafter else 0.0
         self.tree_nodes = cfg.tree_nodes if self._separate_drafter else 0
+        self.lookup_tokens = cfg.lookup_tokens if self._separate_drafter else 0
+        self.copy_ngram = cfg.copy_ngram  # 0 while calibrating: every cycle is the plan's
         self.controller = None
         if cfg.adaptive:
             # Fused drafts are two-ahead predictions: the drafter's held-out rates are not theirs.
@@ -250,24 +253,48 @@ class SpecEngine:
     def _cycle(self, rows: list[Sequence], plan: Plan) -> list[TokenEvent]:
         self._steps += 1
         alone = self._alone_threads
-        if isinstance(self.drafting, FusedDrafting):
+        copies = self._copies(rows)
+        if copies is not None:  # no drafter pass: the controller's plan waits for the next cycle
+            verify = partial(self._verify, threads=alone)
+            outcomes = run_copy_cycle(rows, self.drafting, verify, copies, self._steps)
+        elif isinstance(self.drafting, FusedDrafting):
             with intra_op_threads(alone):
                 outcomes = self.drafting.cycle(rows, self._accept, plan, self._steps)
         else:
             verify = partial(self._verify, threads=self.cfg.target_threads if plan.overlap else alone)
             outcomes = run_cycle(rows, self.drafting, verify, self.executor, plan, self._steps, alone,
-                                 self.draft_cutoff, self.tree_nodes)
-        times = outcomes[0].times
-        self.timeline.add(times)
+                                 self.draft_cutoff, self.tree_nodes, self._lookup(len(rows)))
+        self.timeline.add(outcomes[0].times)
+        if copies is None:
+            self._observe(rows, plan, outcomes)
+        return [self._settle(s, o) for s, o in zip(rows, outcomes, strict=True)]
+
+    def _observe(self, rows: list[Sequence], plan: Plan, outcomes: list[Outcome]) -> None:
+        """The controller and the plan listeners learn from a cycle of `plan`."""
+        seconds = outcomes[0].times.end
         if self.controller is not None:
             tested = self._tested(plan, outcomes)
-            self.controller.observe(len(rows), plan, times.end, tested)
+            self.controller.observe(len(rows), plan, seconds, tested)
             self.controller.observe_trees(
                 plan, [(o.stats.num_accepted, o.chain[1]) for o in outcomes if o.chain and o.stats])
             for s, t in zip([s for s, o in zip(rows, outcomes) if o.stats], tested, strict=True):
                 s.accept.add(*t)
-        self.plan_listeners.notify(len(rows), plan, times.end)
-        return [self._settle(s, o) for s, o in zip(rows, outcomes, strict=True)]
+        self.plan_listeners.notify(len(rows), plan, seconds)
+
+    def _copies(self, rows: list[Sequence]) -> list[list[int]] | None:
+        """Runs copied from each row's own text to verify without drafting (`copy_ngram`), as
+        long as the verify token budget allows; None: a cycle of the plan."""
+        if not isinstance(self.drafting, Drafting) or not self.copy_ngram:
+            return None
+        length = min(self.lookup_tokens, self.cfg.verify_token_budget // len(rows) - 1)
+        states = [self.drafting.states[s.slot] for s in rows]
+        return Drafting.copies(states, length, self.copy_ngram)
+
+    def _lookup(self, batch: int) -> int:
+        """Copied guesses per row this cycle: as many as fit in the verify token budget beside
+        the drafter's tree (a batch of 1 or 4 takes them all; 16 rows, none)."""
+        room = self.cfg.verify_token_budget // batch - 1 - self.tree_nodes
+        return max(0, min(self.lookup_tokens, room))
 
     def _tested(self, plan: Plan, outcomes: list[Outcome]) -> list[tuple[int, int]]:
         """(drafts put to the test, accepted) per row, for the controller's acceptance rates.

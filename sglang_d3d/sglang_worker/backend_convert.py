@@ -53,6 +53,7 @@ def plugin_env(cfg: EngineConfig) -> dict[str, str]:
         "BRANCH_BUDGET": str(s.branch_budget),
         "GUESSES": str(s.guesses_per_position),
         "DRAFT_DEVICE": cfg.draft_device or "",
+        "COPY_NGRAM": str(cfg.copy_ngram),
     }
     return {ENV_PREFIX + k: v for k, v in env.items()}
 

@@ -8,6 +8,9 @@ everything SGLang already has a flag for (draft model path, block size) comes fr
     SGLANG_D3D_BRANCH_BUDGET   branches pre-drafted under topk (default 4)
     SGLANG_D3D_GUESSES         correction-token guesses per rejection position (default 1)
     SGLANG_D3D_DRAFT_DTYPE     "" (default: the target's dtype) | float32 | bfloat16 | float16
+    SGLANG_D3D_COPY_NGRAM      a cycle verifies blocks copied from each request's own text,
+                               with no drafter pass, where every request is greedy and its
+                               latest N or more tokens occurred before (default 2; 0: never)
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ class PluginOptions:
     branch_budget: int = 4
     guesses_per_position: int = 1
     draft_dtype: str = ""  # "" = the target's dtype
+    copy_ngram: int = 2  # EngineConfig.copy_ngram; 0: never
 
     def __post_init__(self) -> None:
         if self.mode is Mode.AR:
@@ -36,6 +40,8 @@ class PluginOptions:
                 f"{ENV_PREFIX}MODE=ar makes no sense for a speculative algorithm; "
                 "drop --speculative-algorithm instead"
             )
+        if self.copy_ngram < 0:
+            raise ValueError(f"{ENV_PREFIX}COPY_NGRAM must be >= 0, not {self.copy_ngram}")
         if self.mode is Mode.FUSED:
             raise ValueError(
                 f"{ENV_PREFIX}MODE=fused runs only in the embedded engine (`d3d serve`): it "
@@ -57,6 +63,7 @@ class PluginOptions:
                 branch_budget=int(get("BRANCH_BUDGET", "4")),
                 guesses_per_position=int(get("GUESSES", "1")),
                 draft_dtype=get("DRAFT_DTYPE", ""),
+                copy_ngram=int(get("COPY_NGRAM", "2")),
             )
         except ValueError as e:
             raise ValueError(f"bad {ENV_PREFIX}* setting: {e}") from e

@@ -3,7 +3,8 @@
 One `forward_batch_generation` call is one D3D cycle for every running request: after bringing
 each request's drafter state up to SGLang's record of it, the embedded engine's own cycle
 (speculative/cycle.py: draft -> verify beside pre-drafting -> follow) with SGLang's target as
-the verifier:
+the verifier (or, where every request is greedy and repeats its own text, a block copied
+from that text, with no drafter pass: speculative/lookup.py, SGLANG_D3D_COPY_NGRAM):
 
     verify   SGLang's target worker, TARGET_VERIFY mode, its KV pool and radix cache; then
              speculative/verify.py over the whole batch on the target's device (greedy, or
@@ -34,7 +35,7 @@ from sglang_d3d.sglang_worker.options import PluginOptions
 from sglang_d3d.sglang_worker.requests import RequestRow, RequestTable
 from sglang_d3d.sglang_worker.validation import DEFAULT_MAX_RUNNING_REQUESTS, check_vocab
 from sglang_d3d.sglang_worker.verify_io import build_verify_forward_batch, commit_rows
-from sglang_d3d.speculative.cycle import Plan, Verdict, record, run_cycle
+from sglang_d3d.speculative.cycle import Plan, Verdict, record, run_copy_cycle, run_cycle
 from sglang_d3d.speculative.drafting import Drafting
 from sglang_d3d.speculative.executor import Executor
 from sglang_d3d.speculative.listeners import Listeners
@@ -158,7 +159,12 @@ class D3DWorker(BaseSpecWorker):
             target["out"], target["graph"], verdicts = self._verify(batch, rows, tokens, proposals)
             return verdicts
 
-        outcomes = run_cycle(rows, self.drafting, verify, self.executor, self.plan, self._steps)
+        # greedy requests repeating their own text: verify copies of it, no drafter pass
+        copies = Drafting.copies([r.state for r in rows], self.block - 1, self.options.copy_ngram)
+        if copies is not None:
+            outcomes = run_copy_cycle(rows, self.drafting, verify, copies, self._steps)
+        else:
+            outcomes = run_cycle(rows, self.drafting, verify, self.executor, self.plan, self._steps)
         out_tokens, accept_lens, new_seq_lens = commit_rows(
             [o.tokens for o in outcomes], batch.seq_lens, self.block, self.device
         )

@@ -91,6 +91,7 @@ def run_cycle(
     draft_threads: int | None = None,  # intra-op threads for drafting the target waits for
     cutoff: float = 0.0,  # verify drafts while the drafter's confidence holds (draft_length.py)
     tree_nodes: int = 0,  # verify token trees of this many drafts where the rows allow (tree.py)
+    lookup: int = 0,  # ... and up to this many more copied from a greedy row's text (lookup.py)
 ) -> list[Outcome]:
     t0 = time.perf_counter()
     times = CycleTimes(step=step, batch=len(rows), block=plan.block)
@@ -101,7 +102,7 @@ def run_cycle(
     if drafted:
         executor.run(drafting.ensure_drafts, states, plan.block, threads=draft_threads)
         drafting.cut(states, cutoff)
-    trees = drafting.trees(states, tree_nodes) if drafted and not plan.overlap else None
+    trees = drafting.trees(states, tree_nodes, lookup) if drafted and not plan.overlap else None
     times.draft_end = time.perf_counter() - t0
     drafts = [list(s.draft) for s in states] if drafted else [[] for _ in rows]
     proposals = [s.draft_q for s in states] if drafted else [None] * len(rows)
@@ -129,6 +130,30 @@ def run_cycle(
             for row in zip(drafts, verdicts, hits, new_faults, rows_trees, strict=True)]
 
 
+def run_copy_cycle(
+    rows: Sequence[Row],
+    drafting: Drafting,
+    verify_fn: VerifyFn,
+    copies: list[list[int]],  # [N][L] each row's run copied from its own text (lookup.py)
+    step: int = 0,
+) -> list[Outcome]:
+    """A cycle without a drafter pass: every row's block is a run copied from its own text,
+    proposed surely (a point mass, as a placeholder draft is), so verification stays exact.
+    The drafter reads the accepted tokens the next time it drafts."""
+    t0 = time.perf_counter()
+    times = CycleTimes(step=step, batch=len(rows), block=len(copies[0]) + 1)
+    tokens = torch.tensor([[r.last_token, *c] for r, c in zip(rows, copies)], dtype=torch.int64)
+    times.draft_end = times.verify_start = time.perf_counter() - t0
+    verdicts = verify_fn(rows, tokens, [None] * len(rows))
+    times.verify_end = time.perf_counter() - t0
+    for r, c, v in zip(rows, copies, verdicts, strict=True):
+        if v.error is None:
+            drafting.skip(drafting.states[r.slot], [*c[: v.accepted], v.token])
+    times.end = time.perf_counter() - t0
+    return [_outcome(c, v, None, 0, None, times, copied=True)
+            for c, v in zip(copies, verdicts, strict=True)]
+
+
 def _follow(drafting: Drafting, states: list[DraftState], verdicts: list[Verdict], block: int):
     """Bring the drafter up to date with each verified row. -> branch hit/miss/None per row."""
     hits: list[bool | None] = []
@@ -144,7 +169,7 @@ def _follow(drafting: Drafting, states: list[DraftState], verdicts: list[Verdict
 
 
 def _outcome(draft: list[int], v: Verdict, hit, faults: int, tree: DraftTree | None,
-             t: CycleTimes) -> Outcome:
+             t: CycleTimes, copied: bool = False) -> Outcome:
     """`draft`: the row's chain; `tree`: the tree verified instead, if any. A tree cycle's
     stats count the positions it tested (its depth), and it says what its top-1 chain would
     have had accepted."""
@@ -153,7 +178,7 @@ def _outcome(draft: list[int], v: Verdict, hit, faults: int, tree: DraftTree | N
     draft_time = t.draft_end + (t.predraft_end - t.predraft_start)
     tested, nodes = (tree.depth, tree.size) if tree else (len(draft), 0)
     stats = CycleStats(tested, v.accepted, hit, draft_time, t.verify_end - t.verify_start,
-                       t.end, t.overlap, nodes)
+                       t.end, t.overlap, nodes, copied)
     done = list(v.path) if v.path is not None else draft[: v.accepted]
     chain = (len(draft), chain_accepted(draft, done, v.token)) if tree else None
     return Outcome(done + [v.token], stats, faults, t, v.logits, chain=chain)

@@ -21,6 +21,7 @@ class CycleStats:
     cycle_time: float  # wall seconds from cycle start to tokens emitted
     overlap_time: float  # seconds during which drafter and target ran at the same time
     tree_nodes: int = 0  # drafts sent as a token tree (speculative/tree.py); 0: a chain
+    copied: bool = False  # drafts copied from the request's own text, no drafter pass (lookup.py)
 
     @property
     def accepted_length(self) -> int:
@@ -47,6 +48,7 @@ class RequestStats:
     prefill_time: float = 0.0
     queue_time: float = 0.0  # submit -> first scheduled (prefill start)
     fallbacks: int = 0  # cycles where the drafter failed and the engine carried on without it
+    copy_cycles: int = 0  # cycles that verified a run copied from the text, no drafter pass
 
     def add_cycle(self, c: CycleStats) -> None:
         self.accepted_lengths.append(c.accepted_length)
@@ -60,6 +62,7 @@ class RequestStats:
         self.verify_time += c.verify_time
         self.cycle_time += c.cycle_time
         self.overlap_time += c.overlap_time
+        self.copy_cycles += c.copied
 
     @property
     def num_cycles(self) -> int:

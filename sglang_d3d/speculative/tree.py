@@ -67,6 +67,35 @@ def build_tree(
     return DraftTree(tuple(tokens), tuple(parents), tuple(depths))
 
 
+def graft(tree: DraftTree, chain: list[int], nodes: int) -> DraftTree:
+    """A tree of at most `nodes` drafts: `chain` under the tree's node 1 (the drafter's first
+    draft), then the tree's own nodes in their order until `nodes`; a guess already present
+    under the same parent is one node. `tree` is best-first (`build_tree`), so what is left
+    out is what the drafter thought least likely; the result keeps parents before children."""
+    if tree.size == 0:
+        return tree
+    tokens, parents, depths = [tree.tokens[0]], [0], [1]
+    index = {(0, tree.tokens[0]): 1}  # (parent node, token) -> node
+
+    def add(parent: int, token: int) -> int:
+        if (parent, token) not in index:
+            tokens.append(token)
+            parents.append(parent)
+            depths.append(depths[parent - 1] + 1 if parent else 1)
+            index[(parent, token)] = len(tokens)
+        return index[(parent, token)]
+
+    node = 1
+    for token in chain[: nodes - 1]:
+        node = add(node, token)
+    mapped = {0: 0}  # the tree's node -> the result's
+    for i, (token, parent) in enumerate(zip(tree.tokens, tree.parents), start=1):
+        if len(tokens) >= nodes and (mapped[parent], token) not in index:
+            break
+        mapped[i] = add(mapped[parent], token)
+    return DraftTree(tuple(tokens), tuple(parents), tuple(depths))
+
+
 def ancestor_mask(tree: DraftTree) -> torch.Tensor:
     """[M+1, M+1] bool: node i may attend to node j (j is i or an ancestor of i)."""
     m = tree.size + 1

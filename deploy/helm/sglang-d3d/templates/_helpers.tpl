@@ -83,6 +83,9 @@ and the autoscaler's bounds must be ordered.
 {{- if and (eq .Values.server.backend "sglang") (gt (int (.Values.server.treeNodes | default 0)) 0) }}
 {{- fail "server.treeNodes is for the embedded backend: SGLang's worker verifies chains" }}
 {{- end }}
+{{- if and (eq .Values.server.backend "sglang") (gt (int (.Values.server.lookupTokens | default 0)) 0) }}
+{{- fail "server.lookupTokens is for the embedded backend: SGLang's worker verifies chains" }}
+{{- end }}
 {{- if and .Values.server.metricsNeedKey (not .Values.server.apiKeySecret.name) }}
 {{- fail "server.metricsNeedKey needs server.apiKeySecret.name: a key to scrape /metrics with" }}
 {{- end }}
@@ -123,6 +126,10 @@ and the autoscaler's bounds must be ordered.
 {{- if not (kindIs "invalid" .Values.server.treeNodes) }}
 - --tree-nodes
 - {{ .Values.server.treeNodes | quote }}
+{{- end }}
+{{- if not (kindIs "invalid" .Values.server.lookupTokens) }}
+- --lookup-tokens
+- {{ .Values.server.lookupTokens | quote }}
 {{- end }}
 - --block-size
 - {{ .Values.server.spec.blockSize | quote }}

@@ -1,0 +1,45 @@
+"""Guesses read off the request's own text: what followed the last earlier occurrence of its
+latest few tokens (prompt lookup).
+
+A chat model's answer repeats its prompt and itself (numbers and names from a GSM8K question,
+an identifier in code, a looping answer), and there the D3D drafter is weakest: each of its
+mask slots guesses alone, so its third draft is right about a third of the time, while a copied
+run stays right as long as the text keeps repeating. The guesses cost no model pass. They ride
+in the token tree the target verifies anyway (tree.py `graft`), or replace the drafter's pass
+for a cycle (cycle.py `run_copy_cycle`); either way the target verifies them, so the output
+never changes. Measured in benchmarks/results/README.md ("sitting 13").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+from numpy.lib.stride_tricks import sliding_window_view
+
+
+def lookup_continuation(tokens: Sequence[int], length: int, max_ngram: int = 4,
+                        min_ngram: int = 2) -> list[int]:
+    """`length` tokens that followed the latest earlier occurrence of the longest suffix of
+    `tokens` (max_ngram down to min_ngram tokens) that occurred before; [] if none did. Where
+    that occurrence overlaps the end (text in a loop), the copy runs on into its own guesses,
+    so a loop's period repeats. A 1-token match is right too rarely to be worth a verify slot
+    (min_ngram 2)."""
+    if length <= 0:
+        return []
+    ctx = np.asarray(tokens, dtype=np.int64)  # [L]
+    for n in range(min(max_ngram, len(ctx) - 1), min_ngram - 1, -1):
+        # windows starting at s <= L-1-n, so a continuation token ctx[s + n] exists
+        windows = sliding_window_view(ctx[:-1], n)  # [L-n, n]
+        starts = np.flatnonzero((windows == ctx[-n:]).all(axis=1))
+        if starts.size:
+            return _copy(ctx.tolist(), int(starts[-1]) + n, length)
+    return []
+
+
+def _copy(ctx: list[int], start: int, length: int) -> list[int]:
+    """ctx[start:] then, past the end, the copy itself: position L + j repeats start + j."""
+    out: list[int] = []
+    for i in range(start, start + length):
+        out.append(ctx[i] if i < len(ctx) else out[i - len(ctx)])
+    return out

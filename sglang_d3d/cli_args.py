@@ -60,9 +60,11 @@ def add_engine_args(
     g.add_argument("--lookup-tokens", type=count, default=None,
                    help="greedy requests: add up to this many guesses copied from the request's "
                    "own text (what followed the last earlier occurrence of its latest 2-4 "
-                   "tokens) to each token tree, under its first draft; a verify pass grows by "
-                   "them only within --verify-token-budget (0: none; default "
-                   f"{EngineConfig.lookup_tokens}; needs --tree-nodes > 0); outputs do not change")
+                   "tokens) to each token tree (--tree-nodes > 0), under its first draft; a "
+                   "verify pass grows by "
+                   "them only within --verify-token-budget; also the length of a cycle's copies "
+                   f"(--copy-ngram) (0: neither; default {EngineConfig.lookup_tokens}); outputs "
+                   "do not change")
     g.add_argument("--copy-ngram", type=count, default=None,
                    help="a cycle verifies such copies alone, with no drafter pass, where every "
                    "running request is greedy and its latest N or more tokens occurred before "

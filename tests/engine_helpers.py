@@ -6,10 +6,17 @@ import torch
 
 from sglang_d3d.config import BranchPolicy, EngineConfig, Mode, SpecConfig
 from sglang_d3d.engine.engine import SpecEngine
+from sglang_d3d.speculative.tree import DraftTree
 
 # Modes that run over any drafter; fused runs drafter and target as one model, so it needs a
 # full-depth drafter (the "production" layout: tiny_prod_models).
 SEPARATE_MODES = [m for m in Mode if m is not Mode.FUSED]
+
+
+def chain_tree(drafts: list[int]) -> DraftTree:
+    """A chain of drafts as a tree (each node the child of the one before)."""
+    n = len(drafts)
+    return DraftTree(tuple(drafts), tuple(range(n)), tuple(range(1, n + 1)))
 
 
 def mode_layouts(layouts: list[str]) -> list[tuple[str, Mode]]:

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 from conftest import layout_models, reference_greedy
-from engine_helpers import OracleDrafter, make_engine
+from engine_helpers import OracleDrafter, chain_tree, make_engine
 
 from sglang_d3d.config import EngineConfig, Mode, SamplingParams
 from sglang_d3d.engine.offline import generate
@@ -24,12 +24,6 @@ from sglang_d3d.speculative.tree import (
     path_tokens,
 )
 from sglang_d3d.testing import tiny_hf_model
-
-
-def chain_tree(drafts: list[int]) -> DraftTree:
-    """A chain of drafts as a tree (each node the child of the one before)."""
-    n = len(drafts)
-    return DraftTree(tuple(drafts), tuple(range(n)), tuple(range(1, n + 1)))
 
 
 def _q(rows: list[dict[int, float]], vocab: int = 10) -> torch.Tensor:

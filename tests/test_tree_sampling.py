@@ -7,6 +7,7 @@ import itertools
 
 import pytest
 import torch
+from engine_helpers import chain_tree
 
 from sglang_d3d.speculative.tree import DraftTree, build_tree
 from sglang_d3d.speculative.tree_sampling import (
@@ -159,7 +160,7 @@ def test_a_chain_tree_is_the_chains_rejection_sampling():
         q = torch.softmax(torch.randn(d, v, generator=gen), -1)
         p = torch.softmax(torch.randn(d + 1, v, generator=gen), -1)
         draft = [int(torch.multinomial(q[j], 1, generator=gen)) for j in range(d)]
-        tree = DraftTree(tuple(draft), tuple(range(d)), tuple(range(1, d + 1)))
+        tree = chain_tree(draft)
         path, token = sampled_tree_accept(tree, q, p, torch.Generator().manual_seed(trial))
         n, token_c = rejection_accept(torch.tensor(draft), q, p, torch.Generator().manual_seed(trial))
         assert (len(path), token) == (n, token_c) and path == list(range(1, n + 1))
@@ -188,7 +189,7 @@ def test_sampled_tree_verify_with_the_drafter_on_another_device():
         q = torch.softmax(torch.randn(3, 7, generator=gen), -1)  # on the CPU
         p = torch.softmax(torch.randn(4, 7, generator=gen), -1).cuda()
         draft = [int(torch.multinomial(q[j], 1, generator=gen)) for j in range(3)]
-        tree = DraftTree(tuple(draft), (0, 1, 2), (1, 2, 3))
+        tree = chain_tree(draft)
         path, token = sampled_tree_accept(tree, q, p, RequestRandom(trial))
         n, token_c = rejection_accept(torch.tensor(draft).cuda(), q.cuda(), p, RequestRandom(trial))
         assert (len(path), token) == (n, token_c)

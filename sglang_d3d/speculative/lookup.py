@@ -33,13 +33,14 @@ def lookup_continuation(tokens: Sequence[int], length: int, max_ngram: int = 4,
         windows = sliding_window_view(ctx[:-1], n)  # [L-n, n]
         starts = np.flatnonzero((windows == ctx[-n:]).all(axis=1))
         if starts.size:
-            return _copy(ctx.tolist(), int(starts[-1]) + n, length)
+            return _copy(tokens, int(starts[-1]) + n, length)
     return []
 
 
-def _copy(ctx: list[int], start: int, length: int) -> list[int]:
-    """ctx[start:] then, past the end, the copy itself: position L + j repeats start + j."""
+def _copy(ctx: Sequence[int], start: int, length: int) -> list[int]:
+    """ctx[start:] then, past the end, the copy itself: position L + j repeats start + j.
+    Reads `length` tokens of the caller's sequence, never converts the whole context."""
     out: list[int] = []
     for i in range(start, start + length):
-        out.append(ctx[i] if i < len(ctx) else out[i - len(ctx)])
+        out.append(int(ctx[i]) if i < len(ctx) else out[i - len(ctx)])
     return out

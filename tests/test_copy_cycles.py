@@ -56,11 +56,19 @@ def test_a_copy_cycle_runs_no_drafter_pass_and_teaches_the_controller_nothing(ti
     assert len(passes) <= len(stats) - copied  # at most one drafter pass per other cycle
 
 
-def test_sampled_requests_never_copy(tiny_models):
-    eng = make_engine(tiny_models, Mode.SYNC, block=4, batch=2)
-    stats = _cycles(eng)
-    generate(eng, PROMPTS[:2], SamplingParams(temperature=0.8, seed=1, max_new_tokens=20))
-    assert stats and not any(c.copied for c in stats)
+def test_sampled_requests_copy_too(tiny_models):
+    """Sampled rows verify copies as well (proposed surely, so rejection sampling stays exact:
+    tests/test_tree_sampling.py), in cycles of copies and grafted into their trees; a seed
+    still fixes the output."""
+    params = SamplingParams(temperature=0.8, seed=1, max_new_tokens=40)
+    runs = []
+    for _ in range(2):
+        eng = make_engine(tiny_models, Mode.SYNC, block=4, batch=2)
+        stats = _cycles(eng)
+        runs.append([o.token_ids for o in generate(eng, PROMPTS[:2], params)])
+        assert any(c.copied for c in stats)
+        assert any(c.tree_nodes > eng.tree_nodes for c in stats)  # trees grown by copies
+    assert runs[0] == runs[1] and all(len(t) == 40 for t in runs[0])
 
 
 def test_copies_stay_within_the_verify_token_budget(tiny_models):

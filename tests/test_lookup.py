@@ -65,8 +65,9 @@ def check_tree(tree: DraftTree) -> None:
     for i, (p, d) in enumerate(zip(tree.parents, tree.depths), start=1):
         assert 0 <= p < i  # parents before children
         assert d == (tree.depths[p - 1] + 1 if p else 1)
-    siblings = list(zip(tree.parents, tree.tokens))
-    assert len(set(siblings)) == len(siblings)  # no guess twice under one parent
+    # no guess twice under one parent, but a copied one beside the same draw (sampled rows)
+    siblings = list(zip(tree.parents, tree.tokens, tree.sure or [False] * tree.size))
+    assert len(set(siblings)) == len(siblings)
 
 
 @pytest.fixture
@@ -95,6 +96,20 @@ def test_graft_merges_guesses_the_drafter_made_too(q):
     assert tree.size == 6
     assert [t for t, p in zip(tree.tokens, tree.parents) if p == 1].count(top2) == 1
     assert set(zip(base.tokens[:4], base.depths[:4])) <= set(zip(tree.tokens, tree.depths))
+
+
+def test_a_sampled_graft_marks_the_copy_and_merges_nothing(q):
+    """sure=True (a sampled row): the copy's nodes are proposed surely and stand beside the
+    drafter's draws, even a draw of the same token under the same parent."""
+    base = build_tree(q, 6)
+    top2 = int(q[1].argmax())
+    tree = graft(base, [top2, 100], 6, sure=True)
+    check_tree(tree)
+    assert tree.size == 6
+    assert tree.sure == (False, True, True, False, False, False)
+    assert [t for t, p in zip(tree.tokens, tree.parents) if p == 1].count(top2) == 2
+    assert tree.tokens[3:] == base.tokens[1:4]  # then the drafter's nodes, in order
+    assert not any(graft(base, [top2, 100], 6).sure)  # a greedy graft marks nothing
 
 
 def test_graft_without_a_copy_is_the_drafter_tree(q):

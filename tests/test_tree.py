@@ -21,8 +21,10 @@ from sglang_d3d.speculative.tree import (
     build_tree,
     chain_accepted,
     greedy_tree_accept,
+    pad,
     path_tokens,
 )
+from sglang_d3d.speculative.tree_sampling import sampled_tree_accept
 from sglang_d3d.testing import tiny_hf_model
 
 
@@ -102,6 +104,24 @@ def test_chain_tree_accepts_like_a_chain():
     tree = chain_tree([3, 4, 5])
     assert greedy_tree_accept(tree, [3, 4, 9, 0]) == ([1, 2], 9)
     assert greedy_tree_accept(tree, [3, 4, 5, 6]) == ([1, 2, 3], 6)
+
+
+@pytest.mark.parametrize("sure", [False, True])
+def test_padding_repeats_are_never_accepted(sure):
+    """pad() repeats the last node as its later sibling: greedy and sampled acceptance take
+    the original or nothing, never the repeat."""
+    base = DraftTree((5, 7, 8), (0, 1, 1), (1, 2, 2), (False, False, sure) if sure else ())
+    tree = pad(base, 6)
+    assert tree.size == 6 and tree.parents[3:] == (1, 1, 1) and tree.tokens[3:] == (8, 8, 8)
+    assert pad(base, 2) == base
+    assert greedy_tree_accept(tree, [5, 8, 0, 4, 0, 0, 0]) == ([1, 3], 4)
+    q = _q([{5: 0.6, 6: 0.4}, {7: 0.5, 8: 0.5}])
+    p = torch.softmax(torch.randn(7, 10, generator=torch.Generator().manual_seed(0)), -1)
+    p[0] = 0.0
+    p[0, 5] = 1.0  # node 1 is always accepted; then 7, 8 or the next token
+    for seed in range(300):
+        path, _ = sampled_tree_accept(tree, q, p, torch.Generator().manual_seed(seed))
+        assert path in ([1], [1, 2], [1, 3])
 
 
 @pytest.fixture(scope="module")

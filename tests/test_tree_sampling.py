@@ -9,7 +9,7 @@ import pytest
 import torch
 from engine_helpers import chain_tree
 
-from sglang_d3d.speculative.tree import DraftTree, build_tree
+from sglang_d3d.speculative.tree import DraftTree, build_tree, graft
 from sglang_d3d.speculative.tree_sampling import (
     draw_without_replacement,
     sample_tree,
@@ -102,11 +102,15 @@ class _Target:
 
 
 def _one_cycle(target: _Target, q: torch.Tensor, nodes: int, length: int,
-               g: torch.Generator) -> tuple[tuple[int, ...], int]:
+               g: torch.Generator, copy=None) -> tuple[tuple[int, ...], int]:
     """One sampled tree cycle, then plain sampling from the target up to `length` tokens (as
-    the next cycles would, exactly). -> (the first `length` tokens, drafts accepted)."""
+    the next cycles would, exactly). `copy`: first draft -> guesses grafted under it, proposed
+    surely (as the engine's copies from the text). -> (the first `length` tokens, drafts
+    accepted)."""
     chain = [int(torch.multinomial(q[d], 1, generator=g)) for d in range(q.shape[0])]
     tree = sample_tree(build_tree(q, nodes), chain, q, g)
+    if copy is not None:
+        tree = graft(tree, copy(chain[0]), nodes, sure=True)
     path, token = sampled_tree_accept(tree, q, target.node_probs(tree), g)
     out = [tree.tokens[i - 1] for i in path] + [token]
     while len(out) < length:
@@ -139,6 +143,48 @@ def test_sampled_trees_follow_the_target(vocab, depth, nodes):
         seq, _ = _one_cycle(target, q, nodes, depth + 1, g)
         counts[seq] = counts.get(seq, 0) + 1
     _chi2_ok(counts, _exact(target, depth + 1), n)
+
+
+@pytest.mark.parametrize("vocab,depth,nodes", [(4, 2, 6), (3, 2, 7)])
+def test_sampled_trees_with_copies_follow_the_target(vocab, depth, nodes):
+    """Copied guesses grafted under the first draft as nodes proposed surely, past the
+    drafter's depth and beside its draws (the same token twice under one parent included):
+    the emitted tokens still have the target's joint law over every path."""
+    target = _Target(vocab, seed=depth + vocab)
+    q = torch.softmax(torch.randn(depth, vocab, generator=torch.Generator().manual_seed(11)), -1)
+    g = torch.Generator().manual_seed(12)
+
+    def copy(first: int) -> list[int]:  # a function of the path, as a lookup is: here
+        path = (first,)  # the target's likeliest tokens, so that copies are taken often
+        for _ in range(3):
+            path += (int(target.p(path).argmax()),)
+        return list(path[1:])
+
+    n, length = 12000, depth + 3
+    counts: dict = {}
+    past = 0  # cycles that accepted more drafts than the drafter drafted: through a copy
+    for _ in range(n):
+        seq, a = _one_cycle(target, q, nodes, length, g, copy)
+        counts[seq] = counts.get(seq, 0) + 1
+        past += a > depth
+    _chi2_ok(counts, _exact(target, length), n)
+    assert past > n // 50
+
+
+def test_a_sure_child_is_taken_with_the_targets_probability():
+    """A child proposed with probability one is accepted with probability p(c); after its
+    rejection the next token never is c."""
+    tree = DraftTree((2,), (0,), (1,), (True,))
+    q = torch.zeros(0, 4)  # no drafter proposal involved
+    p = torch.tensor([[0.1, 0.2, 0.3, 0.4], [0.25] * 4])
+    n, taken = 4000, 0
+    for seed in range(n):
+        path, token = sampled_tree_accept(tree, q, p, torch.Generator().manual_seed(seed))
+        taken += path == [1]
+        assert path == [1] or token != 2
+    assert abs(taken / n - 0.3) < 0.03
+    sure = torch.tensor([[0.0, 0.0, 1.0, 0.0], [0.25] * 4])
+    assert sampled_tree_accept(tree, q, sure, torch.Generator().manual_seed(0))[0] == [1]
 
 
 def test_sampled_trees_accept_more_than_chains():

@@ -26,7 +26,7 @@ from sglang_d3d.speculative.draft_length import batch_length, confident_length, 
 from sglang_d3d.speculative.draft_state import DraftState
 from sglang_d3d.speculative.lookup import lookup_continuation
 from sglang_d3d.speculative.sampling import RequestRandom, draw_drafts, usable
-from sglang_d3d.speculative.tree import DraftTree, build_tree, graft
+from sglang_d3d.speculative.tree import DraftTree, build_tree, graft, pad
 from sglang_d3d.speculative.tree_sampling import sample_tree
 
 log = logging.getLogger(__name__)
@@ -204,30 +204,33 @@ class Drafting:
     def trees(self, rows: list[DraftState], nodes: int, lookup: int = 0) -> list[DraftTree] | None:
         """Every row's drafts as a token tree of `nodes` drafts (speculative/tree.py), or None
         (verify chains) unless every row has the drafter's distributions (not a placeholder)
-        and no branches in flight: one verify pass has one shape. A greedy row's tree holds
+        and no branches in flight. One verify pass has one shape: smaller trees are padded
+        with repeats that are never accepted (tree.pad). A greedy row's tree holds
         the drafter's likeliest paths, and up to `lookup` more guesses copied from its own text
         (lookup.py) grafted under its first draft; a sampled row's has the drafter's shape,
-        filled with draws (tree_sampling.py), its chain's drafts first. Where any row found a
-        copy, every row's tree grows by `lookup` drafts (the others' from the drafter)."""
+        filled with draws (tree_sampling.py), its chain's drafts first, and its copies as
+        nodes proposed with probability one. Where any row found a copy, every row's tree
+        grows by `lookup` drafts (the others' from the drafter)."""
         if nodes <= 0 or not rows or any(
                 s.draft_q is None or not s.draft or s.branches for s in rows):
             return None
         copies = [_copied(s, lookup) for s in rows]
         size = nodes + (lookup if any(copies) else 0)
         trees = [self._tree(s, size, c) for s, c in zip(rows, copies, strict=True)]
-        return trees if len({t.size for t in trees}) == 1 else None
+        return [pad(t, max(t.size for t in trees)) for t in trees]
 
     @staticmethod
     def copies(rows: list[DraftState], length: int, min_ngram: int) -> list[list[int]] | None:
         """Every row's next `length` tokens copied from its own text (lookup.py), to verify
-        without a drafter pass; None unless every row is greedy, has no draft ready (a
-        pre-drafted branch that hit costs nothing more) and found a copy whose match is at
-        least `min_ngram` tokens long."""
+        without a drafter pass (proposed with probability one, so a sampled row's rejection
+        sampling stays exact, as for a placeholder draft); None unless every row has no draft
+        ready (a pre-drafted branch that hit costs nothing more) and found a copy whose match
+        is at least `min_ngram` tokens long."""
         if length <= 0 or min_ngram <= 0 or not rows:
             return None
         out = []
         for s in rows:
-            if not s.params.greedy or s.draft is not None:
+            if s.draft is not None:
                 return None
             copied = lookup_continuation(s.tokens, length, min_ngram=min_ngram)
             if not copied:
@@ -238,10 +241,11 @@ class Drafting:
     @staticmethod
     def _tree(s: DraftState, nodes: int, copied: list[int]) -> DraftTree:
         q = s.draft_q[: len(s.draft)]  # [D, V]
-        shape = build_tree(q, nodes)
-        if not s.params.greedy:
-            return sample_tree(shape, s.draft, q, s.generator)
-        return graft(shape, copied, nodes) if copied else shape
+        tree = build_tree(q, nodes)
+        sampled = not s.params.greedy
+        if sampled:  # the greedy tree's shape, filled with draws
+            tree = sample_tree(tree, s.draft, q, s.generator)
+        return graft(tree, copied, nodes, sure=sampled) if copied else tree
 
     # ---- after verify -----------------------------------------------------------------------
     def advance(self, s: DraftState, accepted: int, token: int, block: int,
@@ -325,9 +329,9 @@ class Drafting:
 
 
 def _copied(s: DraftState, lookup: int) -> list[int]:
-    """A greedy row's guesses copied from its own text after its first draft; sampled rows
-    take none (rejection sampling is exact only for drafts drawn from the drafter's q)."""
-    if lookup <= 0 or not s.params.greedy:
+    """A row's guesses copied from its own text after its first draft (a sampled row's are
+    proposed with probability one: tree_sampling.py)."""
+    if lookup <= 0:
         return []
     return lookup_continuation([*s.tokens, s.draft[0]], lookup)
 

@@ -31,10 +31,16 @@ class DraftTree:
     tokens: tuple[int, ...]  # [M] candidate tokens (node i + 1)
     parents: tuple[int, ...]  # [M] parent node of node i + 1 (0 = the root)
     depths: tuple[int, ...]  # [M] 1 for the root's children
+    # [M] or (): nodes proposed with probability one (copied from the text, not drawn from
+    # the drafter's q); only sampled verification tells them apart (tree_sampling.py)
+    sure: tuple[bool, ...] = ()
 
     @property
     def size(self) -> int:
         return len(self.tokens)
+
+    def is_sure(self, node: int) -> bool:
+        return bool(self.sure) and self.sure[node - 1]
 
     @property
     def depth(self) -> int:
@@ -67,33 +73,53 @@ def build_tree(
     return DraftTree(tuple(tokens), tuple(parents), tuple(depths))
 
 
-def graft(tree: DraftTree, chain: list[int], nodes: int) -> DraftTree:
+def graft(tree: DraftTree, chain: list[int], nodes: int, sure: bool = False) -> DraftTree:
     """A tree of at most `nodes` drafts: `chain` under the tree's node 1 (the drafter's first
-    draft), then the tree's own nodes in their order until `nodes`; a guess already present
-    under the same parent is one node. `tree` is best-first (`build_tree`), so what is left
-    out is what the drafter thought least likely; the result keeps parents before children."""
+    draft), then the tree's own nodes in their order until `nodes`. `tree` is best-first
+    (`build_tree`), so what is left out is what the drafter thought least likely; the result
+    keeps parents before children, and the chain before its siblings.
+    Greedy rows (sure=False): a guess already present under the same parent is one node.
+    Sampled rows (sure=True): the chain's nodes are marked proposed with probability one and
+    never merged with the tree's, whose tokens are draws from q (tree_sampling.py): a node
+    cannot be both, and every draw must stay in its sibling slot."""
     if tree.size == 0:
         return tree
-    tokens, parents, depths = [tree.tokens[0]], [0], [1]
-    index = {(0, tree.tokens[0]): 1}  # (parent node, token) -> node
+    tokens, parents, depths, marks = [tree.tokens[0]], [0], [1], [tree.is_sure(1)]
+    index = {(0, tree.tokens[0]): 1}  # (parent node, token) -> node, for merging
 
-    def add(parent: int, token: int) -> int:
-        if (parent, token) not in index:
-            tokens.append(token)
-            parents.append(parent)
-            depths.append(depths[parent - 1] + 1 if parent else 1)
-            index[(parent, token)] = len(tokens)
-        return index[(parent, token)]
+    def add(parent: int, token: int, mark: bool, merge: bool) -> int:
+        if merge and (parent, token) in index:
+            return index[(parent, token)]
+        tokens.append(token)
+        parents.append(parent)
+        depths.append(depths[parent - 1] + 1 if parent else 1)
+        marks.append(mark)
+        index.setdefault((parent, token), len(tokens))
+        return len(tokens)
 
     node = 1
     for token in chain[: nodes - 1]:
-        node = add(node, token)
-    mapped = {0: 0}  # the tree's node -> the result's
-    for i, (token, parent) in enumerate(zip(tree.tokens, tree.parents), start=1):
-        if len(tokens) >= nodes and (mapped[parent], token) not in index:
+        node = add(node, token, sure, not sure)
+    mapped = {0: 0, 1: 1}  # the tree's node -> the result's
+    for i, (token, parent) in enumerate(zip(tree.tokens[1:], tree.parents[1:]), start=2):
+        merges = not sure and (mapped[parent], token) in index
+        if len(tokens) >= nodes and not merges:
             break
-        mapped[i] = add(mapped[parent], token)
-    return DraftTree(tuple(tokens), tuple(parents), tuple(depths))
+        mapped[i] = add(mapped[parent], token, tree.is_sure(i), not sure)
+    return DraftTree(tuple(tokens), tuple(parents), tuple(depths), tuple(marks) if sure else ())
+
+
+def pad(tree: DraftTree, size: int) -> DraftTree:
+    """The tree with its last node repeated up to `size` nodes, so that rows of unequal trees
+    share one verify pass. A repeat is its original's later sibling with the same token: greedy
+    acceptance takes the first of equal siblings, and sampled acceptance never takes a token
+    whose original it has rejected (no mass left on it), so repeats are never accepted."""
+    extra = size - tree.size
+    if extra <= 0 or tree.size == 0:
+        return tree
+    sure = tree.sure + (tree.sure[-1],) * extra if tree.sure else ()
+    return DraftTree(tree.tokens + (tree.tokens[-1],) * extra, tree.parents + (tree.parents[-1],) * extra,
+                     tree.depths + (tree.depths[-1],) * extra, sure)
 
 
 def ancestor_mask(tree: DraftTree) -> torch.Tensor:

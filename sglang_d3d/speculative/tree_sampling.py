@@ -18,6 +18,12 @@ before it), so every emitted token follows p exactly: recursive rejection sampli
 Jeon et al., "Recursive Speculative Decoding" (2024). With one child per node it is the
 chain's rejection sampling (verify.py), uniform for uniform.
 
+Guesses copied from the request's own text (lookup.py) join a sampled tree as nodes proposed
+with probability one (`DraftTree.sure`, tree.graft): a point mass is a proposal like any other,
+so the same step applies (accept c with probability p_i(c), then go on with p_i without c), and
+the copy, fixed by the path before any coin is tossed, is a fair "draw" from it. Copied nodes
+never stand in for drawn ones, so every draw keeps its place in its depth's order.
+
 Why the shape is fixed before the draws: a shape that depended on the deeper draws would make
 reaching a node depend on the draws tested there, and the candidate would no longer be a fair
 draw from q_i.
@@ -105,13 +111,21 @@ def sampled_tree_accept(
 
 def _try_children(kids: list[int], tree: DraftTree, q: torch.Tensor, dist: torch.Tensor,
                   u: list[float]) -> tuple[int | None, torch.Tensor]:
-    """Recursive rejection sampling over one node's children (in draw order). -> (the child
-    accepted, or None; the distribution left to draw the next token from)."""
-    if not kids:
-        return None, dist
-    q_i = q[tree.depths[kids[0] - 1] - 1].clone()  # [V]
+    """Recursive rejection sampling over one node's children (in order). -> (the child
+    accepted, or None; the distribution left to draw the next token from). A child proposed
+    surely (copied, `DraftTree.sure`) is a candidate whose proposal is a point mass: accepted
+    with probability p_i(c); after a rejection p_{i+1} is p_i without c, renormalised. It
+    takes nothing from the drafter's q_i, so its drawn siblings keep their draw order."""
+    q_i = None  # [V] the drafter's proposal for the next drawn child, once one is tried
     for child in kids:
         token = tree.tokens[child - 1]
+        if tree.is_sure(child):
+            if u[child - 1] < float(dist[token]):
+                return child, dist
+            dist = _without(dist, token)
+            continue
+        if q_i is None:
+            q_i = q[tree.depths[child - 1] - 1].clone()
         mass = q_i.sum()
         if float(q_i[token]) <= 0 or float(mass) <= 0:
             break  # not a draw from q_i (q's support is spent): nothing more to try
@@ -121,3 +135,10 @@ def _try_children(kids: list[int], tree: DraftTree, q: torch.Tensor, dist: torch
         dist = residual(dist, q_i)
         q_i[token] = 0.0
     return None, dist
+
+
+def _without(dist: torch.Tensor, token: int) -> torch.Tensor:
+    """norm(max(p - point mass at token, 0)): p with the token's mass removed. [V]"""
+    point = torch.zeros_like(dist)
+    point[token] = 1.0
+    return residual(dist, point)

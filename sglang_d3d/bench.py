@@ -182,7 +182,7 @@ def _timed(engine: SpecEngine, ids: list[int], params: SamplingParams) -> dict:
         "hits": s.branch_hits, "misses": s.branch_misses,
         "draft_time": s.draft_time, "verify_time": s.verify_time,
         "cycle_time": s.cycle_time, "overlap_time": s.overlap_time,
-        "prefill_time": s.prefill_time, "fallbacks": s.fallbacks,
+        "prefill_time": s.prefill_time, "fallbacks": s.fallbacks, "copy_cycles": s.copy_cycles,
     }
 
 
@@ -202,6 +202,8 @@ def _summary(rs: list[dict]) -> dict:
         "cycle_over_max_draft_verify": tot["cycle_time"] / max(1e-9, max(tot["draft_time"], tot["verify_time"])),
         "mean_prefill_ms": 1e3 * tot["prefill_time"] / len(rs),
         "fallbacks": tot["fallbacks"],
+        # cycles that verified runs copied from the text, with no drafter pass (lookup.py)
+        "copy_cycle_fraction": tot["copy_cycles"] / cycles,
     }
 
 
@@ -225,7 +227,7 @@ def _report(args, runs: dict, greedy: bool) -> dict:
 def _print(report: dict) -> None:
     cols = ["tokens_per_s", "speedup_vs_ar", "mean_accepted_length", "branch_hit_rate",
             "overlap_fraction", "mean_cycle_ms", "mean_draft_ms", "mean_verify_ms",
-            "cycle_over_max_draft_verify"]
+            "cycle_over_max_draft_verify", "copy_cycle_fraction"]
     print("mode   " + " ".join(f"{c[:14]:>14}" for c in cols))
     for m, s in report["modes"].items():
         vals = [s[c] for c in cols]

@@ -58,17 +58,18 @@ def add_engine_args(
                    f"block-1 drafts; default {EngineConfig.tree_nodes}, 0 with --backend "
                    "sglang); outputs do not change (sampled: in distribution)")
     g.add_argument("--lookup-tokens", type=count, default=None,
-                   help="greedy requests: add up to this many guesses copied from the request's "
+                   help="add up to this many guesses copied from the request's "
                    "own text (what followed the last earlier occurrence of its latest 2-4 "
                    "tokens) to each token tree (--tree-nodes > 0), under its first draft; a "
                    "verify pass grows by "
                    "them only within --verify-token-budget; also the length of a cycle's copies "
                    f"(--copy-ngram) (0: neither; default {EngineConfig.lookup_tokens}); outputs "
-                   "do not change")
+                   "do not change (sampled: in distribution)")
     g.add_argument("--copy-ngram", type=count, default=None,
                    help="a cycle verifies such copies alone, with no drafter pass, where every "
-                   "running request is greedy and its latest N or more tokens occurred before "
-                   f"(0: never; default {EngineConfig.copy_ngram}); outputs do not change")
+                   "running request's latest N or more tokens occurred before "
+                   f"(0: never; default {EngineConfig.copy_ngram}); outputs do not change "
+                   "(sampled: in distribution)")
     g.add_argument("--threads", type=int, default=None, help="CPU threads in all (default: all cores)")
 
 

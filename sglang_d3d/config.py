@@ -135,12 +135,12 @@ class EngineConfig:
     # of 6 tokens, which costs about what one of 4 does on this CPU) was faster than chains
     # on GSM8K, MT-Bench and code at batch 1 (benchmarks/results/README.md, sitting 11).
     tree_nodes: int = 5
-    # ... and, for greedy rows, up to this many more guesses copied from the request's own text
-    # after its first draft (prompt lookup, speculative/lookup.py), where a 2-4 token suffix
-    # occurred before; 0: none. Exact either way: the target verifies them in the same tree.
+    # ... and up to this many more guesses copied from the request's own text after its first
+    # draft (prompt lookup, speculative/lookup.py), where a 2-4 token suffix occurred before;
+    # 0: none. Exact either way: the target verifies them in the same tree (a sampled row's
+    # as proposed with probability one, speculative/tree_sampling.py).
     lookup_tokens: int = 8
-    # A cycle verifies such copies alone, with no drafter pass, where every row is greedy and
-    # its latest `copy_ngram` or more tokens occurred before (0: never; copies then only ride
+    # A cycle verifies such copies alone, with no drafter pass, where every row's latest `copy_ngram` or more tokens occurred before (0: never; copies then only ride
     # in the drafter's trees). A copy after a 2-token match was right for about as many
     # tokens a cycle as the drafter's tree, in the time of a verify pass alone.
     copy_ngram: int = 2

@@ -50,6 +50,8 @@ def test_bench_saves_a_report(tiny_pair_dir, tmp_path, capsys):
     assert set(report["calibration"]) == {"async-adaptive"}
     assert set(report["calibration"]["async-adaptive"]) == {"1"}  # JSON keys
     assert report["modes"]["ar"]["speedup_vs_ar"] == pytest.approx(1.0)
+    assert report["modes"]["ar"]["copy_cycle_fraction"] == 0.0  # plain decoding copies nothing
+    assert all(0.0 <= m["copy_cycle_fraction"] <= 1.0 for m in report["modes"].values())
     assert "greedy outputs identical across modes: True" in capsys.readouterr().out
 
 

@@ -91,7 +91,7 @@ def run_cycle(
     draft_threads: int | None = None,  # intra-op threads for drafting the target waits for
     cutoff: float = 0.0,  # verify drafts while the drafter's confidence holds (draft_length.py)
     tree_nodes: int = 0,  # verify token trees of this many drafts where the rows allow (tree.py)
-    lookup: int = 0,  # ... and up to this many more copied from a greedy row's text (lookup.py)
+    lookup: int = 0,  # ... and up to this many more copied from the row's text (lookup.py)
 ) -> list[Outcome]:
     t0 = time.perf_counter()
     times = CycleTimes(step=step, batch=len(rows), block=plan.block)

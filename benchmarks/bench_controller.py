@@ -81,6 +81,7 @@ def main() -> None:
         t0 = time.perf_counter()
         table = calibrate(engines[name])
         print(f"{name} calibrated in {time.perf_counter() - t0:.1f} s: {table}")
+    yields = {n: _watch_yields(e) for n, e in engines.items() if n != "ar"}
     seconds, tokens = collections.Counter(), collections.Counter()
     for i in range(0, len(prompts), a.concurrency):
         for name in rotated(list(engines), i // a.concurrency):
@@ -93,6 +94,25 @@ def main() -> None:
     for name in [n for n in engines if n != "ar"]:
         print(name)
         _print_cycles(engines[name])
+        _print_yields(yields[name])
+
+
+def _watch_yields(engine: SpecEngine) -> dict:
+    """(copied?) -> [row-cycles, tokens] from the engine's per-row cycle stats."""
+    out = collections.defaultdict(lambda: [0, 0])
+
+    def add(_request_id, c) -> None:
+        out[c.copied][0] += 1
+        out[c.copied][1] += c.num_accepted + 1
+
+    engine.cycle_listeners.append(add)
+    return out
+
+
+def _print_yields(yields: dict) -> None:
+    for copied, (n, t) in sorted(yields.items()):
+        kind = "cycles of copies" if copied else "other cycles"
+        print(f"{kind}: {n} row-cycles, {t / max(1, n):.2f} tokens a row-cycle")
 
 
 def _print_cycles(engine: SpecEngine) -> None:

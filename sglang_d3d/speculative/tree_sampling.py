@@ -42,11 +42,10 @@ Generator = RequestRandom | torch.Generator | None
 
 def sibling_ranks(tree: DraftTree) -> list[int]:
     """[M] each node's place among its parent's children, in the order they were added."""
-    seen: dict[int, int] = {}
-    ranks = []
-    for p in tree.parents:
-        ranks.append(seen.get(p, 0))
-        seen[p] = ranks[-1] + 1
+    ranks = [0] * tree.size
+    for kids in children(tree).values():
+        for rank, node in enumerate(kids):
+            ranks[node - 1] = rank
     return ranks
 
 

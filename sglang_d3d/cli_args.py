@@ -67,9 +67,8 @@ def add_engine_args(
                    "do not change (sampled: in distribution)")
     g.add_argument("--copy-ngram", type=count, default=None,
                    help="a cycle verifies such copies alone, with no drafter pass, where every "
-                   "running request's latest N or more tokens occurred before "
-                   f"(0: never; default {EngineConfig.copy_ngram}); outputs do not change "
-                   "(sampled: in distribution)")
+                   "running request is greedy and its latest N or more tokens occurred before "
+                   f"(0: never; default {EngineConfig.copy_ngram}); outputs do not change")
     g.add_argument("--threads", type=int, default=None, help="CPU threads in all (default: all cores)")
 
 

@@ -140,9 +140,10 @@ class EngineConfig:
     # 0: none. Exact either way: the target verifies them in the same tree (a sampled row's
     # as proposed with probability one, speculative/tree_sampling.py).
     lookup_tokens: int = 8
-    # A cycle verifies such copies alone, with no drafter pass, where every row's latest
-    # `copy_ngram` or more tokens occurred before (0: never; copies then only ride in the
-    # drafter's trees). A copy after a 2-token match was right for about as many
+    # A cycle verifies such copies alone, with no drafter pass, where every row is greedy and
+    # its latest `copy_ngram` or more tokens occurred before (0: never; copies then only ride
+    # in the drafter's trees; sampled rows take them there only, so that their draws do not
+    # depend on their batch). A copy after a 2-token match was right for about as many
     # tokens a cycle as the drafter's tree, in the time of a verify pass alone.
     copy_ngram: int = 2
 

@@ -56,19 +56,29 @@ def test_a_copy_cycle_runs_no_drafter_pass_and_teaches_the_controller_nothing(ti
     assert len(passes) <= len(stats) - copied  # at most one drafter pass per other cycle
 
 
-def test_sampled_requests_copy_too(tiny_models):
-    """Sampled rows verify copies as well (proposed surely, so rejection sampling stays exact:
-    tests/test_tree_sampling.py), in cycles of copies and grafted into their trees; a seed
-    still fixes the output."""
-    params = SamplingParams(temperature=0.8, seed=1, max_new_tokens=40)
-    runs = []
-    for _ in range(2):
-        eng = make_engine(tiny_models, Mode.SYNC, block=4, batch=2)
-        stats = _cycles(eng)
-        runs.append([o.token_ids for o in generate(eng, PROMPTS[:2], params)])
-        assert any(c.copied for c in stats)
-        assert any(c.tree_nodes > eng.tree_nodes for c in stats)  # trees grown by copies
-    assert runs[0] == runs[1] and all(len(t) == 40 for t in runs[0])
+def test_sampled_requests_copy_in_their_trees_only(tiny_models):
+    """A sampled request takes copies in its trees (proposed surely, exact:
+    tests/test_tree_sampling.py) but never in cycles of copies, and its tree grows by its own
+    copy only: what it draws must not depend on its batch. Batched with a greedy request that
+    copies, it gives what it gives alone."""
+    from sglang_d3d.api import GenerationRequest
+
+    sampled = SamplingParams(temperature=0.8, seed=1, max_new_tokens=40)
+    eng = make_engine(tiny_models, Mode.SYNC, block=4, batch=2)
+    seen = []
+    eng.cycle_listeners.append(lambda rid, c: seen.append((rid, c)))
+    eng.submit_all([GenerationRequest("s", PROMPTS[0], sampled),
+                    GenerationRequest("g", PROMPTS[0], SamplingParams(max_new_tokens=40))])
+    together = {}
+    while eng.has_work():
+        for ev in eng.step():
+            together.setdefault(ev.request_id, []).extend(ev.token_ids)
+    mine = [c for rid, c in seen if rid == "s"]
+    assert mine and not any(c.copied for c in mine)
+    assert any(c.tree_nodes > eng.tree_nodes for c in mine)  # trees grown by its copies
+    assert any(c.tree_nodes > eng.tree_nodes for rid, c in seen if rid == "g")
+    alone = generate(make_engine(tiny_models, Mode.SYNC, block=4, batch=2), [PROMPTS[0]], sampled)
+    assert together["s"] == alone[0].token_ids and len(alone[0].token_ids) == 40
 
 
 def test_copies_stay_within_the_verify_token_budget(tiny_models):

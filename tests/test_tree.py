@@ -122,6 +122,10 @@ def test_padding_repeats_are_never_accepted(sure):
     for seed in range(300):
         path, _ = sampled_tree_accept(tree, q, p, torch.Generator().manual_seed(seed))
         assert path in ([1], [1, 2], [1, 3])
+        # padding draws nothing: the same verdict and the same stream after it as unpadded
+        g1, g2 = torch.Generator().manual_seed(seed), torch.Generator().manual_seed(seed)
+        assert sampled_tree_accept(tree, q, p, g1) == sampled_tree_accept(base, q, p[:4], g2)
+        assert torch.rand(1, generator=g1) == torch.rand(1, generator=g2)
 
 
 @pytest.fixture(scope="module")

@@ -3,7 +3,7 @@
 One `forward_batch_generation` call is one D3D cycle for every running request: after bringing
 each request's drafter state up to SGLang's record of it, the embedded engine's own cycle
 (speculative/cycle.py: draft -> verify beside pre-drafting -> follow) with SGLang's target as
-the verifier (or, where every request repeats its own text, a block copied
+the verifier (or, where every request is greedy and repeats its own text, a block copied
 from that text, with no drafter pass: speculative/lookup.py, SGLANG_D3D_COPY_NGRAM):
 
     verify   SGLang's target worker, TARGET_VERIFY mode, its KV pool and radix cache; then
@@ -159,7 +159,7 @@ class D3DWorker(BaseSpecWorker):
             target["out"], target["graph"], verdicts = self._verify(batch, rows, tokens, proposals)
             return verdicts
 
-        # requests repeating their own text: verify copies of it, no drafter pass
+        # greedy requests repeating their own text: verify copies of it, no drafter pass
         copies = Drafting.copies([r.state for r in rows], self.block - 1, self.options.copy_ngram)
         if copies is not None:
             outcomes = run_copy_cycle(rows, self.drafting, verify, copies, self._steps)

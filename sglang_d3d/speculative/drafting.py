@@ -209,28 +209,31 @@ class Drafting:
         the drafter's likeliest paths, and up to `lookup` more guesses copied from its own text
         (lookup.py) grafted under its first draft; a sampled row's has the drafter's shape,
         filled with draws (tree_sampling.py), its chain's drafts first, and its copies as
-        nodes proposed with probability one. Where any row found a copy, every row's tree
-        grows by `lookup` drafts (the others' from the drafter)."""
+        nodes proposed with probability one. Where any row found a copy, every greedy row's
+        tree grows by `lookup` drafts (the others' from the drafter); a sampled row's only by
+        its own copy, so that what it draws never depends on its batch (a seed gives the same
+        output alone and batched)."""
         if nodes <= 0 or not rows or any(
                 s.draft_q is None or not s.draft or s.branches for s in rows):
             return None
         copies = [_copied(s, lookup) for s in rows]
-        size = nodes + (lookup if any(copies) else 0)
-        trees = [self._tree(s, size, c) for s, c in zip(rows, copies, strict=True)]
+        trees = [self._tree(s, _size(s, c, nodes, lookup, any(copies)), c)
+                 for s, c in zip(rows, copies, strict=True)]
         return [pad(t, max(t.size for t in trees)) for t in trees]
 
     @staticmethod
     def copies(rows: list[DraftState], length: int, min_ngram: int) -> list[list[int]] | None:
         """Every row's next `length` tokens copied from its own text (lookup.py), to verify
-        without a drafter pass (proposed with probability one, so a sampled row's rejection
-        sampling stays exact, as for a placeholder draft); None unless every row has no draft
-        ready (a pre-drafted branch that hit costs nothing more) and found a copy whose match
-        is at least `min_ngram` tokens long."""
+        without a drafter pass; None unless every row is greedy, has no draft ready (a
+        pre-drafted branch that hit costs nothing more) and found a copy whose match is at
+        least `min_ngram` tokens long. Not for sampled rows: whether a cycle copies depends on
+        every row of the batch, and a sampled row's draws must not (a seed gives the same
+        output alone and batched); they take copies in their trees instead."""
         if length <= 0 or min_ngram <= 0 or not rows:
             return None
         out = []
         for s in rows:
-            if s.draft is not None:
+            if not s.params.greedy or s.draft is not None:
                 return None
             copied = lookup_continuation(s.tokens, length, min_ngram=min_ngram)
             if not copied:
@@ -326,6 +329,13 @@ class Drafting:
         s.pending = list(s.tokens)  # rebuild the drafter cache from scratch next time
         # A draft already under verification stays: only the drafter's own state is dropped.
         s.branches, s.branch_logits = [], None
+
+
+def _size(s: DraftState, copied: list[int], nodes: int, lookup: int, batch_copies: bool) -> int:
+    """A row's tree size: `nodes`, and `lookup` more where it found a copy, or, for a greedy
+    row, where any row did (one verify shape; the drafter's next likeliest nodes are free)."""
+    grows = copied or (s.params.greedy and batch_copies)
+    return nodes + (lookup if grows else 0)
 
 
 def _copied(s: DraftState, lookup: int) -> list[int]:

@@ -34,6 +34,9 @@ class DraftTree:
     # [M] or (): nodes proposed with probability one (copied from the text, not drawn from
     # the drafter's q); only sampled verification tells them apart (tree_sampling.py)
     sure: tuple[bool, ...] = ()
+    # trailing nodes that only fill the batch's verify shape (`pad`): never tried, and a
+    # sampled row draws no randomness for them, so its draws do not depend on its batch
+    padded: int = 0
 
     @property
     def size(self) -> int:
@@ -112,14 +115,14 @@ def graft(tree: DraftTree, chain: list[int], nodes: int, sure: bool = False) -> 
 def pad(tree: DraftTree, size: int) -> DraftTree:
     """The tree with its last node repeated up to `size` nodes, so that rows of unequal trees
     share one verify pass. A repeat is its original's later sibling with the same token: greedy
-    acceptance takes the first of equal siblings, and sampled acceptance never takes a token
-    whose original it has rejected (no mass left on it), so repeats are never accepted."""
+    acceptance takes the first of equal siblings, and sampled acceptance never tries it
+    (`padded`), so repeats are never accepted."""
     extra = size - tree.size
     if extra <= 0 or tree.size == 0:
         return tree
     sure = tree.sure + (tree.sure[-1],) * extra if tree.sure else ()
     return DraftTree(tree.tokens + (tree.tokens[-1],) * extra, tree.parents + (tree.parents[-1],) * extra,
-                     tree.depths + (tree.depths[-1],) * extra, sure)
+                     tree.depths + (tree.depths[-1],) * extra, sure, tree.padded + extra)
 
 
 def ancestor_mask(tree: DraftTree) -> torch.Tensor:

@@ -94,10 +94,11 @@ def sampled_tree_accept(
 ) -> tuple[list[int], int]:
     """-> (accepted nodes, root excluded, in path order; the next token), every emitted token
     distributed as the target's p."""
-    kids = children(tree)
+    real = tree.size - tree.padded  # padding is never tried (tree.pad)
+    kids = {node: [c for c in cs if c <= real] for node, cs in children(tree).items()}
     q = q[: tree.depth].to(device=p.device, dtype=torch.float32)  # the drafter may sit elsewhere
     # [M+1]: u[i-1] tries node i (each node is tried at most once), u[M] draws the next token
-    u = torch.rand(tree.size + 1, generator=on_device(generator, p.device), device=p.device).tolist()
+    u = torch.rand(real + 1, generator=on_device(generator, p.device), device=p.device).tolist()
     path, node = [], 0
     while True:
         nxt, dist = _try_children(kids.get(node, []), tree, q, p[node].float(), u)  # dist [V]

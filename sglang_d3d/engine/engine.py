@@ -286,14 +286,15 @@ class SpecEngine:
         long as the verify token budget allows; None: a cycle of the plan."""
         if not isinstance(self.drafting, Drafting) or not self.copy_ngram:
             return None
-        length = min(self.lookup_tokens, self.cfg.verify_token_budget // len(rows) - 1)
         states = [self.drafting.states[s.slot] for s in rows]
-        return Drafting.copies(states, length, self.copy_ngram)
+        return Drafting.copies(states, self._lookup(len(rows), beside=0), self.copy_ngram)
 
-    def _lookup(self, batch: int) -> int:
+    def _lookup(self, batch: int, beside: int | None = None) -> int:
         """Copied guesses per row this cycle: as many as fit in the verify token budget beside
-        the drafter's tree (a batch of 1 or 4 takes them all; 16 rows, none)."""
-        room = self.cfg.verify_token_budget // batch - 1 - self.tree_nodes
+        `beside` other drafts (default: the drafter's tree; a batch of 1 or 4 takes them all,
+        16 rows none; a cycle of copies has nothing beside them)."""
+        beside = self.tree_nodes if beside is None else beside
+        room = self.cfg.verify_token_budget // batch - 1 - beside
         return max(0, min(self.lookup_tokens, room))
 
     def _tested(self, plan: Plan, outcomes: list[Outcome]) -> list[tuple[int, int]]:

@@ -140,11 +140,14 @@ class EngineConfig:
     # 0: none. Exact either way: the target verifies them in the same tree (a sampled row's
     # as proposed with probability one, speculative/tree_sampling.py).
     lookup_tokens: int = 8
-    # A cycle verifies such copies alone, with no drafter pass, where every row is greedy and
-    # its latest `copy_ngram` or more tokens occurred before (0: never; copies then only ride
-    # in the drafter's trees; sampled rows take them there only, so that their draws do not
-    # depend on their batch). A copy after a 2-token match was right for about as many
-    # tokens a cycle as the drafter's tree, in the time of a verify pass alone.
+    # A row whose latest `copy_ngram` or more tokens occurred before verifies a copy of what
+    # followed in place of drafting (0: never; copies then only ride in the drafter's trees).
+    # Where every row copies, the cycle makes no drafter pass. A greedy row beside rows that
+    # draft takes its copy in its tree instead; a sampled row verifies its copy alone either
+    # way, as a chain of sure nodes among the batch's trees, so that its draws do not depend
+    # on its batch (it copies only where a cycle verifies trees: trees on, no pre-drafting).
+    # A copy after a 2-token match was right for about as many tokens a cycle as the
+    # drafter's tree, in the time of a verify pass.
     copy_ngram: int = 2
 
     def __post_init__(self) -> None:

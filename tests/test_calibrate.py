@@ -38,7 +38,7 @@ def test_every_allowed_plan_is_timed_at_every_bucket_and_the_engine_is_left_clea
     assert 4 not in table  # a budget of 8 tokens leaves batch 4 only plain decoding
     assert ctl.accepted == [] and ctl.reached == []  # synthetic text teaches no acceptance
     assert not engine.has_work() and engine.timeline.to_list() == []
-    assert engine.controller is ctl and engine.copy_ngram == engine.cfg.copy_ngram > 0
+    assert engine.controller is ctl and engine.proposals.copy_ngram == engine.cfg.copy_ngram > 0
     # every slot is free again and serving is exact
     prompts = [[5, 6, 7], [9, 3], [4, 4, 8, 1], [2]]
     outs = generate(engine, prompts, SamplingParams(max_new_tokens=10))

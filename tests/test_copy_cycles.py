@@ -7,6 +7,7 @@ import pytest
 from conftest import layout_models, reference_greedy
 from engine_helpers import make_engine
 
+from sglang_d3d.api import GenerationRequest
 from sglang_d3d.config import Mode, SamplingParams
 from sglang_d3d.engine.offline import generate
 
@@ -56,29 +57,43 @@ def test_a_copy_cycle_runs_no_drafter_pass_and_teaches_the_controller_nothing(ti
     assert len(passes) <= len(stats) - copied  # at most one drafter pass per other cycle
 
 
-def test_sampled_requests_copy_in_their_trees_only(tiny_models):
-    """A sampled request takes copies in its trees (proposed surely, exact:
-    tests/test_tree_sampling.py) but never in cycles of copies, and its tree grows by its own
-    copy only: what it draws must not depend on its batch. Batched with a greedy request that
-    copies, it gives what it gives alone."""
-    from sglang_d3d.api import GenerationRequest
-
-    sampled = SamplingParams(temperature=0.8, seed=1, max_new_tokens=40)
-    eng = make_engine(tiny_models, Mode.SYNC, block=4, batch=2)
-    seen = []
-    eng.cycle_listeners.append(lambda rid, c: seen.append((rid, c)))
-    eng.submit_all([GenerationRequest("s", PROMPTS[0], sampled),
-                    GenerationRequest("g", PROMPTS[0], SamplingParams(max_new_tokens=40))])
-    together = {}
+def _steps(eng, reqs) -> tuple[dict, dict]:
+    """Run `reqs` together. -> ({request id: tokens}, {engine step: {request id: CycleStats}})."""
+    by_step, out = {}, {}
+    eng.cycle_listeners.append(lambda rid, c: by_step.setdefault(eng._steps, {}).__setitem__(rid, c))
+    eng.submit_all(reqs)
     while eng.has_work():
         for ev in eng.step():
-            together.setdefault(ev.request_id, []).extend(ev.token_ids)
-    mine = [c for rid, c in seen if rid == "s"]
-    assert mine and not any(c.copied for c in mine)
-    assert any(c.tree_nodes > eng.tree_nodes for c in mine)  # trees grown by its copies
-    assert any(c.tree_nodes > eng.tree_nodes for rid, c in seen if rid == "g")
-    alone = generate(make_engine(tiny_models, Mode.SYNC, block=4, batch=2), [PROMPTS[0]], sampled)
-    assert together["s"] == alone[0].token_ids and len(alone[0].token_ids) == 40
+            out.setdefault(ev.request_id, []).extend(ev.token_ids)
+    return out, by_step
+
+
+def test_sampled_requests_copy_alone_or_batched_and_draw_the_same(tiny_models):
+    """A sampled request copies from its text: in cycles of copies alone, and, beside a
+    request that drafts, on its own as a chain of sure nodes among the other's tree. Both
+    verify it the same way, so what it draws does not depend on its batch: batched, each
+    request gives what it gives alone."""
+    loops = SamplingParams(temperature=0.8, seed=1, max_new_tokens=40)  # repeats itself
+    wanders = SamplingParams(temperature=5.0, seed=2, max_new_tokens=40)  # rarely does
+    reqs = [GenerationRequest("s", PROMPTS[0], loops), GenerationRequest("w", PROMPTS[2], wanders)]
+    together, by_step = _steps(make_engine(tiny_models, Mode.SYNC, block=4, batch=2), reqs)
+    mixed = [c for c in by_step.values() if len(c) == 2 and c["s"].copied and not c["w"].copied]
+    assert mixed and all(c["s"].tree_nodes == c["w"].tree_nodes > 0 for c in mixed)  # one shape
+    for req in reqs:
+        alone, steps = _steps(make_engine(tiny_models, Mode.SYNC, block=4, batch=2), [req])
+        assert together[req.request_id] == alone[req.request_id]
+        assert len(alone[req.request_id]) == 40
+        if req.request_id == "s":  # alone, its copies made cycles of copies
+            assert any(c["s"].copied for c in steps.values())
+
+
+def test_sampled_requests_copy_only_where_trees_are_on(tiny_models):
+    """Without trees a sampled row's copy would be verified as a chain in a cycle of copies and
+    not at all beside a drafted row: its draws would depend on its batch, so it never copies."""
+    eng = make_engine(tiny_models, Mode.SYNC, block=4, batch=2, tree_nodes=0)
+    stats = _cycles(eng)
+    out = generate(eng, PROMPTS[:1], SamplingParams(temperature=0.8, seed=1, max_new_tokens=40))
+    assert len(out[0].token_ids) == 40 and stats and not any(c.copied for c in stats)
 
 
 def test_copies_stay_within_the_verify_token_budget(tiny_models):

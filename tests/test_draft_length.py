@@ -103,4 +103,4 @@ def test_calibration_times_whole_blocks_and_restores_the_cutoff(tiny_models):
     seen, real = [], eng.drafting.cut
     eng.drafting.cut = lambda rows, cutoff: (seen.append(cutoff), real(rows, cutoff))
     calibrate(eng)
-    assert seen and set(seen) == {0.0} and eng.draft_cutoff == 0.9
+    assert seen and set(seen) == {0.0} and eng.proposals.draft_cutoff == 0.9

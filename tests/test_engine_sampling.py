@@ -12,6 +12,9 @@ from sglang_d3d.engine.offline import generate
 from sglang_d3d.speculative.sampling import target_probs
 
 PROMPT = [5, 6, 7, 8]
+# [8, x] occurred before for every even x: a row whose first token is even copies its second
+# from the text (speculative/lookup.py), the others draft, so batches mix both
+COPY_PROMPT = [t for x in range(0, 96, 2) for t in (8, x)] + PROMPT
 
 
 @pytest.mark.parametrize("layout,mode", mode_layouts(["tiny", "production"]))
@@ -24,36 +27,41 @@ def test_same_seed_same_output(request, layout, mode):
     assert a == b and len(a) == 20
 
 
-def _exact_pair_distribution(hf, params: SamplingParams, vocab: int) -> torch.Tensor:
+def _exact_pair_distribution(hf, params: SamplingParams, vocab: int,
+                             prompt: list[int] = PROMPT) -> torch.Tensor:
     """P(x1, x2) under the target alone, [V, V]."""
     with torch.no_grad():
-        p1 = target_probs(hf(torch.tensor([PROMPT])).logits[0, -1], params)
-        ctx = torch.tensor([PROMPT + [x] for x in range(vocab)])
+        p1 = target_probs(hf(torch.tensor([prompt])).logits[0, -1], params)
+        ctx = torch.tensor([prompt + [x] for x in range(vocab)])
         p2 = target_probs(hf(ctx).logits[:, -1], params)
     return p1.unsqueeze(1) * p2
 
 
-@pytest.mark.parametrize("layout,block,engine_kw", [
-    ("tiny", 3, {}), ("production", 16, {}),  # token trees (tree_sampling.py), the default
-    ("tiny", 3, {"tree_nodes": 0}),  # chains
-    ("tiny", 3, {"draft_cutoff": 0.3}),  # blocks cut by the drafter's confidence
-], ids=["tiny", "production", "tiny-chains", "tiny-cutoff"])
+@pytest.mark.parametrize("layout,block,engine_kw,prompt", [
+    ("tiny", 3, {}, PROMPT), ("production", 16, {}, PROMPT),  # token trees, the default
+    ("tiny", 3, {"tree_nodes": 0}, PROMPT),  # chains
+    ("tiny", 3, {"draft_cutoff": 0.3}, PROMPT),  # blocks cut by the drafter's confidence
+    ("tiny", 3, {}, COPY_PROMPT),  # copies from the text, alone and beside drafted rows
+], ids=["tiny", "production", "tiny-chains", "tiny-cutoff", "tiny-copies"])
 @pytest.mark.parametrize("mode", [Mode.ASYNC, Mode.SYNC])
-def test_sampled_tokens_follow_the_target(request, layout, block, engine_kw, mode):
+def test_sampled_tokens_follow_the_target(request, layout, block, engine_kw, prompt, mode):
     """The first token comes from prefill and the second from speculative verification; their
     joint distribution must be the target's (chi-square over the likely pairs)."""
     models = layout_models(request, layout)
     hf = models[0]
     params = SamplingParams(temperature=2.5, top_k=6, max_new_tokens=2)
-    exact = _exact_pair_distribution(hf, params, 96)
+    exact = _exact_pair_distribution(hf, params, 96, prompt)
     n = 1200
     eng = make_engine(models, mode, block=block, batch=8, max_queue=n, **engine_kw)
-    trees = []
-    eng.cycle_listeners.append(lambda rid, c: trees.append(c.tree_nodes > 0))
+    cycles = []
+    eng.cycle_listeners.append(lambda rid, c: cycles.append(c))
     plist = [SamplingParams(temperature=2.5, top_k=6, max_new_tokens=2, seed=s) for s in range(n)]
-    outs = generate(eng, [PROMPT] * n, plist)
+    outs = generate(eng, [prompt] * n, plist)
+    trees = [c.tree_nodes > 0 for c in cycles]
     if mode is Mode.SYNC:  # every cycle verifies trees, unless chains were asked for
-        assert trees and all(trees) == (eng.tree_nodes > 0) and any(trees) == all(trees)
+        assert trees and all(trees) == (eng.proposals.tree_nodes > 0) and any(trees) == all(trees)
+    if prompt is COPY_PROMPT and mode is Mode.SYNC:  # rows copied beside rows that drafted
+        assert any(c.copied for c in cycles) and not all(c.copied for c in cycles)
     counts = torch.zeros(96, 96)
     for o in outs:
         counts[o.token_ids[0], o.token_ids[1]] += 1

@@ -15,6 +15,8 @@ from sglang_d3d.engine.offline import generate
 from sglang_d3d.models.decoder import Decoder
 from sglang_d3d.models.target import TargetRunner
 from sglang_d3d.speculative.cycle import Plan
+from sglang_d3d.speculative.draft_state import DraftState
+from sglang_d3d.speculative.drafting import Drafting
 from sglang_d3d.speculative.tree import (
     DraftTree,
     ancestor_mask,
@@ -23,6 +25,7 @@ from sglang_d3d.speculative.tree import (
     greedy_tree_accept,
     pad,
     path_tokens,
+    sure_chain,
 )
 from sglang_d3d.speculative.tree_sampling import sampled_tree_accept
 from sglang_d3d.testing import tiny_hf_model
@@ -254,6 +257,19 @@ def test_sampled_rows_verify_trees(request):
     assert passes and all(tree for _, tree in passes)
     for i in (1, 3):
         assert out[i].token_ids == reference_greedy(models[0], PROMPTS[i], 16)
+
+
+def test_a_row_with_sure_drafts_joins_the_trees_as_a_sure_chain():
+    """A placeholder (or a run copied in place of drafting) has no proposals: it joins its
+    batch's trees as a chain of sure nodes padded to their size, and the drafted rows keep
+    their trees (it used to turn the whole batch into chains)."""
+    q = torch.softmax(4 * torch.randn(3, 16, generator=torch.Generator().manual_seed(0)), -1)
+    drafted = DraftState(0, SamplingParams(), None, [1, 2, 3], [], q.argmax(-1).tolist(), q)
+    sure = DraftState(1, SamplingParams(temperature=0.8), None, [4, 5], [], [9, 9, 9], None)
+    trees = Drafting.__new__(Drafting).trees([drafted, sure], nodes=5)
+    assert [t.size for t in trees] == [5, 5]
+    assert trees[0] == build_tree(q, 5)
+    assert trees[1] == pad(sure_chain([9, 9, 9]), 5) and trees[1].padded == 2
 
 
 def test_tree_nodes_is_checked():

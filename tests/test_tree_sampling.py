@@ -9,7 +9,7 @@ import pytest
 import torch
 from engine_helpers import chain_tree
 
-from sglang_d3d.speculative.tree import DraftTree, build_tree, graft
+from sglang_d3d.speculative.tree import DraftTree, build_tree, graft, pad, sure_chain
 from sglang_d3d.speculative.tree_sampling import (
     draw_without_replacement,
     sample_tree,
@@ -185,6 +185,25 @@ def test_a_sure_child_is_taken_with_the_targets_probability():
     assert abs(taken / n - 0.3) < 0.03
     sure = torch.tensor([[0.0, 0.0, 1.0, 0.0], [0.25] * 4])
     assert sampled_tree_accept(tree, q, sure, torch.Generator().manual_seed(0))[0] == [1]
+
+
+def test_a_sure_chain_needs_no_proposals():
+    """A run copied from the text, or a placeholder, verified as a chain of sure nodes
+    (tree.sure_chain): no drafter proposal is read, so none is needed, and padding changes
+    nothing; a tree with drawn nodes refuses to go without its proposals."""
+    gen = torch.Generator().manual_seed(9)
+    p = torch.softmax(torch.randn(6, 5, generator=gen), -1)  # [M+1, V], padded rows included
+    q = torch.softmax(torch.randn(3, 5, generator=gen), -1)
+    tree = sure_chain([1, 2, 3])
+    assert (tree.parents, tree.depths, tree.sure) == ((0, 1, 2), (1, 2, 3), (True,) * 3)
+    def walk(t, proposals, probs, seed):
+        return sampled_tree_accept(t, proposals, probs, torch.Generator().manual_seed(seed))
+
+    for seed in range(100):
+        got = walk(tree, None, p[:4], seed)
+        assert got == walk(tree, q, p[:4], seed) == walk(pad(tree, 5), None, p, seed)
+    with pytest.raises(ValueError, match="proposals"):
+        sampled_tree_accept(DraftTree((1,), (0,), (1,)), None, p[:2], torch.Generator())
 
 
 def test_sampled_trees_accept_more_than_chains():

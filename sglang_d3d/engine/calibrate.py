@@ -96,15 +96,14 @@ def calibrate(engine: SpecEngine, cfg: CalibrationConfig = CalibrationConfig()) 
     script, t0 = _Scripted(real), time.perf_counter()
     torch.set_num_threads(engine.cfg.target_threads)  # this thread runs the target
     engine.controller = script
-    cutoff, engine.draft_cutoff = engine.draft_cutoff, 0.0  # whole blocks: the dearest cycle
-    copy, engine.copy_ngram = engine.copy_ngram, 0  # no cycles of copies: each is a plan's
+    served, engine.proposals = engine.proposals, engine.proposals.for_calibration()
     try:
         for batch in _buckets(min(engine.cfg.max_batch_size, cfg.max_batch or 1 << 30)):
             plans = real.allowed(engine.cfg.verify_token_budget // batch)
             if len(plans) > 1:  # one candidate needs no measuring
                 _measure_bucket(engine, script, batch, plans, cfg)
     finally:
-        engine.controller, engine.draft_cutoff, engine.copy_ngram = real, cutoff, copy
+        engine.controller, engine.proposals = real, served
         engine.timeline = Timeline()  # synthetic cycles are not the served ones
     script.hand_over()
     table = _table(real, script)

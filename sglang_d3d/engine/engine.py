@@ -18,6 +18,7 @@ import torch
 from sglang_d3d.api import GenerationRequest, RequestTooLongError, TokenEvent
 from sglang_d3d.config import EngineConfig, Mode
 from sglang_d3d.engine.adaptive import BlockController
+from sglang_d3d.engine.proposals import Proposals
 from sglang_d3d.engine.scheduler import Scheduler, plan_chunks
 from sglang_d3d.engine.sequence import Sequence
 from sglang_d3d.models.decoder import Decoder
@@ -76,12 +77,8 @@ class SpecEngine:
         self.timeline = Timeline()
         self.cycle_listeners = Listeners()  # fn(request_id, CycleStats), per row and cycle
         self.plan_listeners = Listeners()  # fn(batch, Plan, seconds), once per cycle
-        # Calibration times whole blocks (its synthetic text leaves the drafter unsure), so it
-        # turns the cutoff off for a while (engine/calibrate.py).
-        self.draft_cutoff = cfg.draft_cutoff if self._separate_drafter else 0.0
-        self.tree_nodes = cfg.tree_nodes if self._separate_drafter else 0
-        self.lookup_tokens = cfg.lookup_tokens if self._separate_drafter else 0
-        self.copy_ngram = cfg.copy_ngram  # 0 while calibrating: every cycle is the plan's
+        # Calibration swaps in whole blocks and no cycles of copies for a while (calibrate.py).
+        self.proposals = Proposals.of(cfg, self._separate_drafter)
         self.controller = None
         if cfg.adaptive:
             # Fused drafts are two-ahead predictions: the drafter's held-out rates are not theirs.
@@ -253,49 +250,57 @@ class SpecEngine:
     def _cycle(self, rows: list[Sequence], plan: Plan) -> list[TokenEvent]:
         self._steps += 1
         alone = self._alone_threads
-        copies = self._copies(rows)
-        if copies is not None:  # no drafter pass: the controller's plan waits for the next cycle
+        copies = self._copies(rows, plan)
+        copy_cycle = bool(copies) and all(copies)
+        if copy_cycle:  # no drafter pass: the controller's plan waits for the next cycle
             verify = partial(self._verify, threads=alone)
-            outcomes = run_copy_cycle(rows, self.drafting, verify, copies, self._steps)
+            outcomes = run_copy_cycle(rows, self.drafting, verify, copies, self._steps,
+                                      trees=any(not s.params.greedy for s in rows))
         elif isinstance(self.drafting, FusedDrafting):
             with intra_op_threads(alone):
                 outcomes = self.drafting.cycle(rows, self._accept, plan, self._steps)
         else:
             verify = partial(self._verify, threads=self.cfg.target_threads if plan.overlap else alone)
+            p, sampled = self.proposals, [c if not s.params.greedy else [] for s, c in zip(rows, copies)]
             outcomes = run_cycle(rows, self.drafting, verify, self.executor, plan, self._steps, alone,
-                                 self.draft_cutoff, self.tree_nodes, self._lookup(len(rows)))
+                                 p.draft_cutoff, p.tree_nodes, self._lookup(len(rows)), sampled)
         self.timeline.add(outcomes[0].times)
-        if copies is None:
+        if not copy_cycle:
             self._observe(rows, plan, outcomes)
         return [self._settle(s, o) for s, o in zip(rows, outcomes, strict=True)]
 
     def _observe(self, rows: list[Sequence], plan: Plan, outcomes: list[Outcome]) -> None:
-        """The controller and the plan listeners learn from a cycle of `plan`."""
+        """The controller and the plan listeners learn from a cycle of `plan`: its time, and
+        the acceptance of the rows that drafted (not of copies, which are not the drafter's)."""
         seconds = outcomes[0].times.end
         if self.controller is not None:
-            tested = self._tested(plan, outcomes)
+            own = [(s, o) for s, o in zip(rows, outcomes, strict=True) if o.stats and not o.stats.copied]
+            tested = self._tested(plan, [o for _, o in own])
             self.controller.observe(len(rows), plan, seconds, tested)
             self.controller.observe_trees(
-                plan, [(o.stats.num_accepted, o.chain[1]) for o in outcomes if o.chain and o.stats])
-            for s, t in zip([s for s, o in zip(rows, outcomes) if o.stats], tested, strict=True):
+                plan, [(o.stats.num_accepted, o.chain[1]) for _, o in own if o.chain])
+            for (s, _), t in zip(own, tested, strict=True):
                 s.accept.add(*t)
         self.plan_listeners.notify(len(rows), plan, seconds)
 
-    def _copies(self, rows: list[Sequence]) -> list[list[int]] | None:
-        """Runs copied from each row's own text to verify without drafting (`copy_ngram`), as
-        long as the verify token budget allows; None: a cycle of the plan."""
-        if not isinstance(self.drafting, Drafting) or not self.copy_ngram:
-            return None
-        states = [self.drafting.states[s.slot] for s in rows]
-        return Drafting.copies(states, self._lookup(len(rows), beside=0), self.copy_ngram)
+    def _copies(self, rows: list[Sequence], plan: Plan) -> list[list[int]]:
+        """Per row, a run copied from its own text to verify without drafting (`copy_ngram`),
+        as long as the verify token budget allows ([]: none; [] for all: copies are off).
+        Where every row has one the cycle makes no drafter pass. Elsewhere a greedy row takes
+        its copy in the drafter's tree (`lookup_tokens`), and a sampled row still verifies
+        its copy alone, as a chain of sure nodes among the batch's trees, so that what it
+        draws never depends on its batch. So a sampled row copies only where the plan
+        verifies trees (trees on, no pre-drafting, whose cycles verify chains)."""
+        p = self.proposals
+        if not isinstance(self.drafting, Drafting) or not p.copy_ngram:
+            return []
+        length = self._lookup(len(rows), beside=0)
+        sampled_too = p.tree_nodes > 0 and plan.block > 1 and not plan.overlap
+        return [Drafting.copy_of(self.drafting.states[s.slot], length, p.copy_ngram)
+                if s.params.greedy or sampled_too else [] for s in rows]
 
     def _lookup(self, batch: int, beside: int | None = None) -> int:
-        """Copied guesses per row this cycle: as many as fit in the verify token budget beside
-        `beside` other drafts (default: the drafter's tree; a batch of 1 or 4 takes them all,
-        16 rows none; a cycle of copies has nothing beside them)."""
-        beside = self.tree_nodes if beside is None else beside
-        room = self.cfg.verify_token_budget // batch - 1 - beside
-        return max(0, min(self.lookup_tokens, room))
+        return self.proposals.lookup(batch, self.cfg.verify_token_budget, beside)
 
     def _tested(self, plan: Plan, outcomes: list[Outcome]) -> list[tuple[int, int]]:
         """(drafts put to the test, accepted) per row, for the controller's acceptance rates.
@@ -304,7 +309,8 @@ class SpecEngine:
         drafts as rejected folds that into the rates, so the controller's expected tokens per
         cycle of the plan stay right. A token tree counts as its top-1 chain would have
         (`Outcome.chain`): the rates are the chain's, whichever way blocks were verified."""
-        short = plan.block > 1 and (isinstance(self.drafting, FusedDrafting) or self.draft_cutoff > 0)
+        short = plan.block > 1 and (isinstance(self.drafting, FusedDrafting)
+                                    or self.proposals.draft_cutoff > 0)
         out = []
         for o in outcomes:
             if o.stats is None:

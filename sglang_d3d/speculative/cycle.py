@@ -27,7 +27,7 @@ from sglang_d3d.speculative.executor import Executor
 from sglang_d3d.speculative.listeners import Listeners
 from sglang_d3d.speculative.stats import CycleStats, RequestStats
 from sglang_d3d.speculative.timeline import CycleTimes
-from sglang_d3d.speculative.tree import DraftTree, chain_accepted
+from sglang_d3d.speculative.tree import DraftTree, chain_accepted, pad, sure_chain
 
 
 @dataclass(frozen=True, order=True)
@@ -92,17 +92,25 @@ def run_cycle(
     cutoff: float = 0.0,  # verify drafts while the drafter's confidence holds (draft_length.py)
     tree_nodes: int = 0,  # verify token trees of this many drafts where the rows allow (tree.py)
     lookup: int = 0,  # ... and up to this many more copied from the row's text (lookup.py)
+    copies: Sequence[list[int]] = (),  # per row: a run copied from its text to verify in place
+    # of drafting ([]: draft), proposed surely; taken where the cycle verifies trees only
 ) -> list[Outcome]:
     t0 = time.perf_counter()
     times = CycleTimes(step=step, batch=len(rows), block=plan.block)
     states = [drafting.states[r.slot] for r in rows] if drafting is not None else []
     faults = [s.faults for s in states]
     drafted = bool(states) and plan.block > 1
+    trees_on = drafted and tree_nodes > 0 and not plan.overlap
+    copying = [bool(c) and trees_on for c in copies] or [False] * len(rows)
     # draft: rows without a ready draft (a pre-drafted branch that hit) draft now
     if drafted:
-        executor.run(drafting.ensure_drafts, states, plan.block, threads=draft_threads)
-        drafting.cut(states, cutoff)
-    trees = drafting.trees(states, tree_nodes, lookup) if drafted and not plan.overlap else None
+        own = [s for s, c in zip(states, copying, strict=True) if not c]
+        executor.run(drafting.ensure_drafts, own, plan.block, threads=draft_threads)
+        drafting.cut(own, cutoff)
+        for s, c, copy in zip(states, copying, copies or [()] * len(rows), strict=True):
+            if c:
+                s.draft, s.draft_q = list(copy), None
+    trees = drafting.trees(states, tree_nodes, lookup) if trees_on else None
     times.draft_end = time.perf_counter() - t0
     drafts = [list(s.draft) for s in states] if drafted else [[] for _ in rows]
     proposals = [s.draft_q for s in states] if drafted else [None] * len(rows)
@@ -126,8 +134,8 @@ def run_cycle(
     times.end = time.perf_counter() - t0
     new_faults = [s.faults - f for s, f in zip(states, faults)] or [0] * len(rows)
     rows_trees = trees or [None] * len(rows)
-    return [_outcome(*row, times)
-            for row in zip(drafts, verdicts, hits, new_faults, rows_trees, strict=True)]
+    return [_outcome(*row, times, copied=c)
+            for *row, c in zip(drafts, verdicts, hits, new_faults, rows_trees, copying, strict=True)]
 
 
 def run_copy_cycle(
@@ -136,22 +144,28 @@ def run_copy_cycle(
     verify_fn: VerifyFn,
     copies: list[list[int]],  # [N][L] each row's run copied from its own text (lookup.py)
     step: int = 0,
+    trees: bool = False,  # verify them as chains of sure nodes among trees (tree.sure_chain)
 ) -> list[Outcome]:
     """A cycle without a drafter pass: every row's block is a run copied from its own text,
     proposed surely (a point mass, as a placeholder draft is), so verification stays exact.
-    The drafter reads the accepted tokens the next time it drafts."""
+    `trees`: verified as a sampled row verifies its copy in a cycle of trees, so that its
+    draws are the same either way. The drafter reads the accepted tokens the next time it
+    drafts."""
     t0 = time.perf_counter()
     times = CycleTimes(step=step, batch=len(rows), block=len(copies[0]) + 1)
-    tokens = torch.tensor([[r.last_token, *c] for r, c in zip(rows, copies)], dtype=torch.int64)
+    shapes = [pad(sure_chain(c), max(map(len, copies))) for c in copies] if trees else None
+    sent = [list(t.tokens) for t in shapes] if shapes else copies
+    tokens = torch.tensor([[r.last_token, *c] for r, c in zip(rows, sent)], dtype=torch.int64)
     times.draft_end = times.verify_start = time.perf_counter() - t0
-    verdicts = verify_fn(rows, tokens, [None] * len(rows))
+    none = [None] * len(rows)
+    verdicts = verify_fn(rows, tokens, none, shapes) if shapes else verify_fn(rows, tokens, none)
     times.verify_end = time.perf_counter() - t0
     for r, c, v in zip(rows, copies, verdicts, strict=True):
         if v.error is None:
             drafting.skip(drafting.states[r.slot], [*c[: v.accepted], v.token])
     times.end = time.perf_counter() - t0
-    return [_outcome(c, v, None, 0, None, times, copied=True)
-            for c, v in zip(copies, verdicts, strict=True)]
+    return [_outcome(c, v, None, 0, t, times, copied=True)
+            for c, v, t in zip(copies, verdicts, shapes or [None] * len(rows), strict=True)]
 
 
 def _follow(drafting: Drafting, states: list[DraftState], verdicts: list[Verdict], block: int):

@@ -25,8 +25,9 @@ class DraftState:
     tokens: list[int]  # the request's tokens (prompt + accepted output) as drafting knows them
     pending: list[int]  # the tail of `tokens` the drafter cache has not read yet
     draft: list[int] | None = None  # drafts for the next verify
-    # [G+1, V] drafter distributions of those slots; None with a draft: a placeholder draft
-    # (drafter unavailable), proposed with probability one (verify.py: a point mass, exact).
+    # [G+1, V] drafter distributions of those slots; None with a draft: drafts proposed with
+    # probability one (verify.py: a point mass, exact), a placeholder (drafter unavailable)
+    # or a run copied from the text in place of drafting (cycle.py).
     draft_q: torch.Tensor | None = None
     branches: list[Branch] = field(default_factory=list)  # pre-drafted for the verify in flight
     branch_logits: torch.Tensor | None = None  # [num_branches, B, V]

@@ -26,7 +26,7 @@ from sglang_d3d.speculative.draft_length import batch_length, confident_length, 
 from sglang_d3d.speculative.draft_state import DraftState
 from sglang_d3d.speculative.lookup import lookup_continuation
 from sglang_d3d.speculative.sampling import RequestRandom, draw_drafts, usable
-from sglang_d3d.speculative.tree import DraftTree, build_tree, graft, pad
+from sglang_d3d.speculative.tree import DraftTree, build_tree, graft, pad, sure_chain
 from sglang_d3d.speculative.tree_sampling import sample_tree
 
 log = logging.getLogger(__name__)
@@ -203,43 +203,50 @@ class Drafting:
 
     def trees(self, rows: list[DraftState], nodes: int, lookup: int = 0) -> list[DraftTree] | None:
         """Every row's drafts as a token tree of `nodes` drafts (speculative/tree.py), or None
-        (verify chains) unless every row has the drafter's distributions (not a placeholder)
-        and no branches in flight. One verify pass has one shape: smaller trees are padded
-        with repeats that are never accepted (tree.pad). A greedy row's tree holds
-        the drafter's likeliest paths, and up to `lookup` more guesses copied from its own text
-        (lookup.py) grafted under its first draft; a sampled row's has the drafter's shape,
-        filled with draws (tree_sampling.py), its chain's drafts first, and its copies as
-        nodes proposed with probability one. Where any row found a copy, every greedy row's
-        tree grows by `lookup` drafts (the others' from the drafter); a sampled row's only by
-        its own copy, so that what it draws never depends on its batch (a seed gives the same
-        output alone and batched)."""
-        if nodes <= 0 or not rows or any(
-                s.draft_q is None or not s.draft or s.branches for s in rows):
+        (verify chains) where trees are off or a row has branches in flight. One verify pass
+        has one shape: smaller trees are padded with repeats that are never accepted
+        (tree.pad). A greedy row's tree holds the drafter's likeliest paths, and up to
+        `lookup` more guesses copied from its own text (lookup.py) grafted under its first
+        draft; a sampled row's has the drafter's shape, filled with draws
+        (tree_sampling.py), its chain's drafts first, and its copies as nodes proposed with
+        probability one. Where any row found a copy, every greedy row's tree grows by
+        `lookup` drafts (the others' from the drafter); a sampled row's only by its own copy,
+        so that what it draws never depends on its batch (a seed gives the same output alone
+        and batched). A row whose drafts are proposed surely (a placeholder, or a run copied
+        in place of drafting, `copy_of`) verifies them as a chain of sure nodes
+        (tree.sure_chain), so it does not turn its batch's trees into chains."""
+        if nodes <= 0 or not rows or any(not s.draft or s.branches for s in rows):
             return None
-        copies = [_copied(s, lookup) for s in rows]
-        trees = [self._tree(s, _size(s, c, nodes, lookup, any(copies)), c)
+        copies = [_copied(s, lookup) if s.draft_q is not None else [] for s in rows]
+        trees = [sure_chain(s.draft) if s.draft_q is None else
+                 self._tree(s, _size(s, c, nodes, lookup, any(copies)), c)
                  for s, c in zip(rows, copies, strict=True)]
         return [pad(t, max(t.size for t in trees)) for t in trees]
 
     @staticmethod
+    def copy_of(s: DraftState, length: int, min_ngram: int) -> list[int]:
+        """The row's next `length` tokens copied from its own text (lookup.py), to verify in
+        place of drafting: [] where it has a draft ready (a pre-drafted branch that hit costs
+        nothing more), `length` or `min_ngram` is 0, or no copy's match is `min_ngram` tokens
+        long."""
+        if length <= 0 or min_ngram <= 0 or s.draft is not None:
+            return []
+        return lookup_continuation(s.tokens, length, min_ngram=min_ngram)
+
+    @staticmethod
     def copies(rows: list[DraftState], length: int, min_ngram: int) -> list[list[int]] | None:
-        """Every row's next `length` tokens copied from its own text (lookup.py), to verify
-        without a drafter pass; None unless every row is greedy, has no draft ready (a
-        pre-drafted branch that hit costs nothing more) and found a copy whose match is at
-        least `min_ngram` tokens long. Not for sampled rows: whether a cycle copies depends on
-        every row of the batch, and a sampled row's draws must not (a seed gives the same
-        output alone and batched); they take copies in their trees instead."""
-        if length <= 0 or min_ngram <= 0 or not rows:
-            return None
+        """Every row's copy (`copy_of`) for a cycle without a drafter pass, verified as
+        chains; None unless every row is greedy and found one. Hosts that verify chains only
+        (the SGLang worker) keep sampled rows out: whether a cycle copies would depend on
+        every row of the batch, and a sampled row's draws must not (the engine verifies a
+        sampled row's copies as a tree of sure nodes, alone or batched)."""
         out = []
         for s in rows:
-            if not s.params.greedy or s.draft is not None:
-                return None
-            copied = lookup_continuation(s.tokens, length, min_ngram=min_ngram)
+            copied = Drafting.copy_of(s, length, min_ngram) if s.params.greedy else []
             if not copied:
                 return None
             out.append(copied)
-        return out
+        return out or None
 
     @staticmethod
     def _tree(s: DraftState, nodes: int, copied: list[int]) -> DraftTree:

@@ -112,6 +112,14 @@ def graft(tree: DraftTree, chain: list[int], nodes: int, sure: bool = False) -> 
     return DraftTree(tuple(tokens), tuple(parents), tuple(depths), tuple(marks) if sure else ())
 
 
+def sure_chain(tokens: list[int]) -> DraftTree:
+    """A chain of nodes proposed with probability one: a run copied from the text, or a
+    placeholder draft, verified in a batch of trees (greedy: as the chain; sampled: each node
+    accepted with the target's probability of it, tree_sampling.py)."""
+    n = len(tokens)
+    return DraftTree(tuple(tokens), tuple(range(n)), tuple(range(1, n + 1)), (True,) * n)
+
+
 def pad(tree: DraftTree, size: int) -> DraftTree:
     """The tree with its last node repeated up to `size` nodes, so that rows of unequal trees
     share one verify pass. A repeat is its original's later sibling with the same token: greedy

@@ -88,7 +88,8 @@ def sample_tree(
 
 def sampled_tree_accept(
     tree: DraftTree,  # from `sample_tree`
-    q: torch.Tensor,  # [>=D, V] the proposals the tree's tokens were drawn from
+    q: torch.Tensor | None,  # [>=D, V] the proposals the tree's tokens were drawn from;
+    # None: every node is proposed surely (tree.sure_chain)
     p: torch.Tensor,  # [M+1, V] the target's processed distribution after each node (0: root)
     generator: Generator,
 ) -> tuple[list[int], int]:
@@ -96,7 +97,11 @@ def sampled_tree_accept(
     distributed as the target's p."""
     real = tree.size - tree.padded  # padding is never tried (tree.pad)
     kids = {node: [c for c in cs if c <= real] for node, cs in children(tree).items()}
-    q = q[: tree.depth].to(device=p.device, dtype=torch.float32)  # the drafter may sit elsewhere
+    if q is None:
+        if not all(tree.is_sure(i) for i in range(1, real + 1)):
+            raise ValueError("a tree with drawn nodes needs the proposals they were drawn from")
+    else:
+        q = q[: tree.depth].to(device=p.device, dtype=torch.float32)  # the drafter may sit elsewhere
     # [M+1]: u[i-1] tries node i (each node is tried at most once), u[M] draws the next token
     u = torch.rand(real + 1, generator=on_device(generator, p.device), device=p.device).tolist()
     path, node = [], 0
@@ -109,7 +114,7 @@ def sampled_tree_accept(
         node = nxt
 
 
-def _try_children(kids: list[int], tree: DraftTree, q: torch.Tensor, dist: torch.Tensor,
+def _try_children(kids: list[int], tree: DraftTree, q: torch.Tensor | None, dist: torch.Tensor,
                   u: list[float]) -> tuple[int | None, torch.Tensor]:
     """Recursive rejection sampling over one node's children (in order). -> (the child
     accepted, or None; the distribution left to draw the next token from). A child proposed

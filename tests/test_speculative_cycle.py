@@ -93,3 +93,16 @@ def test_one_sampler_for_one_draw_and_for_rows():
     probs = torch.softmax(torch.randn(96) * 3, -1)
     a, b = make_generator(4), make_generator(4)
     assert [sample(probs, a) for _ in range(5)] == [sample_rows(probs[None], b)[0] for _ in range(5)]
+
+
+def test_sample_rows_draws_each_row_from_its_distribution():
+    """Inverse-CDF draws: frequencies follow each row's probabilities, and a token of zero
+    probability is never drawn."""
+    probs = torch.tensor([[0.5, 0.0, 0.3, 0.2], [0.0, 0.0, 0.0, 1.0], [0.1, 0.6, 0.0, 0.3]])
+    g, n = make_generator(7), 6000
+    counts = torch.zeros_like(probs)
+    for _ in range(n):
+        for row, tok in enumerate(sample_rows(probs, g)):
+            counts[row, tok] += 1
+    assert counts[probs == 0].sum() == 0
+    assert (counts / n - probs).abs().max() < 0.025  # about 4 standard errors at p = 0.5

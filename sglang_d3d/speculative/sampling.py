@@ -59,11 +59,30 @@ def draw_drafts(logits: torch.Tensor, params: SamplingParams,
 
 
 def sample_rows(probs: torch.Tensor, generator: RequestRandom | torch.Generator | None) -> list[int]:
-    """One draw per row of probs [R, V], with one host sync for all rows. The only sampler
-    outside verification (which draws by inverse CDF, verify.py): first tokens, drafts, and
-    through the engine's `ar` mode, training data (training/generation.py)."""
-    g = on_device(generator, probs.device)
-    return torch.multinomial(probs, 1, generator=g).squeeze(-1).tolist()
+    """One draw per row of probs [R, V], with one host sync for all rows, by inverse CDF as
+    verification draws (verify.py): first tokens, drafts, and through the engine's `ar` mode,
+    training data (training/generation.py). Measured on this CPU, 4 rows of 49152:
+    torch.multinomial 4.9 ms, `inverse_cdf` 2.0 ms, in every sampled drafter cycle."""
+    u = torch.rand(probs.shape[0], generator=on_device(generator, probs.device), device=probs.device)
+    return inverse_cdf(probs, u).tolist()
+
+
+def inverse_cdf(
+    probs: torch.Tensor,  # [N, V], rows sum to ~1
+    u: torch.Tensor,  # [N] uniforms in [0, 1)
+) -> torch.Tensor:
+    """One draw per row [N] by inverting each row's cumulative distribution at u: one batched op
+    instead of a sampler call per row. Sums in float64 keep round-off far below any probability
+    that matters (a float32 cumsum over 152k entries drifts by ~1e-5), and a token of
+    probability zero is never returned: its cdf equals its predecessor's, so it is never the
+    first entry above the threshold, and the clamp keeps float edge cases on the last token
+    with mass."""
+    cdf = probs.double().cumsum(-1)  # [N, V]
+    threshold = (u.double() * cdf[:, -1]).unsqueeze(1)  # [N, 1]
+    first_above = torch.searchsorted(cdf, threshold, right=True).squeeze(1)  # [N]
+    v = probs.shape[-1]
+    last_with_mass = v - 1 - (probs > 0).flip(-1).int().argmax(-1)  # [N]
+    return torch.minimum(first_above, last_with_mass)
 
 
 def sample(probs: torch.Tensor, generator: RequestRandom | torch.Generator | None) -> int:

@@ -33,9 +33,9 @@ from __future__ import annotations
 
 import torch
 
-from sglang_d3d.speculative.sampling import RequestRandom, on_device
+from sglang_d3d.speculative.sampling import RequestRandom, inverse_cdf, on_device
 from sglang_d3d.speculative.tree import DraftTree, children
-from sglang_d3d.speculative.verify import inverse_cdf, residual
+from sglang_d3d.speculative.verify import residual
 
 Generator = RequestRandom | torch.Generator | None
 

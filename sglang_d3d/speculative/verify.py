@@ -19,7 +19,7 @@ from collections.abc import Sequence
 import torch
 
 from sglang_d3d.config import SamplingParams
-from sglang_d3d.speculative.sampling import RequestRandom, on_device, target_probs
+from sglang_d3d.speculative.sampling import RequestRandom, inverse_cdf, on_device, target_probs
 
 Generator = RequestRandom | torch.Generator | None
 
@@ -75,24 +75,6 @@ def residual(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     r = (p - q).clamp(min=0)
     total = r.sum(-1, keepdim=True)
     return torch.where(total > 0, r / torch.where(total > 0, total, 1.0), p)
-
-
-def inverse_cdf(
-    probs: torch.Tensor,  # [N, V], rows sum to ~1
-    u: torch.Tensor,  # [N] uniforms in [0, 1)
-) -> torch.Tensor:
-    """One draw per row [N] by inverting each row's cumulative distribution at u: one batched op
-    instead of a sampler call per row. Sums in float64 keep round-off far below any probability
-    that matters (a float32 cumsum over 152k entries drifts by ~1e-5), and a token of
-    probability zero is never returned: its cdf equals its predecessor's, so it is never the
-    first entry above the threshold, and the clamp keeps float edge cases on the last token
-    with mass."""
-    cdf = probs.double().cumsum(-1)  # [N, V]
-    threshold = (u.double() * cdf[:, -1]).unsqueeze(1)  # [N, 1]
-    first_above = torch.searchsorted(cdf, threshold, right=True).squeeze(1)  # [N]
-    v = probs.shape[-1]
-    last_with_mass = v - 1 - (probs > 0).flip(-1).int().argmax(-1)  # [N]
-    return torch.minimum(first_above, last_with_mass)
 
 
 # ---- a verify pass --------------------------------------------------------------------------------

@@ -100,7 +100,9 @@ def run_cycle(
     states = [drafting.states[r.slot] for r in rows] if drafting is not None else []
     faults = [s.faults for s in states]
     drafted = bool(states) and plan.block > 1
-    trees_on = drafted and tree_nodes > 0 and not plan.overlap
+    # (branches in flight would make Drafting.trees fall back to chains, which copies of
+    # another length than the block cannot join; a cycle without pre-drafting has none)
+    trees_on = drafted and tree_nodes > 0 and not plan.overlap and not any(s.branches for s in states)
     copying = [bool(c) and trees_on for c in copies] or [False] * len(rows)
     # draft: rows without a ready draft (a pre-drafted branch that hit) draft now
     if drafted:

@@ -66,8 +66,9 @@ def add_engine_args(
                    f"(--copy-ngram) (0: neither; default {EngineConfig.lookup_tokens}); outputs "
                    "do not change (sampled: in distribution)")
     g.add_argument("--copy-ngram", type=count, default=None,
-                   help="a cycle verifies such copies alone, with no drafter pass, where every "
-                   "running request is greedy and its latest N or more tokens occurred before "
+                   help="a request whose latest N or more tokens occurred before verifies a copy "
+                   "of what followed in place of drafting (no drafter pass where every running "
+                   "request has one; sampled requests where the cycle verifies trees) "
                    f"(0: never; default {EngineConfig.copy_ngram}); outputs do not change")
     g.add_argument("--threads", type=int, default=None, help="CPU threads in all (default: all cores)")
 

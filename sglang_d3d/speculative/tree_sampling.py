@@ -63,7 +63,10 @@ def draw_without_replacement(
         return [first][:k]
     rest = q.float().clone()
     rest[first] = 0.0
-    race = torch.empty_like(rest).exponential_(generator=on_device(generator, rest.device))
+    # Exp(1) times as -log(1 - U): on this CPU 0.34 ms for 49152 against exponential_'s 1.1,
+    # three times a sampled drafter cycle (one race per depth)
+    u = torch.rand(rest.shape, generator=on_device(generator, rest.device), device=rest.device)
+    race = u.neg_().log1p_().neg_()  # [V]
     keys = torch.where(rest > 0, rest / race, torch.full_like(rest, -1.0))
     keys[first] = -2.0  # never again, even past the support
     return [first, *keys.topk(k - 1).indices.tolist()]

@@ -25,6 +25,8 @@ def main() -> None:
     p.add_argument("--reps", type=int, default=200)
     p.add_argument("--threads", type=int, default=1)
     a = p.parse_args()
+    if min(a.vocab, a.rows, a.reps, a.threads) < 1:
+        p.error("--vocab, --rows, --reps and --threads must be at least 1")
     torch.set_num_threads(a.threads)
     gen = torch.Generator().manual_seed(0)
     q = torch.softmax(3 * torch.randn(a.rows, a.vocab, generator=gen), -1)  # [R, V]

@@ -106,3 +106,10 @@ def test_sample_rows_draws_each_row_from_its_distribution():
             counts[row, tok] += 1
     assert counts[probs == 0].sum() == 0
     assert (counts / n - probs).abs().max() < 0.025  # about 4 standard errors at p = 0.5
+
+
+def test_a_plan_verifies_trees_only_with_drafts_and_no_pre_drafting():
+    assert Plan(4).verifies_trees(5)
+    assert not Plan(4).verifies_trees(0)  # chains asked for
+    assert not Plan(1).verifies_trees(5)  # plain decoding: no drafts
+    assert not Plan(4, overlap=True).verifies_trees(5)  # branches are outcomes of a chain

@@ -295,9 +295,16 @@ class SpecEngine:
         if not isinstance(self.drafting, Drafting) or not p.copy_ngram:
             return []
         length = self._lookup(len(rows), beside=0)
-        sampled_too = p.tree_nodes > 0 and plan.block > 1 and not plan.overlap
-        return [Drafting.copy_of(self.drafting.states[s.slot], length, p.copy_ngram)
-                if s.params.greedy or sampled_too else [] for s in rows]
+        sampled_too = plan.verifies_trees(p.tree_nodes)
+        out, whole = [], True  # whole: every row so far has a copy
+        for s in rows:
+            # a greedy row's copy serves only a cycle of copies: once a row has none, skip
+            # the lookup (O(context), every row, every cycle)
+            wanted = sampled_too if not s.params.greedy else whole
+            out.append(Drafting.copy_of(self.drafting.states[s.slot], length, p.copy_ngram)
+                       if wanted else [])
+            whole = whole and bool(out[-1])
+        return out
 
     def _lookup(self, batch: int, beside: int | None = None) -> int:
         return self.proposals.lookup(batch, self.cfg.verify_token_budget, beside)

@@ -38,6 +38,11 @@ class Plan:
     block: int
     overlap: bool = False
 
+    def verifies_trees(self, tree_nodes: int) -> bool:
+        """Whether its cycles verify token trees of `tree_nodes` drafts: there are drafts, and
+        no pre-drafting (whose branches are outcomes of a chain)."""
+        return tree_nodes > 0 and self.block > 1 and not self.overlap
+
 
 class Row(Protocol):
     """What the cycle reads of a host's request: its cache slot (the drafter's and the
@@ -102,14 +107,15 @@ def run_cycle(
     drafted = bool(states) and plan.block > 1
     # (branches in flight would make Drafting.trees fall back to chains, which copies of
     # another length than the block cannot join; a cycle without pre-drafting has none)
-    trees_on = drafted and tree_nodes > 0 and not plan.overlap and not any(s.branches for s in states)
-    copying = [bool(c) and trees_on for c in copies] or [False] * len(rows)
+    trees_on = drafted and plan.verifies_trees(tree_nodes) and not any(s.branches for s in states)
+    copies = list(copies) or [[]] * len(rows)
+    copying = [bool(c) and trees_on for c in copies]
     # draft: rows without a ready draft (a pre-drafted branch that hit) draft now
     if drafted:
         own = [s for s, c in zip(states, copying, strict=True) if not c]
         executor.run(drafting.ensure_drafts, own, plan.block, threads=draft_threads)
         drafting.cut(own, cutoff)
-        for s, c, copy in zip(states, copying, copies or [()] * len(rows), strict=True):
+        for s, c, copy in zip(states, copying, copies, strict=True):
             if c:
                 s.draft, s.draft_q = list(copy), None
     trees = drafting.trees(states, tree_nodes, lookup) if trees_on else None

@@ -45,6 +45,9 @@ def main() -> None:
     p.add_argument("--also-row-weight", type=float, nargs="*", default=[],
                    help="more async engines, each with this controller row_weight (1e12: "
                         "every row at the traffic's acceptance rates, its own counts unused)")
+    p.add_argument("--also-controller", nargs="*", default=[], metavar="FIELD=VALUE",
+                   help="more async engines, each with this BlockController field set (a "
+                        "number, or true/false), e.g. served_first=false")
     p.add_argument("--also-tree-nodes", type=int, nargs="*", default=[],
                    help="more async engines, each verifying token trees of this many drafts")
     a = p.parse_args()
@@ -52,8 +55,9 @@ def main() -> None:
         p.error("--concurrency and --num-prompts must be at least 1")
     if a.temperature < 0:
         p.error("--temperature must be 0 (greedy) or more")
-    if (a.also_min_explore or a.also_row_weight) and not a.adaptive:
-        p.error("--also-min-explore and --also-row-weight compare controllers: they need --adaptive")
+    if (a.also_min_explore or a.also_row_weight or a.also_controller) and not a.adaptive:
+        p.error("--also-min-explore, --also-row-weight and --also-controller compare "
+                "controllers: they need --adaptive")
     target, drafter, tok = load_models(engine_config(a, "async"))
     engines = {"ar": SpecEngine(engine_config(a, "ar"), target, None),
                "async": SpecEngine(engine_config(a, "async"), target, drafter)}
@@ -65,6 +69,10 @@ def main() -> None:
         e = SpecEngine(engine_config(a, "async"), target, drafter)
         e.controller.row_weight = w
         engines[f"async(row_weight={w:g})"] = e
+    for setting in a.also_controller:
+        e = SpecEngine(engine_config(a, "async"), target, drafter)
+        _set_field(e.controller, setting)
+        engines[f"async({setting})"] = e
     for n in a.also_tree_nodes:
         cfg = dataclasses.replace(engine_config(a, "async"), tree_nodes=n)
         engines[f"async(tree{n})"] = SpecEngine(cfg, target, drafter)
@@ -95,6 +103,21 @@ def main() -> None:
         print(name)
         _print_cycles(engines[name])
         _print_yields(yields[name])
+
+
+def _set_field(controller, setting: str) -> None:
+    """FIELD=VALUE onto the controller, VALUE typed as the field's current value."""
+    name, _, text = setting.partition("=")
+    if not hasattr(controller, name):
+        raise SystemExit(f"--also-controller: BlockController has no field {name!r}")
+    old = getattr(controller, name)
+    if isinstance(old, bool):
+        if text.lower() not in ("true", "false"):
+            raise SystemExit(f"--also-controller: {name} takes true or false, not {text!r}")
+        value = text.lower() == "true"
+    else:
+        value = type(old)(text)
+    setattr(controller, name, value)
 
 
 def _watch_yields(engine: SpecEngine) -> dict:

@@ -238,6 +238,37 @@ def test_a_calibrated_time_counts_as_a_sample_but_teaches_no_acceptance():
     assert c.choose(4) == Plan(1)
 
 
+def test_the_first_served_cycle_replaces_a_speculative_plans_calibrated_time():
+    """Calibration times synthetic text with the fastest of a few cycles: a speculative plan
+    reads fast, and averaging its first served cycles in kept choosing it at a loss."""
+    one, four = Plan(1), Plan(4)
+    c = BlockController(candidates=(one, four), decay=0.8)
+    c.seed_time(4, four, 0.140, 3)
+    c.observe_time(4, four, 0.220)
+    assert c.times[(4, four)] == pytest.approx(0.220)  # replaced, not 0.156
+    c.observe_time(4, four, 0.200)
+    assert c.times[(4, four)] == pytest.approx(0.8 * 0.220 + 0.2 * 0.200)  # averaged from now on
+
+
+def test_plain_decodings_calibrated_time_gives_way_only_to_a_faster_served_step():
+    one = Plan(1)
+    c = BlockController(candidates=(one, Plan(4)), decay=0.8)
+    c.seed_time(4, one, 0.067, 3)
+    c.observe_time(4, one, 0.052)  # calibrated slow: the served step takes its place
+    assert c.times[(4, one)] == pytest.approx(0.052)
+    c.seed_time(8, one, 0.060, 3)
+    c.observe_time(8, one, 0.090)  # one slow step only moves the average
+    assert c.times[(8, one)] == pytest.approx(0.8 * 0.060 + 0.2 * 0.090)
+
+
+def test_served_first_off_averages_calibrated_times_like_any_other():
+    four = Plan(4)
+    c = BlockController(candidates=(Plan(1), four), decay=0.8, served_first=False)
+    c.seed_time(4, four, 0.140, 3)
+    c.observe_time(4, four, 0.220)
+    assert c.times[(4, four)] == pytest.approx(0.8 * 0.140 + 0.2 * 0.220)
+
+
 def test_within_a_bucket_the_estimate_follows_the_actual_batch_size():
     from sglang_d3d.engine.adaptive import along
 

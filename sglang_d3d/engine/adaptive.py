@@ -135,6 +135,20 @@ class BlockController:
     # cycle also reads its prompt into the drafter (measured: a 400-token prompt), and one
     # such spike in a plan's average made a server leave its best plan for ~20 requests.
     spike: float = 2.0
+    # Keys whose time is still the start-up calibration's (engine/calibrate.py): timed on
+    # synthetic text with the fastest of a few cycles, so a speculative plan reads fast (at
+    # batch 4, block 4: 137 ms calibrated against 218 ms served, GSM8K then MT-Bench then
+    # code, `benchmarks/bench_controller.py`), and at a decay of 0.8 the estimate took five
+    # served cycles, each a loss, to come near. The first served cycle of a speculative
+    # plan replaces its calibrated time (bounded by `spike` like any other). Plain decoding
+    # can be calibrated slow too (67 ms against 52 ms served, same run), and then looks worse
+    # than it is until re-measured: its first served step replaces it where faster, but a
+    # slower one only moves the average, since one slow step in its place would make
+    # speculation look better until the next re-measurement (measured before calibration: a
+    # plain step estimated at 58 ms against 38 ms kept a server speculating at a loss for
+    # about 40 requests).
+    calibrated: set[tuple[int, Plan]] = field(default_factory=set)
+    served_first: bool = True  # False: calibrated times are averaged like any other (before)
     times: dict[tuple[int, Plan], float] = field(default_factory=dict)  # (N, plan) -> seconds
     samples: dict[tuple[int, Plan], int] = field(default_factory=dict)
     spread: dict[tuple[int, Plan], float] = field(default_factory=dict)  # mean |sample/est - 1|
@@ -393,6 +407,8 @@ class BlockController:
         synthetic text, whose acceptance says nothing about real prompts: times only."""
         self.times[(batch, plan)] = seconds
         self.samples[(batch, plan)] = self.samples.get((batch, plan), 0) + samples
+        if self.served_first:
+            self.calibrated.add((batch, plan))
 
     def observe_time(self, batch: int, plan: Plan, seconds: float) -> None:
         """A measured cycle time into the moving average (`observe` without acceptance)."""
@@ -409,8 +425,17 @@ class BlockController:
             dev = abs(seconds / old - 1)
             spread = self.spread.get(key, dev)
             self.spread[key] = self.decay * spread + (1 - self.decay) * dev
-            seconds = self.decay * old + (1 - self.decay) * seconds
+            if not replaces(key in self.calibrated, plan, seconds, old):
+                seconds = self.decay * old + (1 - self.decay) * seconds
+        self.calibrated.discard(key)
         self.times[key] = seconds
+
+
+def replaces(calibrated: bool, plan: Plan, seconds: float, old: float) -> bool:
+    """Whether a served cycle of `seconds` takes the place of the estimate `old` instead of
+    moving the average: where `old` is still the calibration's, for a speculative plan, and
+    for plain decoding where the served step is the faster (`BlockController.calibrated`)."""
+    return calibrated and (plan != PLAIN or seconds < old)
 
 
 def along(low: float, high: float, batch: int, rows: int) -> float:

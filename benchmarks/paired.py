@@ -5,10 +5,21 @@ and the spread of those ratios over rounds says how far the figure can be truste
 Measured why: two servers that both decoded plainly came out 0.93x-1.05x of each other on
 single loads of 48 requests (benchmarks/results/README.md), so one load cannot tell a 3% loss
 from noise.
+
+Each round also compares the two servers' plain steps (the mean time of their cycles of plan
+1, which both run): where a mode decodes plainly most of the time, a ratio far from 1 there is
+the machine's or the process's speed, not the mode's doing. `tok_s_equal_plain` is the tok/s
+ratio scaled by that plain-step ratio, round by round: what the mode would have made at the
+base's speed (measured, sitting 16: one server's plain steps at 125 ms against the other's
+116 in the same round, with 1 speculative cycle in 61). It is derived, not measured, and
+assumes the plain steps differ by speed alone; the mean also mixes batch sizes, which the two
+modes' cycles need not share.
 """
 
 from __future__ import annotations
 
+import argparse
+import json
 import math
 from collections import defaultdict
 
@@ -17,6 +28,7 @@ FIGURES = {  # name in the summary -> (row field, the part of it compared)
     "tok_s": ("output_throughput", None),
     "tpot_mean": ("tpot_ms", "mean"),
     "ttft_mean": ("ttft_ms", "mean"),
+    "plain_step": ("plans", "1"),  # the mean of the server's plain cycles (ms)
 }
 
 
@@ -46,26 +58,41 @@ def paired_ratios(rows: list[dict], base_mode: str) -> list[dict]:
             if mode == base_mode:
                 continue
             entry = dict(zip(LOAD_KEY, load)) | {"mode": mode, "base": base_mode}
-            for name, (field, part) in FIGURES.items():
-                ratios = [x / b for k in sorted(rounds) if k in base
-                          if (x := _figure(rounds[k], field, part)) and (b := _figure(base[k], field, part))]
-                entry[name] = ratio_summary(ratios) if ratios else None
+            per_round = {name: _round_ratios(rounds, base, field, part)
+                         for name, (field, part) in FIGURES.items()}
+            per_round["tok_s_equal_plain"] = {
+                k: t * per_round["plain_step"][k] for k, t in per_round["tok_s"].items()
+                if k in per_round["plain_step"]}
+            for name, ratios in per_round.items():
+                entry[name] = ratio_summary(list(ratios.values())) if ratios else None
             out.append(entry)
     return out
 
 
+def _round_ratios(rounds: dict[int, dict], base: dict[int, dict], field: str,
+                  part: str | None) -> dict[int, float]:
+    """round -> the figure's ratio to the base's in that round, where both have it."""
+    return {k: x / b for k in sorted(rounds) if k in base
+            if (x := _figure(rounds[k], field, part)) and (b := _figure(base[k], field, part))}
+
+
 def _figure(row: dict, field: str, part: str | None) -> float | None:
     value = row.get(field)
-    return value.get(part) if part is not None and value is not None else value
+    if part is None or value is None:
+        return value
+    value = value.get(part)
+    return value.get("mean_ms") if isinstance(value, dict) else value  # a plan's cycles
 
 
 def print_paired(entries: list[dict]) -> None:
     print(f"{'mode':6} {'dataset':9} {'conc':>4} {'variant':8} {'rounds':>6} "
-          f"{'tok/s ratio [range] +-sem':>28} {'TPOT ratio [range]':>24}")  # fmt: skip
+          f"{'tok/s ratio [range] +-sem':>28} {'TPOT ratio [range]':>24} "
+          f"{'plain step ratio':>24} {'tok/s at equal plain step':>28}")  # fmt: skip
     for e in entries:
         tok, tpot = e["tok_s"], e["tpot_mean"]
         print(f"{e['mode']:6} {e['dataset'][:9]:9} {e['concurrency']:>4} {e['variant']:8} "
-              f"{tok['rounds'] if tok else 0:>6} {_cell(tok, True):>28} {_cell(tpot, False):>24}")
+              f"{tok['rounds'] if tok else 0:>6} {_cell(tok, True):>28} {_cell(tpot, False):>24} "
+              f"{_cell(e.get('plain_step'), False):>24} {_cell(e.get('tok_s_equal_plain'), True):>28}")
 
 
 def _cell(s: dict | None, with_sem: bool) -> str:
@@ -75,3 +102,20 @@ def _cell(s: dict | None, with_sem: bool) -> str:
     if with_sem and s["sem"] is not None:
         text += f" +-{s['sem']:.3f}"
     return text
+
+
+def main() -> None:
+    """Reprint the paired table of a saved `d3d bench-serving --out` file (older files gain
+    the columns added since)."""
+    p = argparse.ArgumentParser(description=main.__doc__.splitlines()[0])
+    p.add_argument("file")
+    p.add_argument("--base", default="ar", help="the mode compared against (default: ar)")
+    a = p.parse_args()
+    rows = json.loads(open(a.file).read())["results"]
+    if a.base not in {r["mode"] for r in rows}:
+        p.error(f"no mode {a.base!r} in {a.file}")
+    print_paired(paired_ratios(rows, a.base))
+
+
+if __name__ == "__main__":
+    main()

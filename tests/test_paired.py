@@ -32,3 +32,27 @@ def test_each_round_is_compared_with_the_base_of_the_same_round():
     assert by_conc[16]["tok_s"]["ratio"] == pytest.approx(1.2)
     assert by_conc[4]["tpot_mean"]["ratio"] == pytest.approx(1.0)
     assert by_conc[4]["ttft_mean"] is None
+
+
+def test_the_plain_step_ratio_separates_a_servers_speed_from_its_mode():
+    """Both servers decode plainly: the mode's 10% fewer tok/s are its slower plain steps."""
+    def row(mode, k, tok, plain_ms):
+        return {"mode": mode, "round": k, "dataset": "d", "concurrency": 4, "variant": "plain",
+                "output_throughput": tok, "plans": {"1": {"cycles": 60, "mean_ms": plain_ms}}}
+
+    rows = [row("ar", 0, 100, 50.0), row("async", 0, 90, 55.0),
+            row("ar", 1, 100, 50.0), row("async", 1, 100, 50.0)]
+    (e,) = paired_ratios(rows, "ar")
+    assert e["plain_step"]["ratio"] == pytest.approx(math.sqrt(1.1))
+    assert e["tok_s_equal_plain"]["low"] == pytest.approx(0.99)  # 0.9 x 1.1
+    assert e["tok_s_equal_plain"]["rounds"] == 2
+
+
+def test_no_plain_cycles_no_equal_plain_figure():
+    rows = [{"mode": m, "round": 0, "dataset": "d", "concurrency": 1, "variant": "plain",
+             "output_throughput": t, "plans": p}
+            for m, t, p in (("ar", 10, {"1": {"cycles": 9, "mean_ms": 40.0}}),
+                            ("async", 15, {"4": {"cycles": 9, "mean_ms": 80.0}}))]
+    (e,) = paired_ratios(rows, "ar")
+    assert e["tok_s"]["ratio"] == pytest.approx(1.5)
+    assert e["plain_step"] is None and e["tok_s_equal_plain"] is None

@@ -213,9 +213,19 @@ def counter_totals(families) -> dict:
                     out[key] += s.value
             part = PLAN_SAMPLES.get(s.name)
             if part is not None:
-                key = ("plan", _plan_name(s.labels), part)
-                out[key] = out.get(key, 0.0) + s.value
+                for key in _plan_keys(s.labels, part):
+                    out[key] = out.get(key, 0.0) + s.value
     return out
+
+
+def _plan_keys(labels: dict, part: str) -> list[tuple]:
+    """Where a plan sample adds up: ("plan", name, part) over every batch size, and
+    ("plan_at", batch bucket, name, part) where the server labels the bucket."""
+    name = _plan_name(labels)
+    keys = [("plan", name, part)]
+    if "batch" in labels:
+        keys.append(("plan_at", int(labels["batch"]), name, part))
+    return keys
 
 
 PLAN_SAMPLES = {"d3d:spec_plan_cycles_total": "cycles", "d3d:spec_plan_seconds_total": "seconds"}
@@ -232,16 +242,21 @@ def spec_figures(before: dict, after: dict) -> dict:
     cycles and their mean time (what the controller chose, and what it cost)."""
     d = {k: after[k] - before.get(k, 0.0) for k in after}
     branches = d["hits"] + d["misses"]
-    plans = {}
-    per_plan = sorted((k[1], v) for k, v in d.items() if isinstance(k, tuple) and k[2] == "cycles")
-    for name, cycles in per_plan:
-        if cycles > 0:
-            plans[name] = {"cycles": int(cycles), "mean_ms": 1e3 * d[("plan", name, "seconds")] / cycles}
+    plans, by_batch = {}, {}
+    for key, cycles in sorted((k, v) for k, v in d.items() if isinstance(k, tuple) and k[-1] == "cycles"):
+        if cycles <= 0:
+            continue
+        cell = {"cycles": int(cycles), "mean_ms": 1e3 * d[(*key[:-1], "seconds")] / cycles}
+        if key[0] == "plan":
+            plans[key[1]] = cell
+        else:  # ("plan_at", batch, name, "cycles")
+            by_batch.setdefault(str(key[1]), {})[key[2]] = cell
     return {
         "mean_accepted_length": d["accepted_sum"] / d["cycles"] if d["cycles"] else None,
         "branch_hit_rate": d["hits"] / branches if branches else None,
         "plain_time_share": d["plain_seconds"] / d["busy_seconds"] if d["busy_seconds"] else None,
         "plans": plans,
+        "plans_by_batch": by_batch,  # batch bucket -> plan -> cycles, mean_ms
     }
 
 

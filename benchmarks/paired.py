@@ -12,8 +12,9 @@ the machine's or the process's speed, not the mode's doing. `tok_s_equal_plain` 
 ratio scaled by that plain-step ratio, round by round: what the mode would have made at the
 base's speed (measured, sitting 16: one server's plain steps at 125 ms against the other's
 116 in the same round, with 1 speculative cycle in 61). It is derived, not measured, and
-assumes the plain steps differ by speed alone; the mean also mixes batch sizes, which the two
-modes' cycles need not share.
+assumes the plain steps differ by speed alone. The plain steps compared are those at the
+load's batch-size bucket where the server labels them (since sitting 16); older files mix
+every batch size, which the two modes' plain cycles need not share.
 """
 
 from __future__ import annotations
@@ -23,12 +24,29 @@ import json
 import math
 from collections import defaultdict
 
+from sglang_d3d.engine.adaptive import bucket
+
 LOAD_KEY = ("dataset", "concurrency", "variant")
-FIGURES = {  # name in the summary -> (row field, the part of it compared)
-    "tok_s": ("output_throughput", None),
-    "tpot_mean": ("tpot_ms", "mean"),
-    "ttft_mean": ("ttft_ms", "mean"),
-    "plain_step": ("plans", "1"),  # the mean of the server's plain cycles (ms)
+
+
+def plain_step_ms(row: dict) -> float | None:
+    """The mean of the server's plain cycles in ms: at the load's batch-size bucket where the
+    server labels its plans by bucket (a plain step at 1 row costs less than at 4, and the
+    modes need not spend their plain cycles at the same sizes), else over all sizes."""
+    at = row.get("plans_by_batch", {}).get(str(bucket(row.get("concurrency", 1))), {}).get("1")
+    cell = at or row.get("plans", {}).get("1")
+    return cell["mean_ms"] if cell else None
+
+
+def _part(field: str, part: str):
+    return lambda row: (row.get(field) or {}).get(part)
+
+
+FIGURES = {  # name in the summary -> the row's figure compared
+    "tok_s": lambda row: row.get("output_throughput"),
+    "tpot_mean": _part("tpot_ms", "mean"),
+    "ttft_mean": _part("ttft_ms", "mean"),
+    "plain_step": plain_step_ms,
 }
 
 
@@ -58,8 +76,7 @@ def paired_ratios(rows: list[dict], base_mode: str) -> list[dict]:
             if mode == base_mode:
                 continue
             entry = dict(zip(LOAD_KEY, load)) | {"mode": mode, "base": base_mode}
-            per_round = {name: _round_ratios(rounds, base, field, part)
-                         for name, (field, part) in FIGURES.items()}
+            per_round = {name: _round_ratios(rounds, base, figure) for name, figure in FIGURES.items()}
             per_round["tok_s_equal_plain"] = {
                 k: t * per_round["plain_step"][k] for k, t in per_round["tok_s"].items()
                 if k in per_round["plain_step"]}
@@ -69,19 +86,10 @@ def paired_ratios(rows: list[dict], base_mode: str) -> list[dict]:
     return out
 
 
-def _round_ratios(rounds: dict[int, dict], base: dict[int, dict], field: str,
-                  part: str | None) -> dict[int, float]:
+def _round_ratios(rounds: dict[int, dict], base: dict[int, dict], figure) -> dict[int, float]:
     """round -> the figure's ratio to the base's in that round, where both have it."""
     return {k: x / b for k in sorted(rounds) if k in base
-            if (x := _figure(rounds[k], field, part)) and (b := _figure(base[k], field, part))}
-
-
-def _figure(row: dict, field: str, part: str | None) -> float | None:
-    value = row.get(field)
-    if part is None or value is None:
-        return value
-    value = value.get(part)
-    return value.get("mean_ms") if isinstance(value, dict) else value  # a plan's cycles
+            if (x := figure(rounds[k])) and (b := figure(base[k]))}
 
 
 def print_paired(entries: list[dict]) -> None:

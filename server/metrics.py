@@ -62,6 +62,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from sglang_d3d.server.errors import rejection_reason
 
+from sglang_d3d.engine.adaptive import bucket
 from sglang_d3d.speculative.stats import CycleStats, RequestStats
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
@@ -138,9 +139,13 @@ class MetricsRecorder:
         self.branch_misses = c("spec_branch_misses", "Cycles whose pre-drafted branches missed.")
         self.overlap_seconds = c("spec_overlap_seconds", "Drafter/target overlap time.")
         self.cycle_seconds = c("spec_cycle_seconds", "Total cycle wall time.")
-        plan = ("block", "predraft")
-        self.plan_cycles = c("spec_plan_cycles", "Engine cycles by plan (block 1: plain).", plan)
-        self.plan_seconds = c("spec_plan_seconds", "Engine cycle time by plan.", plan)
+        # batch: the power-of-two bucket of the cycle's rows (4: 4-7), as the controller's
+        # estimates are labelled, so what each plan cost can be read at one load level
+        plan = ("block", "predraft", "batch")
+        self.plan_cycles = c("spec_plan_cycles", "Engine cycles by plan (block 1: plain) and "
+                             "batch-size bucket.", plan)
+        self.plan_seconds = c("spec_plan_seconds", "Engine cycle time by plan and batch-size "
+                              "bucket.", plan)
         self.prompt_tokens = c("prompt_tokens", "Prompt tokens of admitted requests.")
         self.generation_tokens = c("generation_tokens", "Tokens generated.")
         self.request_success = c(
@@ -187,7 +192,8 @@ class MetricsRecorder:
     def on_plan(self, batch: int, plan: Any, seconds: float) -> None:
         """Plan listener: one engine cycle of `plan` (speculative/cycle.py Plan) for `batch`
         requests, on the engine's loop thread."""
-        labels = {**self._labels, "block": str(plan.block), "predraft": _flag(plan.overlap)}
+        labels = {**self._labels, "block": str(plan.block), "predraft": _flag(plan.overlap),
+                  "batch": str(bucket(batch))}
         self.plan_cycles.labels(**labels).inc()
         self.plan_seconds.labels(**labels).inc(seconds)
 

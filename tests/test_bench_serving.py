@@ -202,9 +202,9 @@ d3d:spec_accepted_length_count{mode="async"} 5.0
     assert got["busy_seconds"] == 5.0 and got["plain_seconds"] == 3.0
     assert got["accepted_sum"] == 12.0 and got["cycles"] == 5.0 and got["hits"] == 0.0
     figures = bench.spec_figures({}, got)
-    plans = figures.pop("plans")
+    plans, by_batch = figures.pop("plans"), figures.pop("plans_by_batch")
     assert figures == {"mean_accepted_length": 2.4, "branch_hit_rate": None, "plain_time_share": 0.6}
-    assert plans == {}  # no cycle counts in this scrape
+    assert plans == {} and by_batch == {}  # no cycle counts in this scrape
     text += """# TYPE d3d:spec_plan_cycles counter
 d3d:spec_plan_cycles_total{block="1",predraft="false"} 30.0
 d3d:spec_plan_cycles_total{block="4",predraft="true"} 5.0
@@ -214,3 +214,19 @@ d3d:spec_plan_cycles_total{block="4",predraft="true"} 5.0
     after = bench.counter_totals(text_string_to_metric_families(text))
     plans = bench.spec_figures(before, after)["plans"]
     assert plans == {"1": {"cycles": 20, "mean_ms": pytest.approx(100.0)}}  # only plans used
+
+
+def test_plans_are_also_told_apart_by_batch_bucket_where_the_server_labels_them():
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = """# TYPE d3d:spec_plan_seconds counter
+d3d:spec_plan_seconds_total{block="1",predraft="false",batch="1"} 0.4
+d3d:spec_plan_seconds_total{block="1",predraft="false",batch="4"} 3.0
+# TYPE d3d:spec_plan_cycles counter
+d3d:spec_plan_cycles_total{block="1",predraft="false",batch="1"} 10.0
+d3d:spec_plan_cycles_total{block="1",predraft="false",batch="4"} 50.0
+"""
+    got = bench.spec_figures({}, bench.counter_totals(text_string_to_metric_families(text)))
+    assert got["plans"] == {"1": {"cycles": 60, "mean_ms": pytest.approx(3400 / 60)}}
+    assert got["plans_by_batch"] == {"1": {"1": {"cycles": 10, "mean_ms": pytest.approx(40.0)}},
+                                     "4": {"1": {"cycles": 50, "mean_ms": pytest.approx(60.0)}}}

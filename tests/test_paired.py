@@ -56,3 +56,15 @@ def test_no_plain_cycles_no_equal_plain_figure():
     (e,) = paired_ratios(rows, "ar")
     assert e["tok_s"]["ratio"] == pytest.approx(1.5)
     assert e["plain_step"] is None and e["tok_s_equal_plain"] is None
+
+
+def test_plain_steps_are_compared_at_the_loads_batch_bucket_where_labelled():
+    """ar's plain cycles at 1-2 rows (a load's tail) make its mean cheaper than async's, which
+    speculates there: the bucket of the load's concurrency compares like with like."""
+    def row(mode, all_ms, at4_ms):
+        return {"mode": mode, "round": 0, "dataset": "d", "concurrency": 4, "variant": "plain",
+                "output_throughput": 100.0, "plans": {"1": {"cycles": 60, "mean_ms": all_ms}},
+                "plans_by_batch": {"4": {"1": {"cycles": 50, "mean_ms": at4_ms}}}}
+
+    (e,) = paired_ratios([row("ar", 50.0, 60.0), row("async", 60.0, 60.0)], "ar")
+    assert e["plain_step"]["ratio"] == pytest.approx(1.0)

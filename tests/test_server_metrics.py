@@ -125,6 +125,10 @@ def test_controller_estimates_are_gauges_read_at_scrape_time():
     want = 2 * (1 + rates[0] + rates[0] * rates[1] + rates[0] * rates[1] * rates[2]) / 0.08
     assert value(snap, "d3d:controller_tokens_per_second", **four) == pytest.approx(want)
     assert value(snap, "d3d:spec_plan_cycles_total", block="4", predraft="true") == 1
+    rec.on_plan(5, Plan(1), 0.05)  # labelled with its batch-size bucket, as the estimates are
+    assert value(snap := samples(rec.render().decode()), "d3d:spec_plan_cycles_total",
+                 block="1", batch="4") == 1
+    assert value(snap, "d3d:spec_plan_cycles_total", batch="2") == 1
 
 
 # ---- the live server --------------------------------------------------------------------------

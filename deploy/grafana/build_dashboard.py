@@ -224,6 +224,12 @@ def controller_panels() -> list[dict]:
         f"sum by (mode) ({rate('d3d:spec_plan_seconds_total')})",
         "{{mode}} block {{block}} predraft {{predraft}}",
     )
+    by_batch = "mode, batch, block, predraft"
+    cost = target(
+        f"sum by ({by_batch}) ({rate('d3d:spec_plan_seconds_total')})\n"
+        f"/ sum by ({by_batch}) ({rate('d3d:spec_plan_cycles_total')})",
+        "{{mode}} batch {{batch}} block {{block}} predraft {{predraft}}",
+    )
     speedup = target(
         f"max by (mode, batch, block, predraft) (d3d:controller_tokens_per_second{{{SEL}}})\n"
         "/ ignoring(block, predraft) group_left\n"
@@ -246,6 +252,13 @@ def controller_panels() -> list[dict]:
             description="Per batch-size bucket (powers of two): the controller's estimated "
             "tokens/s of each plan over plain decoding's. It runs the highest; below 1 it "
             "decodes plainly, re-measuring a losing plan now and then.",
+        ),
+        panel(
+            "Cycle time by plan and batch size (served)",
+            [cost],
+            "s",
+            description="Mean served cycle of each plan at each batch-size bucket (4 = 4-7 "
+            "requests decoding): what the controller's choices cost, beside its estimates.",
         ),
     ]
 

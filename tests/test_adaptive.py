@@ -8,6 +8,7 @@ from sglang_d3d.engine.adaptive import (
     AcceptCounts,
     BlockController,
     Plan,
+    along,
     blend,
     bucket,
     estimate_noise,
@@ -270,8 +271,6 @@ def test_served_first_off_averages_calibrated_times_like_any_other():
 
 
 def test_within_a_bucket_the_estimate_follows_the_actual_batch_size():
-    from sglang_d3d.engine.adaptive import along
-
     assert along(0.1, 0.2, 2, 2) == 0.1 and along(0.1, 0.2, 2, 3) == pytest.approx(0.15)
     one, four = Plan(1), Plan(4)
     c = BlockController(candidates=(one, four), warmup=1, prior=(1.0, 0.6, 0.47))
@@ -291,6 +290,31 @@ def test_a_cycle_measured_above_the_buckets_size_is_stored_at_that_size():
     c.observe_time(4, one, 0.20)
     c.observe_time(3, one, 0.15)  # exactly the line between the two buckets
     assert c.times[(2, one)] == pytest.approx(0.10)
+
+
+def test_a_cycle_between_two_buckets_moves_the_line_between_them_by_the_rate():
+    from sglang_d3d.engine.adaptive import between_update
+
+    for batch in (5, 6, 7):
+        low, high = between_update(0.06, 0.09, 4, batch, 0.12, 0.2)
+        before = along(0.06, 0.09, 4, batch)
+        assert along(low, high, 4, batch) == pytest.approx(before + 0.2 * (0.12 - before))
+        assert high - 0.09 > 0 and low - 0.06 > 0  # both ends up, the nearer one more
+        assert (high - 0.09 > low - 0.06) == (batch > 6)
+
+
+def test_an_upper_buckets_error_is_not_multiplied_into_the_lower_one():
+    """Measured in a server: batch 8's plain step estimated 20 ms short, a load at 16 passing
+    through 7 rows, and the plain step at 4 read 120 ms against 62 served; the server then
+    speculated through two loads at concurrency 4. Cycles at 7 rows now move both ends."""
+    one = Plan(1)
+    c = BlockController(candidates=(one, Plan(4)), decay=0.8)
+    c.observe_time(4, one, 0.062)
+    c.observe_time(8, one, 0.085)  # the real step at 8 rows is 0.106
+    for _ in range(300):
+        c.observe_time(7, one, 0.062 + (0.106 - 0.062) * 3 / 4)  # served, on the true line
+    assert c.times[(4, one)] < 0.070  # laying the miss on batch 4 alone: 0.062 + 3 x 0.021
+    assert along(c.times[(4, one)], c.times[(8, one)], 4, 7) == pytest.approx(0.095, rel=1e-3)
 
 
 def test_speculation_must_beat_plain_decoding_by_a_margin_to_be_chosen_and_half_to_stay():

@@ -68,3 +68,13 @@ def test_plain_steps_are_compared_at_the_loads_batch_bucket_where_labelled():
 
     (e,) = paired_ratios([row("ar", 50.0, 60.0), row("async", 60.0, 60.0)], "ar")
     assert e["plain_step"]["ratio"] == pytest.approx(1.0)
+
+
+def test_a_handful_of_plain_cycles_is_no_plain_step():
+    def row(mode, cycles):
+        return {"mode": mode, "round": 0, "dataset": "d", "concurrency": 4, "variant": "plain",
+                "output_throughput": 100.0,
+                "plans_by_batch": {"4": {"1": {"cycles": cycles, "mean_ms": 60.0}}}}
+
+    (e,) = paired_ratios([row("ar", 250), row("async", 1)], "ar")
+    assert e["plain_step"] is None and e["tok_s_equal_plain"] is None

@@ -61,15 +61,9 @@ def main() -> None:
     target, drafter, tok = load_models(engine_config(a, "async"))
     engines = {"ar": SpecEngine(engine_config(a, "ar"), target, None),
                "async": SpecEngine(engine_config(a, "async"), target, drafter)}
-    for m in a.also_min_explore:
-        e = SpecEngine(engine_config(a, "async"), target, drafter)
-        e.controller.min_explore = m
-        engines[f"async(min_explore={m})"] = e
-    for w in a.also_row_weight:
-        e = SpecEngine(engine_config(a, "async"), target, drafter)
-        e.controller.row_weight = w
-        engines[f"async(row_weight={w:g})"] = e
-    for setting in a.also_controller:
+    settings = ([f"min_explore={m}" for m in a.also_min_explore]
+                + [f"row_weight={w:g}" for w in a.also_row_weight] + a.also_controller)
+    for setting in settings:
         e = SpecEngine(engine_config(a, "async"), target, drafter)
         _set_field(e.controller, setting)
         engines[f"async({setting})"] = e

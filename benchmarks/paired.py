@@ -27,8 +27,6 @@ from collections import defaultdict
 from sglang_d3d.engine.adaptive import bucket
 
 LOAD_KEY = ("dataset", "concurrency", "variant")
-
-
 MIN_PLAIN_CYCLES = 10  # fewer say nothing of a server's speed (one cycle can carry a spike)
 
 
@@ -37,8 +35,11 @@ def plain_step_ms(row: dict) -> float | None:
     server labels its plans by bucket (a plain step at 1 row costs less than at 4, and the
     modes need not spend their plain cycles at the same sizes), else over all sizes; None
     where there are fewer than MIN_PLAIN_CYCLES (a mode that speculated throughout)."""
-    at = row.get("plans_by_batch", {}).get(str(bucket(row.get("concurrency", 1))), {}).get("1")
-    cell = at if "plans_by_batch" in row else row.get("plans", {}).get("1")
+    if "plans_by_batch" in row:
+        plans = row["plans_by_batch"].get(str(bucket(row.get("concurrency", 1))), {})
+    else:
+        plans = row.get("plans", {})
+    cell = plans.get("1")
     return cell["mean_ms"] if cell and cell["cycles"] >= MIN_PLAIN_CYCLES else None
 
 

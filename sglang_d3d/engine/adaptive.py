@@ -410,33 +410,31 @@ class BlockController:
         if self.served_first:
             self.calibrated.add((batch, plan))
 
-    def _observe_between(self, key: tuple[int, Plan], batch: int, seconds: float) -> None:
-        """A cycle at a size between the bucket's and the next one's, both estimated: it moves
-        both ends of the line between them (`between_update`)."""
-        lo, plan = key
-        low, high = self.times[key], self.times[(2 * lo, plan)]
-        predicted = along(low, high, lo, batch)
-        seconds = min(seconds, self.spike * predicted)
-        dev = abs(seconds / predicted - 1)
+    def _bounded(self, key: tuple[int, Plan], seconds: float, expected: float) -> float:
+        """A cycle's time against the estimate it is expected at: clipped at `spike` times it,
+        and its relative miss into the key's spread."""
+        seconds = min(seconds, self.spike * expected)
+        dev = abs(seconds / expected - 1)
         self.spread[key] = self.decay * self.spread.get(key, dev) + (1 - self.decay) * dev
-        self.times[key], self.times[(2 * lo, plan)] = between_update(
-            low, high, lo, batch, seconds, 1 - self.decay)
+        return seconds
 
     def observe_time(self, batch: int, plan: Plan, seconds: float) -> None:
-        """A measured cycle time into the moving average (`observe` without acceptance)."""
+        """A measured cycle time into the moving average (`observe` without acceptance). A
+        cycle at a size between the bucket's and the next one's, both estimated, moves both
+        ends of the line between them (`between_update`)."""
         key = (bucket(batch), plan)
         self.samples[key] = self.samples.get(key, 0) + 1
         self.seen[key] = self.cycles
         old = self.times.get(key)
-        upper = self.times.get((2 * key[0], plan))
+        upper_key = (2 * key[0], plan)
+        upper = self.times.get(upper_key)
         if old is not None and upper is not None and batch != key[0]:
-            self._observe_between(key, batch, seconds)
+            seconds = self._bounded(key, seconds, along(old, upper, key[0], batch))
+            self.times[key], self.times[upper_key] = between_update(
+                old, upper, key[0], batch, seconds, 1 - self.decay)
             return
         if old is not None:
-            seconds = min(seconds, self.spike * old)
-            dev = abs(seconds / old - 1)
-            spread = self.spread.get(key, dev)
-            self.spread[key] = self.decay * spread + (1 - self.decay) * dev
+            seconds = self._bounded(key, seconds, old)
             if not replaces(key in self.calibrated, plan, seconds, old):
                 seconds = self.decay * old + (1 - self.decay) * seconds
         self.calibrated.discard(key)

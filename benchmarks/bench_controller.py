@@ -48,6 +48,9 @@ def main() -> None:
     p.add_argument("--also-controller", nargs="*", default=[], metavar="FIELD=VALUE",
                    help="more async engines, each with this BlockController field set (a "
                         "number, or true/false), e.g. served_first=false")
+    p.add_argument("--also-engine", nargs="*", default=[], metavar="FIELD=VALUE",
+                   help="more async engines, each with this EngineConfig field changed "
+                        "(copy_ngram=0: no cycles of copies)")
     p.add_argument("--also-tree-nodes", type=int, nargs="*", default=[],
                    help="more async engines, each verifying token trees of this many drafts")
     a = p.parse_args()
@@ -70,6 +73,9 @@ def main() -> None:
     for n in a.also_tree_nodes:
         cfg = dataclasses.replace(engine_config(a, "async"), tree_nodes=n)
         engines[f"async(tree{n})"] = SpecEngine(cfg, target, drafter)
+    for setting in a.also_engine:
+        cfg = _replaced(engine_config(a, "async"), setting)
+        engines[f"async({setting})"] = SpecEngine(cfg, target, drafter)
     for w in a.also_draft_weights:
         cfg = dataclasses.replace(engine_config(a, "async"), draft_weights=w)
         engines[f"async({w})"] = SpecEngine(cfg, target, drafter)
@@ -93,25 +99,35 @@ def main() -> None:
             seconds[name] += time.perf_counter() - t0
             tokens[name] += sum(len(o.token_ids) for o in outs)
     print({n: f"{tokens[n] / seconds[n]:.1f} tok/s" for n in engines})
-    for name in [n for n in engines if n != "ar"]:
+    for name in engines:
         print(name)
         _print_cycles(engines[name])
-        _print_yields(yields[name])
+        if name in yields:
+            _print_yields(yields[name])
 
 
 def _set_field(controller, setting: str) -> None:
     """FIELD=VALUE onto the controller, VALUE typed as the field's current value."""
+    name, value = _parsed(controller, setting, "--also-controller")
+    setattr(controller, name, value)
+
+
+def _replaced(cfg, setting: str):
+    """The engine config with FIELD=VALUE, VALUE typed as the field's current value."""
+    name, value = _parsed(cfg, setting, "--also-engine")
+    return dataclasses.replace(cfg, **{name: value})
+
+
+def _parsed(obj, setting: str, option: str) -> tuple[str, object]:
     name, _, text = setting.partition("=")
-    if not hasattr(controller, name):
-        raise SystemExit(f"--also-controller: BlockController has no field {name!r}")
-    old = getattr(controller, name)
+    if not hasattr(obj, name):
+        raise SystemExit(f"{option}: {type(obj).__name__} has no field {name!r}")
+    old = getattr(obj, name)
     if isinstance(old, bool):
         if text.lower() not in ("true", "false"):
-            raise SystemExit(f"--also-controller: {name} takes true or false, not {text!r}")
-        value = text.lower() == "true"
-    else:
-        value = type(old)(text)
-    setattr(controller, name, value)
+            raise SystemExit(f"{option}: {name} takes true or false, not {text!r}")
+        return name, text.lower() == "true"
+    return name, type(old)(text)
 
 
 def _watch_yields(engine: SpecEngine) -> dict:
@@ -140,6 +156,8 @@ def _print_cycles(engine: SpecEngine) -> None:
         kind = " pre-drafted" if pre else ""
         print(f"batch {batch:2d} block {block:2d}{kind}: {len(ts):4d} cycles, "
               f"mean {1e3 * sum(ts) / len(ts):6.1f} ms")
+    if engine.controller is None:
+        return
     factors = {plan_name(p): round(engine.controller.tree_factor(p), 3)
                for p in engine.controller.tree_yield}
     print(f"tree yield over chains, by plan: {factors}")

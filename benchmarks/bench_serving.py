@@ -66,7 +66,7 @@ from sglang_d3d.cli_args import count
 from sglang_d3d.engine.calibrate import plan_name
 from sglang_d3d.interleave import rotated
 from sglang_d3d.prompts import NAMED, datasets_dir, question_text
-from sglang_d3d.speculative.cycle import Plan
+from sglang_d3d.speculative.cycle import COPIES, Plan
 
 DATASETS = tuple(NAMED)  # gsm8k (test split), mt_bench
 DEFAULT_OUT = Path("benchmarks/results/bench_serving.json")  # from the checkout root
@@ -233,6 +233,8 @@ PLAN_SAMPLES = {"d3d:spec_plan_cycles_total": "cycles", "d3d:spec_plan_seconds_t
 
 def _plan_name(labels: dict) -> str:
     """The plan a `d3d:spec_plan_*` sample is labelled with, named as calibration names it."""
+    if labels["block"] == "copy":
+        return plan_name(COPIES)
     return plan_name(Plan(int(labels["block"]), labels.get("predraft") == "true"))
 
 
@@ -529,7 +531,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--server-args",
         default="",
-        help='extra `d3d serve` flags for started servers, e.g. "--target /m --device cuda"',
+        help='extra `d3d serve` flags for started servers, e.g. "--target /m --device cuda"; '
+        "they get --shared-lookup-tokens 0 unless these set it (the loads repeat their prompts; "
+        "a server given by --url should run with it off too)",
     )
     return p
 
@@ -541,14 +545,25 @@ def _with_servers(modes: list[str], args) -> list[dict]:
     return [row for k in range(args.rounds) for row in _serve(modes, args, range(k, k + 1), k)]
 
 
+def started_server_args(server_args: str) -> list[str]:
+    """`d3d serve` flags for the servers the benchmark starts. Every load sends the same
+    prompts (each concurrency, variant and round), so copies from earlier requests' text
+    (`--shared-lookup-tokens`) would verify the answers the server gave the same prompts a
+    minute before: a cache's hit rate, not serving. Off unless --server-args sets it."""
+    flags = server_args.split()
+    if not any(f.split("=")[0] == "--shared-lookup-tokens" for f in flags):
+        flags += ["--shared-lookup-tokens", "0"]
+    return flags
+
+
 def _serve(modes: list[str], args, rounds: range | None = None, first_turn: int = 0) -> list[dict]:
     """Start a server per mode (all at once: an idle one costs memory, not time), bench them
     load by load, stop them."""
     servers: dict[str, ServerProcess] = {}
     try:
         for mode in modes:
-            servers[mode] = ServerProcess(mode, args.server_args.split(), args.out.parent,
-                                          args.server_timeout)
+            servers[mode] = ServerProcess(mode, started_server_args(args.server_args),
+                                          args.out.parent, args.server_timeout)
         return bench_modes({m: s.url for m, s in servers.items()}, args, rounds, first_turn)
     finally:
         for server in servers.values():

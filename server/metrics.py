@@ -30,7 +30,8 @@ Branch hit rate (async mode: share of cycles whose pre-drafted branch matched)::
          + sum(rate(d3d:spec_branch_misses_total[5m])) by (model_name, mode))
 
 Share of decoding time by cycle plan (block 1: plain decoding; the adaptive controller's
-choice, engine/adaptive.py)::
+choice, engine/adaptive.py; block "copy": cycles that verified copies from the text without a
+drafter pass, nobody's plan)::
 
     sum by (block, predraft) (rate(d3d:spec_plan_seconds_total[5m]))
       / ignoring(block, predraft) group_left sum(rate(d3d:spec_plan_seconds_total[5m]))
@@ -192,7 +193,8 @@ class MetricsRecorder:
     def on_plan(self, batch: int, plan: Any, seconds: float) -> None:
         """Plan listener: one engine cycle of `plan` (speculative/cycle.py Plan) for `batch`
         requests, on the engine's loop thread."""
-        labels = {**self._labels, "block": str(plan.block), "predraft": _flag(plan.overlap),
+        block = "copy" if plan.copies else str(plan.block)  # a cycle of copies: no plan's
+        labels = {**self._labels, "block": block, "predraft": _flag(plan.overlap),
                   "batch": str(bucket(batch))}
         self.plan_cycles.labels(**labels).inc()
         self.plan_seconds.labels(**labels).inc(seconds)

@@ -36,7 +36,8 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
                    "'-full' (sync-full@8) sets the drafter's weights for that mode; '-cut<X>' "
                    "(sync-cut0.1@8) sets that mode's --draft-cutoff (cut0: whole blocks); '-tree<N>' "
                    "(sync-tree7@5) its --tree-nodes (tree0: chains); '-lookup<N>' (sync-lookup0) "
-                   "its --lookup-tokens; '-copy<N>' (sync-copy0) its --copy-ngram")
+                   "its --lookup-tokens; '-copy<N>' (sync-copy0) its --copy-ngram; '-shared<N>' "
+                   "(async-shared0) its --shared-lookup-tokens")
     p.add_argument("--max-new-tokens", type=int, default=256)
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--out", default=None, help="save the results as JSON here")
@@ -73,7 +74,8 @@ def run_bench(args: argparse.Namespace) -> int:
 
 
 # '-<prefix><N>' mode suffixes that set an integer engine setting for that mode
-COUNT_SUFFIXES = {"tree": "tree_nodes", "lookup": "lookup_tokens", "copy": "copy_ngram"}
+COUNT_SUFFIXES = {"tree": "tree_nodes", "lookup": "lookup_tokens", "copy": "copy_ngram",
+                  "shared": "shared_lookup_tokens"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,7 +96,8 @@ def parse_mode(name: str) -> ModeName:
     says for the plain names); '-int8' / '-full' set the drafter's weights; '-cut<X>' sets
     the draft cutoff ('cut0': whole blocks); '-tree<N>' the tree size ('tree0': chains),
     '-lookup<N>' the copied guesses per tree, '-copy<N>' the match that lets a cycle verify
-    copies without drafting ('copy0': never); an '@B' suffix ('fused@4', 'sync-adaptive@8')
+    copies without drafting ('copy0': never), '-shared<N>' the finished requests' tokens
+    greedy rows copy from ('shared0': none); an '@B' suffix ('fused@4', 'sync-adaptive@8')
     sets the block size, so modes run side by side each at its own best block or weights.
     Raises ValueError naming the accepted forms."""
     stem, _, block = name.partition("@")
@@ -111,7 +114,7 @@ def parse_mode(name: str) -> ModeName:
             or (block and not (block.isdigit() and int(block) >= 1))):
         raise ValueError(f"unknown mode {name!r}: use ar, sync, async or fused, optionally "
                          "with -adaptive, -int8 or -full, -cut<X>, -tree<N>, -lookup<N>, "
-                         "-copy<N>, then @<block size>")
+                         "-copy<N>, -shared<N>, then @<block size>")
     if cuts and not 0.0 <= cuts[0] < 1.0:
         raise ValueError(f"mode {name!r}: the draft cutoff must be in [0, 1)")
     return ModeName(name, Mode(base), "adaptive" in rest, (weights or [None])[0],
@@ -161,6 +164,8 @@ def _warmup(engines, ids, params) -> None:
     for e in engines.values():
         generate(e, [ids], short)
         e.timeline.cycles.clear()
+        if e.shared_text is not None:  # the first prompt's own answer is not traffic before it
+            e.shared_text.clear()
 
 
 def _calibrate(engines: dict) -> dict:

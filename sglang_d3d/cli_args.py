@@ -70,6 +70,12 @@ def add_engine_args(
                    "of what followed in place of drafting (no drafter pass where every running "
                    "request has one; sampled requests where the cycle verifies trees) "
                    f"(0: never; default {EngineConfig.copy_ngram}); outputs do not change")
+    g.add_argument("--shared-lookup-tokens", type=count, default=EngineConfig.shared_lookup_tokens,
+                   help="a greedy request whose own text has no copy (--copy-ngram) looks in the "
+                   "last N tokens of finished requests' prompts and answers for what followed "
+                   "its last 3 tokens (0: off, e.g. where tenants must not time guesses from "
+                   f"each other's text; default {EngineConfig.shared_lookup_tokens}); outputs "
+                   "do not change")
     g.add_argument("--threads", type=int, default=None, help="CPU threads in all (default: all cores)")
 
 
@@ -134,4 +140,5 @@ def engine_config(args: argparse.Namespace, mode: str | None = None) -> EngineCo
         else args.lookup_tokens,
         copy_ngram=EngineConfig.copy_ngram if getattr(args, "copy_ngram", None) is None
         else args.copy_ngram,
+        shared_lookup_tokens=getattr(args, "shared_lookup_tokens", EngineConfig.shared_lookup_tokens),
     )

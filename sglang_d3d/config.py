@@ -149,13 +149,20 @@ class EngineConfig:
     # A copy after a 2-token match was right for about as many tokens a cycle as the
     # drafter's tree, in the time of a verify pass.
     copy_ngram: int = 2
+    # A greedy row whose own text has no copy looks in the last this many tokens of finished
+    # requests' texts (prompts and answers) for what followed its last 3 tokens
+    # (speculative/shared_lookup.py); 0: off. Sampled rows never do (their draws must not
+    # depend on other requests). Exact either way; a server whose tenants must not time
+    # guesses from each other's text turns it off.
+    shared_lookup_tokens: int = 1 << 16
 
     def __post_init__(self) -> None:
         if not 0 <= self.draft_cutoff < 1:
             raise ValueError(f"draft_cutoff must be in [0, 1), not {self.draft_cutoff}")
-        if min(self.tree_nodes, self.lookup_tokens, self.copy_ngram) < 0:
-            raise ValueError(f"tree_nodes, lookup_tokens and copy_ngram must be >= 0, not "
-                             f"{self.tree_nodes}, {self.lookup_tokens}, {self.copy_ngram}")
+        if min(self.tree_nodes, self.lookup_tokens, self.copy_ngram, self.shared_lookup_tokens) < 0:
+            raise ValueError(f"tree_nodes, lookup_tokens, copy_ngram and shared_lookup_tokens "
+                             f"must be >= 0, not {self.tree_nodes}, {self.lookup_tokens}, "
+                             f"{self.copy_ngram}, {self.shared_lookup_tokens}")
         if self.max_batch_size < 1 or self.max_context < 8:
             raise ValueError("max_batch_size >= 1 and max_context >= 8 required")
         if self.prefill_chunk < 1 or self.max_prefill_tokens < self.prefill_chunk:

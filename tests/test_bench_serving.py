@@ -93,6 +93,15 @@ def test_datasets_are_named_sets_or_jsonl_files(tmp_path, capsys):
     assert "existing .jsonl file" in capsys.readouterr().err
 
 
+def test_started_servers_copy_nothing_from_repeated_prompts_unless_asked():
+    """Loads repeat their prompts, so the servers the benchmark starts keep no index of earlier
+    requests' text (it would verify the answers to the same prompts); --server-args may ask."""
+    assert bench.started_server_args("--device cpu") == [
+        "--device", "cpu", "--shared-lookup-tokens", "0"]
+    assert bench.started_server_args("--shared-lookup-tokens 4096") == ["--shared-lookup-tokens", "4096"]
+    assert bench.started_server_args("--shared-lookup-tokens=8") == ["--shared-lookup-tokens=8"]
+
+
 def test_negative_warm_up_rounds_are_refused(capsys):
     with pytest.raises(SystemExit):
         bench.build_parser().parse_args(["--warmup-rounds", "-1"])

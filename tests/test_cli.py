@@ -111,7 +111,8 @@ def test_parse_mode():
     m = parse_mode("sync-tree7-lookup0-copy3@4")
     assert (m.counts, m.block) == (
         (("tree_nodes", 7), ("lookup_tokens", 0), ("copy_ngram", 3)), 4)
-    for bad in ("sync-tree5-tree6", "sync-lookupx", "sync-copy-1"):
+    assert parse_mode("async-adaptive-shared0@8").counts == (("shared_lookup_tokens", 0),)
+    for bad in ("sync-tree5-tree6", "sync-lookupx", "sync-copy-1", "async-sharedx"):
         with pytest.raises(ValueError, match="unknown mode"):
             parse_mode(bad)
 

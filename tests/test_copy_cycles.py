@@ -10,6 +10,7 @@ from engine_helpers import make_engine
 from sglang_d3d.api import GenerationRequest
 from sglang_d3d.config import Mode, SamplingParams
 from sglang_d3d.engine.offline import generate
+from sglang_d3d.speculative.cycle import COPIES
 
 # random tiny models fall into loops, so their answers repeat themselves: copies are found
 PROMPTS = [[5, 6, 7, 5, 6, 7, 5], [9, 10, 11], [12, 40, 13, 50, 14, 60, 15], [70]]
@@ -46,14 +47,16 @@ def test_copy_cycles_keep_greedy_output_identical(request, layout, block, mode):
 def test_a_copy_cycle_runs_no_drafter_pass_and_teaches_the_controller_nothing(tiny_models):
     eng = make_engine(tiny_models, Mode.SYNC, block=4, batch=1, adaptive=True)
     stats, passes = _cycles(eng), _drafter_passes(eng)
-    observed = []
+    observed, plans = [], []
     real = eng.controller.observe
     eng.controller.observe = lambda *a, **kw: (observed.append(a), real(*a, **kw))[1]
+    eng.plan_listeners.append(lambda batch, plan, seconds: plans.append(plan))
     out = generate(eng, PROMPTS[:1], SamplingParams(max_new_tokens=40))
     assert out[0].token_ids == reference_greedy(tiny_models[0], PROMPTS[0], 40)
     copied = sum(c.copied for c in stats)
     assert copied > 0
     assert len(observed) == len(stats) - copied  # the controller sees its plans' cycles only
+    assert plans.count(COPIES) == copied and len(plans) == len(stats)  # the metrics see all
     assert len(passes) <= len(stats) - copied  # at most one drafter pass per other cycle
 
 

@@ -71,6 +71,12 @@ def test_logprobs_equal_in_ar_and_async_and_match_a_plain_forward(servers, tiny_
     assert ar.token_logprobs == pytest.approx(ref, abs=1e-9)
 
 
+def _rounded(entry: dict) -> dict:
+    """A logprobs entry with its log-probabilities to 9 decimals, alternatives included."""
+    tops = [{**t, "logprob": round(t["logprob"], 9)} for t in entry.get("top_logprobs") or []]
+    return {**entry, "logprob": round(entry["logprob"], 9), "top_logprobs": tops}
+
+
 def test_chat_logprobs_shape_and_stream_equal_whole(client):
     kw = dict(model="tiny", messages=[{"role": "user", "content": "w9 w10 w11"}], max_tokens=12,
               temperature=0, logprobs=True, top_logprobs=3)  # fmt: skip
@@ -83,7 +89,9 @@ def test_chat_logprobs_shape_and_stream_equal_whole(client):
     chunks = list(client.chat.completions.create(**kw, stream=True))
     streamed = [t for c in chunks if c.choices and c.choices[0].logprobs
                 for t in c.choices[0].logprobs.content]  # fmt: skip
-    assert [t.model_dump() for t in streamed] == [t.model_dump() for t in content]
+    # the same tokens and log-probabilities; the second request may verify a copy of the
+    # first's answer (shared_lookup.py), a pass of another width, so equal to rounding
+    assert [_rounded(t.model_dump()) for t in streamed] == [_rounded(t.model_dump()) for t in content]
     plain = client.chat.completions.create(**{**kw, "logprobs": None, "top_logprobs": None})
     assert plain.choices[0].logprobs is None
 

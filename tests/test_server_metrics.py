@@ -11,6 +11,7 @@ from sglang_d3d.server.metrics import MetricsRecorder
 from sglang_d3d.server.testing import ServerThread, tiny_server_config
 
 from sglang_d3d.engine.adaptive import BlockController, Plan
+from sglang_d3d.speculative.cycle import COPIES
 from sglang_d3d.speculative.stats import CycleStats
 
 HISTOGRAMS = [
@@ -129,6 +130,9 @@ def test_controller_estimates_are_gauges_read_at_scrape_time():
     assert value(snap := samples(rec.render().decode()), "d3d:spec_plan_cycles_total",
                  block="1", batch="4") == 1
     assert value(snap, "d3d:spec_plan_cycles_total", batch="2") == 1
+    rec.on_plan(1, COPIES, 0.03)  # a cycle of copies counts as decoding time, as no plan's
+    snap = samples(rec.render().decode())
+    assert value(snap, "d3d:spec_plan_seconds_total", block="copy", batch="1") == pytest.approx(0.03)
 
 
 # ---- the live server --------------------------------------------------------------------------

@@ -183,7 +183,8 @@ def speculation_panels() -> list[dict]:
             **unit_ratio,
             description="Share of speculative cycles whose drafts went to the target as a "
             "token tree (cycles without pre-drafting; --tree-nodes), and of those whose drafts "
-            "were copied from the request's own text with no drafter pass (--copy-ngram).",
+            "were copied from the request's own text, or an earlier request's, with no drafter "
+            "pass (--copy-ngram, --shared-lookup-tokens).",
         ),
     ]
 
@@ -243,7 +244,8 @@ def controller_panels() -> list[dict]:
             "percentunit",
             defaults={"min": 0, "max": 1},
             description="What the adaptive controller ran: block 1 is plain decoding, "
-            "predraft = drafting the next block while the target verifies.",
+            "predraft = drafting the next block while the target verifies; block copy = "
+            "cycles that verified copies from the text with no drafter pass (nobody's plan).",
         ),
         panel(
             "Controller: estimated speedup over plain decoding",

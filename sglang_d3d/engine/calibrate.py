@@ -97,13 +97,14 @@ def calibrate(engine: SpecEngine, cfg: CalibrationConfig = CalibrationConfig()) 
     torch.set_num_threads(engine.cfg.target_threads)  # this thread runs the target
     engine.controller = script
     served, engine.proposals = engine.proposals, engine.proposals.for_calibration()
+    text, engine.shared_text = engine.shared_text, None  # synthetic text is nobody's guess
     try:
         for batch in _buckets(min(engine.cfg.max_batch_size, cfg.max_batch or 1 << 30)):
             plans = real.allowed(engine.cfg.verify_token_budget // batch)
             if len(plans) > 1:  # one candidate needs no measuring
                 _measure_bucket(engine, script, batch, plans, cfg)
     finally:
-        engine.controller, engine.proposals = real, served
+        engine.controller, engine.proposals, engine.shared_text = real, served, text
         engine.timeline = Timeline()  # synthetic cycles are not the served ones
     script.hand_over()
     table = _table(real, script)
@@ -163,5 +164,8 @@ def _table(real: BlockController, script: _Scripted) -> dict:
 
 
 def plan_name(plan: Plan) -> str:
-    """'1' for plain decoding, '8' for block 8, '8o' for block 8 pre-drafted while verifying."""
+    """'1' for plain decoding, '8' for block 8, '8o' for block 8 pre-drafted while verifying,
+    'copy' for cycles of copies (no drafter pass, nobody's plan)."""
+    if plan.copies:
+        return "copy"
     return f"{plan.block}{'o' if plan.overlap else ''}"

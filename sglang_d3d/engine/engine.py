@@ -26,13 +26,22 @@ from sglang_d3d.models.drafter import D3DDrafter
 from sglang_d3d.models.fused_runner import FusedRunner
 from sglang_d3d.models.int8_linear import use_int8
 from sglang_d3d.models.target import TargetRunner
-from sglang_d3d.speculative.cycle import Outcome, Plan, Verdict, record, run_copy_cycle, run_cycle
+from sglang_d3d.speculative.cycle import (
+    COPIES,
+    Outcome,
+    Plan,
+    Verdict,
+    record,
+    run_copy_cycle,
+    run_cycle,
+)
 from sglang_d3d.speculative.drafting import Drafting
 from sglang_d3d.speculative.executor import Executor
 from sglang_d3d.speculative.fused import FusedDrafting
 from sglang_d3d.speculative.listeners import Listeners
 from sglang_d3d.speculative.logprobs import token_logprobs
 from sglang_d3d.speculative.sampling import make_generator, sample, target_probs
+from sglang_d3d.speculative.shared_lookup import TextIndex
 from sglang_d3d.speculative.threads import intra_op_threads
 from sglang_d3d.speculative.timeline import Timeline
 from sglang_d3d.speculative.tree import DraftTree, greedy_tree_accept, path_tokens, tree_inputs
@@ -76,9 +85,13 @@ class SpecEngine:
         self.executor = Executor(draft_device, cfg.draft_threads)
         self.timeline = Timeline()
         self.cycle_listeners = Listeners()  # fn(request_id, CycleStats), per row and cycle
-        self.plan_listeners = Listeners()  # fn(batch, Plan, seconds), once per cycle
+        self.plan_listeners = Listeners()  # fn(batch, Plan, seconds), once per cycle (COPIES too)
         # Calibration swaps in whole blocks and no cycles of copies for a while (calibrate.py).
         self.proposals = Proposals.of(cfg, self._separate_drafter)
+        # Finished requests' texts, for greedy rows' copies (shared_lookup.py); None: off.
+        # Calibration sets it aside, so its synthetic text never lands here.
+        self.shared_text = (TextIndex(cfg.shared_lookup_tokens)
+                            if self.proposals.copy_ngram and cfg.shared_lookup_tokens else None)
         self.controller = None
         if cfg.adaptive:
             # Fused drafts are two-ahead predictions: the drafter's held-out rates are not theirs.
@@ -261,11 +274,14 @@ class SpecEngine:
                 outcomes = self.drafting.cycle(rows, self._accept, plan, self._steps)
         else:
             verify = partial(self._verify, threads=self.cfg.target_threads if plan.overlap else alone)
-            p, sampled = self.proposals, [c if not s.params.greedy else [] for s, c in zip(rows, copies)]
-            outcomes = run_cycle(rows, self.drafting, verify, self.executor, plan, self._steps, alone,
-                                 p.draft_cutoff, p.tree_nodes, self._lookup(len(rows)), sampled)
+            sampled = [c if not s.params.greedy else [] for s, c in zip(rows, copies)]
+            proposing = self.proposals.for_cycle(len(rows), self.cfg.verify_token_budget, sampled)
+            outcomes = run_cycle(rows, self.drafting, verify, self.executor, plan, self._steps,
+                                 alone, proposing)
         self.timeline.add(outcomes[0].times)
-        if not copy_cycle:
+        if copy_cycle:  # nobody's plan, but its time is decoding time all the same
+            self.plan_listeners.notify(len(rows), COPIES, outcomes[0].times.end)
+        else:
             self._observe(rows, plan, outcomes)
         return [self._settle(s, o) for s, o in zip(rows, outcomes, strict=True)]
 
@@ -301,8 +317,8 @@ class SpecEngine:
             # a greedy row's copy serves only a cycle of copies: once a row has none, skip
             # the lookup (O(context), every row, every cycle)
             wanted = sampled_too if not s.params.greedy else whole
-            out.append(Drafting.copy_of(self.drafting.states[s.slot], length, p.copy_ngram)
-                       if wanted else [])
+            out.append(Drafting.copy_of(self.drafting.states[s.slot], length, p.copy_ngram,
+                                        self.shared_text) if wanted else [])
             whole = whole and bool(out[-1])
         return out
 
@@ -414,6 +430,8 @@ class SpecEngine:
 
     def _finish(self, s: Sequence, reason: str, out=None, error=None, logprobs=None) -> TokenEvent:
         s.finish_reason = reason
+        if self.shared_text is not None and reason in ("stop", "length"):
+            self.shared_text.add(s.tokens)  # prompt and answer (_emit appended it)
         if s.slot >= 0 and reason == "abort":  # aborted sequences leave the schedule at once
             self._free_slot(s.slot)
         return TokenEvent(s.request_id, out or [], True, reason, error, s.stats, logprobs)

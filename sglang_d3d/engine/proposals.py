@@ -10,6 +10,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from sglang_d3d.config import EngineConfig
+from sglang_d3d.speculative.cycle import Proposing
 
 
 @dataclass(frozen=True)
@@ -32,6 +33,11 @@ class Proposals:
         """Whole blocks (the dearest cycle of a plan) and no cycles of copies, which are
         nobody's plan: each calibrated cycle is then the plan's own."""
         return dataclasses.replace(self, draft_cutoff=0.0, copy_ngram=0)
+
+    def for_cycle(self, batch: int, budget: int, copies: list[list[int]]) -> Proposing:
+        """One cycle's: `copies` per row ([]: draft) for the rows that verify theirs alone."""
+        return Proposing(self.draft_cutoff, self.tree_nodes, self.lookup(batch, budget),
+                         tuple(copies))
 
     def lookup(self, batch: int, budget: int, beside: int | None = None) -> int:
         """Copied guesses per row this cycle: as many as fit in the verify token budget

@@ -37,11 +37,31 @@ class Plan:
 
     block: int
     overlap: bool = False
+    copies: bool = False  # a cycle of copies without a drafter pass (`COPIES`), nobody's plan
 
     def verifies_trees(self, tree_nodes: int) -> bool:
         """Whether its cycles verify token trees of `tree_nodes` drafts: there are drafts, and
         no pre-drafting (whose branches are outcomes of a chain)."""
         return tree_nodes > 0 and self.block > 1 and not self.overlap
+
+
+@dataclass(frozen=True)
+class Proposing:
+    """What a cycle puts to the target besides its plan's chains of drafts; the embedded
+    engine sets it per cycle (engine/proposals.py `Proposals.for_cycle`), the SGLang worker
+    verifies whole chains."""
+
+    cutoff: float = 0.0  # verify drafts while the drafter's confidence holds (draft_length.py)
+    tree_nodes: int = 0  # verify token trees of this many drafts where the rows allow (tree.py)
+    lookup: int = 0  # ... and up to this many more copied from the row's text (lookup.py)
+    # per row: a run copied from its text to verify in place of drafting ([]: draft), proposed
+    # surely; taken where the cycle verifies trees only; (): no row copies
+    copies: tuple[list[int], ...] = ()
+
+
+# What plan listeners are told a cycle of copies (`run_copy_cycle`) was: the controller never
+# chooses it, but its time is decoding time, and a share of time by plan must count it.
+COPIES = Plan(0, copies=True)
 
 
 class Row(Protocol):
@@ -94,13 +114,10 @@ def run_cycle(
     plan: Plan,
     step: int = 0,
     draft_threads: int | None = None,  # intra-op threads for drafting the target waits for
-    cutoff: float = 0.0,  # verify drafts while the drafter's confidence holds (draft_length.py)
-    tree_nodes: int = 0,  # verify token trees of this many drafts where the rows allow (tree.py)
-    lookup: int = 0,  # ... and up to this many more copied from the row's text (lookup.py)
-    copies: Sequence[list[int]] = (),  # per row: a run copied from its text to verify in place
-    # of drafting ([]: draft), proposed surely; taken where the cycle verifies trees only
+    proposing: Proposing = Proposing(),
 ) -> list[Outcome]:
     t0 = time.perf_counter()
+    cutoff, tree_nodes, lookup = proposing.cutoff, proposing.tree_nodes, proposing.lookup
     times = CycleTimes(step=step, batch=len(rows), block=plan.block)
     states = [drafting.states[r.slot] for r in rows] if drafting is not None else []
     faults = [s.faults for s in states]
@@ -108,7 +125,7 @@ def run_cycle(
     # (branches in flight would make Drafting.trees fall back to chains, which copies of
     # another length than the block cannot join; a cycle without pre-drafting has none)
     trees_on = drafted and plan.verifies_trees(tree_nodes) and not any(s.branches for s in states)
-    copies = list(copies) or [[]] * len(rows)
+    copies = list(proposing.copies) or [[]] * len(rows)
     copying = [bool(c) and trees_on for c in copies]
     # draft: rows without a ready draft (a pre-drafted branch that hit) draft now
     if drafted:
@@ -150,7 +167,8 @@ def run_copy_cycle(
     rows: Sequence[Row],
     drafting: Drafting,
     verify_fn: VerifyFn,
-    copies: list[list[int]],  # [N][L] each row's run copied from its own text (lookup.py)
+    copies: list[list[int]],  # [N][<=L] each row's run copied from its text (lookup.py, or
+    # an earlier request's, shared_lookup.py, which may end sooner)
     step: int = 0,
     trees: bool = False,  # verify them as chains of sure nodes among trees (tree.sure_chain)
 ) -> list[Outcome]:
@@ -160,8 +178,10 @@ def run_copy_cycle(
     draws are the same either way. The drafter reads the accepted tokens the next time it
     drafts."""
     t0 = time.perf_counter()
-    times = CycleTimes(step=step, batch=len(rows), block=len(copies[0]) + 1)
-    shapes = [pad(sure_chain(c), max(map(len, copies))) for c in copies] if trees else None
+    width = max(map(len, copies))
+    times = CycleTimes(step=step, batch=len(rows), block=width + 1)
+    shapes = [pad(sure_chain(c), width) for c in copies] if trees else None
+    copies = copies if trees else [padded(c, width) for c in copies]
     sent = [list(t.tokens) for t in shapes] if shapes else copies
     tokens = torch.tensor([[r.last_token, *c] for r, c in zip(rows, sent)], dtype=torch.int64)
     times.draft_end = times.verify_start = time.perf_counter() - t0
@@ -174,6 +194,13 @@ def run_copy_cycle(
     times.end = time.perf_counter() - t0
     return [_outcome(c, v, None, 0, t, times, copied=True)
             for c, v, t in zip(copies, verdicts, shapes or [None] * len(rows), strict=True)]
+
+
+def padded(run: list[int], width: int) -> list[int]:
+    """A copied run made `width` long by repeating its last token, so the rows of one verify
+    pass are alike. The target accepts a repeat only where it would have produced that token
+    itself (a greedy row's chain: sampled rows' copies go as trees, `tree.pad`)."""
+    return run + run[-1:] * (width - len(run))
 
 
 def _follow(drafting: Drafting, states: list[DraftState], verdicts: list[Verdict], block: int):

@@ -26,6 +26,7 @@ from sglang_d3d.speculative.draft_length import batch_length, confident_length, 
 from sglang_d3d.speculative.draft_state import DraftState
 from sglang_d3d.speculative.lookup import lookup_continuation
 from sglang_d3d.speculative.sampling import RequestRandom, draw_drafts, usable
+from sglang_d3d.speculative.shared_lookup import TextIndex
 from sglang_d3d.speculative.tree import DraftTree, build_tree, graft, pad, sure_chain
 from sglang_d3d.speculative.tree_sampling import sample_tree
 
@@ -224,14 +225,19 @@ class Drafting:
         return [pad(t, max(t.size for t in trees)) for t in trees]
 
     @staticmethod
-    def copy_of(s: DraftState, length: int, min_ngram: int) -> list[int]:
-        """The row's next `length` tokens copied from its own text (lookup.py), to verify in
-        place of drafting: [] where it has a draft ready (a pre-drafted branch that hit costs
-        nothing more), `length` or `min_ngram` is 0, or no copy's match is `min_ngram` tokens
-        long."""
+    def copy_of(s: DraftState, length: int, min_ngram: int,
+                shared: TextIndex | None = None) -> list[int]:
+        """The row's next `length` tokens copied from its own text (lookup.py), or for a
+        greedy row where that has none, from earlier requests' (`shared`, shared_lookup.py),
+        to verify in place of drafting: [] where it has a draft ready (a pre-drafted branch
+        that hit costs nothing more), `length` or `min_ngram` is 0, or no copy's match is
+        `min_ngram` tokens long."""
         if length <= 0 or min_ngram <= 0 or s.draft is not None:
             return []
-        return lookup_continuation(s.tokens, length, min_ngram=min_ngram)
+        own = lookup_continuation(s.tokens, length, min_ngram=min_ngram)
+        if own or shared is None or not s.params.greedy:
+            return own
+        return shared.continuation(s.tokens, length)
 
     @staticmethod
     def copies(rows: list[DraftState], length: int, min_ngram: int) -> list[list[int]] | None:

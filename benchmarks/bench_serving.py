@@ -81,12 +81,14 @@ def dataset_path(name: str) -> Path:
     return Path(name) if name.endswith(".jsonl") else datasets_dir() / NAMED[name]
 
 
-def load_prompts(path: Path, n: int, seed: int = 0) -> list[str]:
+def load_prompts(path: Path, n: int, seed: int = 0, unique: bool = False) -> list[str]:
     """n prompts from a JSONL file (a `question`, `prompt` or `turns[0]` per line), shuffled
-    with `seed` and cycled if short."""
+    with `seed` and cycled if short; `unique`: all of them, once each (n unused)."""
     rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
     texts = [question_text(r) for r in rows]
     random.Random(seed).shuffle(texts)
+    if unique:
+        return texts
     return [texts[i % len(texts)] for i in range(n)]
 
 
@@ -446,12 +448,14 @@ def bench_modes(urls: dict[str, str], args, rounds: range | None = None,
         asyncio.run(run_load_once(url, warm, headers))
     rows = []
     for dataset in args.datasets:
-        prompts = load_prompts(dataset_path(dataset), args.num_prompts, args.seed)
-        for conc in args.concurrency:
+        pool, measured = dataset_prompts(dataset, args)
+        for c, conc in enumerate(args.concurrency):
             for mode, url in urls.items():
-                warm_up(url, models[mode], dataset, conc, args)
-            for variant in args.variants:
-                load = Load(dataset, conc, variant, prompts)
+                warm_up(url, models[mode], dataset, conc, args, measured)
+            for v, variant in enumerate(args.variants):
+                k = c * len(args.variants) + v if args.fresh_prompts else 0
+                n = args.num_prompts
+                load = Load(dataset, conc, variant, pool[k * n : (k + 1) * n])
                 for k in rounds or range(args.rounds):
                     turn = first_turn + len(rows) // len(urls)
                     for mode in rotated(list(urls), turn):  # no mode always first
@@ -470,13 +474,34 @@ def measure(url: str, mode: str, model: str, load: Load, args, headers: dict) ->
     return row | summarize(results, wall) | spec_figures(before, scrape(url, headers))
 
 
-def warm_up(url: str, model: str, dataset: str, concurrency: int, args) -> None:
-    """Unmeasured requests at this concurrency, from prompts the measured run does not use."""
+def dataset_prompts(dataset: str, args) -> tuple[list[str], int]:
+    """The measured prompts of one dataset, and how many there are: --num-prompts, shared by
+    every load, or with --fresh-prompts as many again for each (concurrency, variant), so
+    that no load's prompts went through the server before it (whose index of earlier
+    requests' text would hold their answers). The dataset must then hold them all, and the
+    warm-ups' after them: a dataset that short is refused, not cycled."""
+    loads = len(args.concurrency) * len(args.variants) if args.fresh_prompts else 1
+    measured = args.num_prompts * loads
+    if args.fresh_prompts:
+        have = len(load_prompts(dataset_path(dataset), 0, args.seed, unique=True))
+        need = measured + max(args.concurrency) * args.warmup_rounds
+        if have < need:
+            raise SystemExit(f"--fresh-prompts: {dataset} has {have} prompts; {len(args.concurrency)}"
+                             f" concurrencies x {len(args.variants)} variants x {args.num_prompts} "
+                             f"and the warm-ups need {need}")
+    return load_prompts(dataset_path(dataset), measured, args.seed), measured
+
+
+def warm_up(url: str, model: str, dataset: str, concurrency: int, args,
+            measured: int | None = None) -> None:
+    """Unmeasured requests at this concurrency, from prompts the measured loads do not use
+    (those after the first `measured`, default --num-prompts)."""
     n = concurrency * args.warmup_rounds
     if n == 0:
         return
-    pool = load_prompts(dataset_path(dataset), args.num_prompts + n, args.seed)
-    asyncio.run(run_load(url, model, pool[args.num_prompts :], concurrency, "plain", args))
+    skip = args.num_prompts if measured is None else measured
+    pool = load_prompts(dataset_path(dataset), skip + n, args.seed)
+    asyncio.run(run_load(url, model, pool[skip:], concurrency, "plain", args))
 
 
 async def run_load_once(url: str, body: dict, headers: dict) -> None:
@@ -514,6 +539,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="start new servers for every round: a server process keeps its own speed "
                    "(measured: plain decoding 3-10%% apart between two processes), so rounds "
                    "on the same processes cannot average it out")
+    p.add_argument("--fresh-prompts", action="store_true",
+                   help="each (concurrency, variant) load its own --num-prompts prompts, none "
+                   "sent before it, so started servers keep copies from earlier requests' text "
+                   "(--shared-lookup-tokens) on; with --rounds > 1 it needs --fresh-servers")
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS),
@@ -545,13 +574,14 @@ def _with_servers(modes: list[str], args) -> list[dict]:
     return [row for k in range(args.rounds) for row in _serve(modes, args, range(k, k + 1), k)]
 
 
-def started_server_args(server_args: str) -> list[str]:
+def started_server_args(server_args: str, fresh_prompts: bool = False) -> list[str]:
     """`d3d serve` flags for the servers the benchmark starts. Every load sends the same
-    prompts (each concurrency, variant and round), so copies from earlier requests' text
-    (`--shared-lookup-tokens`) would verify the answers the server gave the same prompts a
-    minute before: a cache's hit rate, not serving. Off unless --server-args sets it."""
+    prompts (each concurrency, variant and round) unless --fresh-prompts, so copies from
+    earlier requests' text (`--shared-lookup-tokens`) would verify the answers the server gave
+    the same prompts a minute before: a cache's hit rate, not serving. Off then, unless
+    --server-args sets it."""
     flags = server_args.split()
-    if not any(f.split("=")[0] == "--shared-lookup-tokens" for f in flags):
+    if not fresh_prompts and not any(f.split("=")[0] == "--shared-lookup-tokens" for f in flags):
         flags += ["--shared-lookup-tokens", "0"]
     return flags
 
@@ -562,7 +592,8 @@ def _serve(modes: list[str], args, rounds: range | None = None, first_turn: int 
     servers: dict[str, ServerProcess] = {}
     try:
         for mode in modes:
-            servers[mode] = ServerProcess(mode, started_server_args(args.server_args),
+            servers[mode] = ServerProcess(mode, started_server_args(args.server_args,
+                                                                    args.fresh_prompts),
                                           args.out.parent, args.server_timeout)
         return bench_modes({m: s.url for m, s in servers.items()}, args, rounds, first_turn)
     finally:
@@ -575,6 +606,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.fresh_servers and (args.url or args.sequential):
         parser.error("--fresh-servers starts every mode's server per round: not with --url or --sequential")
+    if args.fresh_prompts and args.rounds > 1 and not args.fresh_servers:
+        parser.error("--fresh-prompts with --rounds > 1 needs --fresh-servers: a second round on "
+                     "the same servers repeats the first's prompts")
     if args.url:  # one running server, one mode: it says which
         url = args.url.rstrip("/")
         rows = bench_modes({served_mode(url, auth_headers(args.api_key)): url}, args)

@@ -100,6 +100,36 @@ def test_started_servers_copy_nothing_from_repeated_prompts_unless_asked():
         "--device", "cpu", "--shared-lookup-tokens", "0"]
     assert bench.started_server_args("--shared-lookup-tokens 4096") == ["--shared-lookup-tokens", "4096"]
     assert bench.started_server_args("--shared-lookup-tokens=8") == ["--shared-lookup-tokens=8"]
+    assert bench.started_server_args("--device cpu", fresh_prompts=True) == ["--device", "cpu"]
+
+
+def test_fresh_prompts_give_every_load_its_own_and_the_warm_ups_others(tmp_path, monkeypatch, capsys):
+    _gsm8k(tmp_path, monkeypatch, [f"question {i}" for i in range(20)])
+    sent = []
+
+    async def fake_load(url, model, prompts, concurrency, variant, args):
+        sent.append(list(prompts))
+        return [], 0.0
+
+    monkeypatch.setattr(bench, "run_load", fake_load)
+    monkeypatch.setattr(bench, "measure", lambda url, mode, model, load, args, headers:
+                        (sent.append(list(load.prompts)), {})[1])
+    monkeypatch.setattr(bench, "served_model", lambda url, headers: "m")
+    monkeypatch.setattr(bench, "print_table", lambda rows, header=False: None)
+    monkeypatch.setattr(bench, "run_load_once", lambda url, body, headers: fake_load(
+        url, None, [], 1, "plain", None))  # the "Hello!" request at the start
+    argv = ["--datasets", "gsm8k", "--concurrency", "1", "2", "--num-prompts", "4",
+            "--variants", "plain", "logprobs", "--fresh-prompts"]  # fmt: skip
+    bench.bench_modes({"ar": "http://x"}, bench.build_parser().parse_args(argv))
+    warm, loads = [p for p in sent if len(p) < 4], [p for p in sent if len(p) == 4]
+    assert len(loads) == 4 and len({q for p in loads for q in p}) == 16  # none twice
+    assert not {q for p in warm for q in p} & {q for p in loads for q in p}
+    with pytest.raises(SystemExit, match="has 20 prompts"):  # 4 loads x 5 + warm-ups > 20
+        bench.bench_modes({"ar": "http://x"}, bench.build_parser().parse_args(
+            [*argv[:6], "5", *argv[7:]]))
+    with pytest.raises(SystemExit):
+        bench.main(["--fresh-prompts", "--rounds", "2"])
+    assert "needs --fresh-servers" in capsys.readouterr().err
 
 
 def test_negative_warm_up_rounds_are_refused(capsys):

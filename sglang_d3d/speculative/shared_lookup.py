@@ -25,10 +25,10 @@ END = -1  # between two requests' texts: a copy never runs across it
 
 
 class TextIndex:
-    """The last `capacity` to 2 * `capacity` tokens of finished requests' texts, and for each
-    `ngram`-token run in them where its latest occurrence ends. Memory stays bounded: once the
-    text reaches twice the capacity, the older half is dropped and the index rebuilt (amortised
-    O(1) a token)."""
+    """Finished requests' texts, the newest `capacity` tokens of them at least and twice that
+    at most, and for each `ngram`-token run in them where its latest occurrence ends. Memory
+    stays bounded: past twice the capacity, all but the newest texts within `capacity` tokens
+    are dropped and the index rebuilt (amortised O(1) a token)."""
 
     def __init__(self, capacity: int, ngram: int = 3) -> None:
         if capacity < 1 or ngram < 1:
@@ -51,6 +51,7 @@ class TextIndex:
             self._drop_oldest()
 
     def clear(self) -> None:
+        """Forget every text (positions stay absolute: `base` is kept)."""
         self.text, self.after = [], {}
 
     def continuation(self, tokens: Sequence[int], length: int) -> list[int]:
@@ -69,8 +70,8 @@ class TextIndex:
         return out
 
     def _index(self, start: int) -> None:
-        """Record the n-grams that end at text[start + n - 1 :] (none spans an END: the END
-        token is part of no n-gram key, since no row's text holds it)."""
+        """Index the n-grams of the text from `start` on. A window holding END is skipped: it
+        spans two texts, and no row's text holds END to look it up."""
         n, text = self.ngram, self.text
         for i in range(max(0, start - n + 1), len(text) - n):
             key = tuple(text[i : i + n])
@@ -78,7 +79,8 @@ class TextIndex:
                 self.after[key] = self.base + i + n
 
     def _drop_oldest(self) -> None:
-        """Keep the texts that end in the last `capacity` tokens (the text ends with END)."""
+        """Keep only the whole texts within the newest `capacity` tokens (the text ends with
+        END, so the cut always finds one)."""
         cut = self.text.index(END, len(self.text) - self.capacity) + 1
         self.base += cut
         self.text = self.text[cut:]

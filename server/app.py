@@ -39,6 +39,7 @@ def create_app(
     holder.add_cycle_listener(recorder.on_cycle)
     holder.add_plan_listener(recorder.on_plan)
     recorder.watch_controller(holder.controller)
+    recorder.watch_shared_text(holder.shared_text)
     state = ServerState(cfg=cfg, holder=holder, recorder=recorder)
 
     @contextlib.asynccontextmanager

@@ -86,6 +86,11 @@ class EngineHolder:
         engine = self._engine
         return None if engine is None else getattr(engine, "controller", None)
 
+    def shared_text(self) -> Any:
+        """The running engine's index of earlier requests' text, or None (loading, or none)."""
+        engine = self._engine
+        return None if engine is None else getattr(engine, "shared_text", None)
+
     def get(self) -> Any:
         """The running engine, or a 503 the client can retry."""
         if self._engine is not None:

@@ -59,7 +59,7 @@ from collections.abc import Callable
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from sglang_d3d.server.errors import rejection_reason
 
@@ -204,6 +204,11 @@ class MetricsRecorder:
         controller, or None while there is none (loading, ar mode, the SGLang backend)."""
         self.registry.register(ControllerCollector(source, self._labels))
 
+    def watch_shared_text(self, source: Callable[[], Any]) -> None:
+        """Export the index of earlier requests' text at every scrape; source() returns it, or
+        None while there is none (loading, off, ar mode, the SGLang backend)."""
+        self.registry.register(SharedTextCollector(source, self._labels))
+
     def on_error(self, status: int, type: str, code: str | None) -> None:
         """An error response: counted by type, and as a rejection when it is one."""
         self.request_errors.labels(**self._labels, type=type, status=str(status)).inc()
@@ -258,6 +263,34 @@ class ControllerCollector:
         for i, r in enumerate(ctl.accept_rates()):
             rates.add_metric([*self._labels.values(), str(i)], r)
         yield from (seconds, speed, rates)
+
+
+class SharedTextCollector:
+    """The index of earlier requests' text (speculative/shared_lookup.py), read at scrape
+    time: the tokens it holds, and how often a greedy row without a copy of its own looked
+    there and found one (the share that found one is what `--shared-lookup-tokens` buys)."""
+
+    def __init__(self, source: Callable[[], Any], labels: dict[str, str]) -> None:
+        self._source, self._labels = source, labels
+
+    def describe(self) -> list:
+        return []
+
+    def collect(self):
+        index = self._source()
+        if index is None:
+            return
+        keys, values = list(self._labels), list(self._labels.values())
+        held = GaugeMetricFamily("d3d:shared_lookup_tokens", "Tokens of finished requests' "
+                                 "text held for copies.", labels=keys)
+        held.add_metric(values, len(index))
+        looked = CounterMetricFamily("d3d:shared_lookup_lookups", "Greedy rows without a copy "
+                                     "of their own that looked in earlier requests' text.", labels=keys)
+        looked.add_metric(values, index.lookups)
+        found = CounterMetricFamily("d3d:shared_lookup_found", "Those lookups that found a "
+                                    "copy.", labels=keys)
+        found.add_metric(values, index.found)
+        yield from (held, looked, found)
 
 
 def _flag(value: bool) -> str:

@@ -32,7 +32,13 @@ def test_a_calibrated_server_is_ready_only_once_timed_and_serves_exactly(tiny_pa
         timed = {b for b, _ in ctl.samples}
         assert timed == {1, 2, 4} and ctl.reached == []  # every bucket, no acceptance yet
         assert [_complete(srv.url, p) for p in prompts] == want
-        _check_controller_metrics(httpx.get(f"{srv.url}/metrics").text, ctl)
+        text = httpx.get(f"{srv.url}/metrics").text
+        _check_controller_metrics(text, ctl)
+        held = {f.name: f.samples[0].value for f in text_string_to_metric_families(text)
+                if f.name.startswith("d3d:shared_lookup")}
+        # what the three answered requests left there
+        assert held["d3d:shared_lookup_tokens"] == len(srv.app.state.d3d.holder.get().engine.shared_text) > 0
+        assert held["d3d:shared_lookup_lookups"] >= held["d3d:shared_lookup_found"] >= 0
 
 
 def _check_controller_metrics(text: str, ctl) -> None:

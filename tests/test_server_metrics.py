@@ -12,6 +12,7 @@ from sglang_d3d.server.testing import ServerThread, tiny_server_config
 
 from sglang_d3d.engine.adaptive import BlockController, Plan
 from sglang_d3d.speculative.cycle import COPIES
+from sglang_d3d.speculative.shared_lookup import TextIndex
 from sglang_d3d.speculative.stats import CycleStats
 
 HISTOGRAMS = [
@@ -133,6 +134,20 @@ def test_controller_estimates_are_gauges_read_at_scrape_time():
     rec.on_plan(1, COPIES, 0.03)  # a cycle of copies counts as decoding time, as no plan's
     snap = samples(rec.render().decode())
     assert value(snap, "d3d:spec_plan_seconds_total", block="copy", batch="1") == pytest.approx(0.03)
+
+
+def test_the_index_of_earlier_text_is_read_at_scrape_time():
+    rec, index = MetricsRecorder("m", "async"), None
+    rec.watch_shared_text(lambda: index)
+    assert "shared_lookup" not in rec.render().decode()  # none (off, or loading): no series
+    index = TextIndex(capacity=100)
+    index.add([1, 2, 3, 4, 5])
+    assert index.continuation([9, 2, 3, 4], 2) == [5]
+    assert index.continuation([9, 9, 9], 2) == []
+    snap = samples(rec.render().decode())
+    assert value(snap, "d3d:shared_lookup_tokens") == 6  # the text and its end
+    assert value(snap, "d3d:shared_lookup_lookups_total") == 2
+    assert value(snap, "d3d:shared_lookup_found_total") == 1
 
 
 # ---- the live server --------------------------------------------------------------------------

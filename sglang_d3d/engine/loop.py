@@ -79,6 +79,11 @@ class EngineLoop:
         return self.engine.controller
 
     @property
+    def shared_text(self):
+        """The index of earlier requests' text (speculative/shared_lookup.py), or None."""
+        return self.engine.shared_text
+
+    @property
     def num_running(self) -> int:
         return self.engine.num_running
 

@@ -37,6 +37,7 @@ class TextIndex:
         self.text: list[int] = []
         self.base = 0  # absolute position of text[0]
         self.after: dict[tuple[int, ...], int] = {}  # n-gram -> absolute position after it
+        self.lookups = self.found = 0  # for the metrics: how often a row found a copy here
 
     def __len__(self) -> int:
         return len(self.text)
@@ -59,14 +60,14 @@ class TextIndex:
         tokens, stopping at the end of that request's text; [] if the run never occurred."""
         if length <= 0 or len(tokens) < self.ngram:
             return []
+        self.lookups += 1
         at = self.after.get(tuple(tokens[-self.ngram :]))
-        if at is None:
-            return []
         out = []
-        for t in self.text[at - self.base : at - self.base + length]:
+        for t in self.text[at - self.base : at - self.base + length] if at is not None else ():
             if t == END:
                 break
             out.append(t)
+        self.found += bool(out)
         return out
 
     def _index(self, start: int) -> None:

@@ -146,6 +146,9 @@ def test_adaptive_block_size_keeps_outputs_exact(tiny_models):
     hf = tiny_models[0]
     # lookup_tokens 0: cycles of copies from the text are not the controller's plans
     eng = make_engine(tiny_models, Mode.ASYNC, block=8, adaptive=True, lookup_tokens=0)
+    # warm up every plan, however its first guess compares: otherwise whether block 8 runs
+    # at all depends on this machine's timings (it failed 1 run in 6 here)
+    eng.controller.dominated = 0.0
     outs = generate(eng, PROMPTS, SamplingParams(max_new_tokens=40))
     for prompt, out in zip(PROMPTS, outs):
         assert out.token_ids == reference_greedy(hf, prompt, 40)

@@ -81,14 +81,18 @@ def dataset_path(name: str) -> Path:
     return Path(name) if name.endswith(".jsonl") else datasets_dir() / NAMED[name]
 
 
-def load_prompts(path: Path, n: int, seed: int = 0, unique: bool = False) -> list[str]:
-    """n prompts from a JSONL file (a `question`, `prompt` or `turns[0]` per line), shuffled
-    with `seed` and cycled if short; `unique`: all of them, once each (n unused)."""
+def prompt_texts(path: Path, seed: int = 0) -> list[str]:
+    """Every prompt of a JSONL file (a `question`, `prompt` or `turns[0]` per line), once,
+    shuffled with `seed`."""
     rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
     texts = [question_text(r) for r in rows]
     random.Random(seed).shuffle(texts)
-    if unique:
-        return texts
+    return texts
+
+
+def load_prompts(path: Path, n: int, seed: int = 0) -> list[str]:
+    """n prompts from a JSONL file (`prompt_texts`), cycled if short."""
+    texts = prompt_texts(path, seed)
     return [texts[i % len(texts)] for i in range(n)]
 
 
@@ -448,10 +452,10 @@ def bench_modes(urls: dict[str, str], args, rounds: range | None = None,
         asyncio.run(run_load_once(url, warm, headers))
     rows = []
     for dataset in args.datasets:
-        pool, measured = dataset_prompts(dataset, args)
+        pool = dataset_prompts(dataset, args)
         for c, conc in enumerate(args.concurrency):
             for mode, url in urls.items():
-                warm_up(url, models[mode], dataset, conc, args, measured)
+                warm_up(url, models[mode], dataset, conc, args, len(pool))
             for v, variant in enumerate(args.variants):
                 k = c * len(args.variants) + v if args.fresh_prompts else 0
                 n = args.num_prompts
@@ -474,8 +478,8 @@ def measure(url: str, mode: str, model: str, load: Load, args, headers: dict) ->
     return row | summarize(results, wall) | spec_figures(before, scrape(url, headers))
 
 
-def dataset_prompts(dataset: str, args) -> tuple[list[str], int]:
-    """The measured prompts of one dataset, and how many there are: --num-prompts, shared by
+def dataset_prompts(dataset: str, args) -> list[str]:
+    """The measured prompts of one dataset: --num-prompts, shared by
     every load, or with --fresh-prompts as many again for each (concurrency, variant), so
     that no load's prompts went through the server before it (whose index of earlier
     requests' text would hold their answers). The dataset must then hold them all, and the
@@ -483,13 +487,13 @@ def dataset_prompts(dataset: str, args) -> tuple[list[str], int]:
     loads = len(args.concurrency) * len(args.variants) if args.fresh_prompts else 1
     measured = args.num_prompts * loads
     if args.fresh_prompts:
-        have = len(load_prompts(dataset_path(dataset), 0, args.seed, unique=True))
+        have = len(prompt_texts(dataset_path(dataset), args.seed))
         need = measured + max(args.concurrency) * args.warmup_rounds
         if have < need:
             raise SystemExit(f"--fresh-prompts: {dataset} has {have} prompts; {len(args.concurrency)}"
                              f" concurrencies x {len(args.variants)} variants x {args.num_prompts} "
                              f"and the warm-ups need {need}")
-    return load_prompts(dataset_path(dataset), measured, args.seed), measured
+    return load_prompts(dataset_path(dataset), measured, args.seed)
 
 
 def warm_up(url: str, model: str, dataset: str, concurrency: int, args,

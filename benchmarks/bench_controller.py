@@ -18,7 +18,7 @@ import time
 
 from sglang_d3d.cli_args import add_engine_args, engine_config
 from sglang_d3d.config import DRAFT_WEIGHTS, SamplingParams
-from sglang_d3d.engine.calibrate import calibrate, plan_name
+from sglang_d3d.engine.calibrate import calibrate
 from sglang_d3d.engine.engine import SpecEngine
 from sglang_d3d.engine.factory import load_models
 from sglang_d3d.engine.offline import generate
@@ -158,12 +158,12 @@ def _print_cycles(engine: SpecEngine) -> None:
               f"mean {1e3 * sum(ts) / len(ts):6.1f} ms")
     if engine.controller is None:
         return
-    factors = {plan_name(p): round(engine.controller.tree_factor(p), 3)
+    factors = {p.name: round(engine.controller.tree_factor(p), 3)
                for p in engine.controller.tree_yield}
     print(f"tree yield over chains, by plan: {factors}")
     rows = collections.defaultdict(list)
     for b, plan, s, t in sorted(engine.controller.snapshot()):
-        rows[b].append(f"{plan_name(plan)} {1e3 * s:.0f} ms {t:.1f} tok/s")
+        rows[b].append(f"{plan.name} {1e3 * s:.0f} ms {t:.1f} tok/s")
     for b, cells in rows.items():
         print(f"bucket {b:2d}: " + "  ".join(cells))
 

@@ -63,10 +63,9 @@ from sglang_d3d.benchmarks.paired import paired_ratios, print_paired
 
 import sglang_d3d
 from sglang_d3d.cli_args import count
-from sglang_d3d.engine.calibrate import plan_name
 from sglang_d3d.interleave import rotated
 from sglang_d3d.prompts import NAMED, datasets_dir, question_text
-from sglang_d3d.speculative.cycle import COPIES, Plan
+from sglang_d3d.speculative.cycle import Plan
 
 DATASETS = tuple(NAMED)  # gsm8k (test split), mt_bench
 DEFAULT_OUT = Path("benchmarks/results/bench_serving.json")  # from the checkout root
@@ -239,9 +238,7 @@ PLAN_SAMPLES = {"d3d:spec_plan_cycles_total": "cycles", "d3d:spec_plan_seconds_t
 
 def _plan_name(labels: dict) -> str:
     """The plan a `d3d:spec_plan_*` sample is labelled with, named as calibration names it."""
-    if labels["block"] == "copy":
-        return plan_name(COPIES)
-    return plan_name(Plan(int(labels["block"]), labels.get("predraft") == "true"))
+    return Plan.from_labels(labels["block"], labels.get("predraft") == "true").name
 
 
 def spec_figures(before: dict, after: dict) -> dict:

@@ -193,8 +193,7 @@ class MetricsRecorder:
     def on_plan(self, batch: int, plan: Any, seconds: float) -> None:
         """Plan listener: one engine cycle of `plan` (speculative/cycle.py Plan) for `batch`
         requests, on the engine's loop thread."""
-        block = "copy" if plan.copies else str(plan.block)  # a cycle of copies: no plan's
-        labels = {**self._labels, "block": block, "predraft": _flag(plan.overlap),
+        labels = {**self._labels, "block": plan.block_label, "predraft": _flag(plan.overlap),
                   "batch": str(bucket(batch))}
         self.plan_cycles.labels(**labels).inc()
         self.plan_seconds.labels(**labels).inc(seconds)

@@ -10,10 +10,19 @@ from engine_helpers import make_engine
 from sglang_d3d.api import GenerationRequest
 from sglang_d3d.config import Mode, SamplingParams
 from sglang_d3d.engine.offline import generate
-from sglang_d3d.speculative.cycle import COPIES
+from sglang_d3d.speculative.cycle import COPIES, Plan
 
 # random tiny models fall into loops, so their answers repeat themselves: copies are found
 PROMPTS = [[5, 6, 7, 5, 6, 7, 5], [9, 10, 11], [12, 40, 13, 50, 14, 60, 15], [70]]
+
+
+@pytest.mark.parametrize(("plan", "name"), [(Plan(1), "1"), (Plan(8), "8"),
+                                            (Plan(8, overlap=True), "8o"), (COPIES, "copy")])
+def test_a_plan_has_one_name_and_its_metrics_labels_give_it_back(plan, name):
+    """Calibration tables, bench-serving's plan lists and the metrics' labels name a cycle of
+    copies, and every plan, the same way (it was spelled out in three places)."""
+    assert plan.name == name
+    assert Plan.from_labels(plan.block_label, plan.overlap) == plan
 
 
 def _cycles(eng) -> list:

@@ -159,13 +159,5 @@ def _buckets(max_batch: int) -> list[int]:
 def _table(real: BlockController, script: _Scripted) -> dict:
     table: dict[int, dict[str, float]] = {}
     for b, plan in sorted(script.seen):
-        table.setdefault(b, {})[plan_name(plan)] = round(real.times[(b, plan)], 4)
+        table.setdefault(b, {})[plan.name] = round(real.times[(b, plan)], 4)
     return table
-
-
-def plan_name(plan: Plan) -> str:
-    """'1' for plain decoding, '8' for block 8, '8o' for block 8 pre-drafted while verifying,
-    'copy' for cycles of copies (no drafter pass, nobody's plan)."""
-    if plan.copies:
-        return "copy"
-    return f"{plan.block}{'o' if plan.overlap else ''}"

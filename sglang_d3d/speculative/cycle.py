@@ -29,6 +29,8 @@ from sglang_d3d.speculative.stats import CycleStats, RequestStats
 from sglang_d3d.speculative.timeline import CycleTimes
 from sglang_d3d.speculative.tree import DraftTree, chain_accepted, pad, sure_chain
 
+COPY_LABEL = "copy"  # how a cycle of copies is named and labelled
+
 
 @dataclass(frozen=True, order=True)
 class Plan:
@@ -38,6 +40,24 @@ class Plan:
     block: int
     overlap: bool = False
     copies: bool = False  # a cycle of copies without a drafter pass (`COPIES`), nobody's plan
+
+    @property
+    def name(self) -> str:
+        """'1' for plain decoding, '8' for block 8, '8o' for block 8 pre-drafted while
+        verifying, 'copy' for a cycle of copies: how calibration, logs and benchmarks name it."""
+        if self.copies:
+            return COPY_LABEL
+        return f"{self.block}{'o' if self.overlap else ''}"
+
+    @property
+    def block_label(self) -> str:
+        """The metrics' `block` label: the block, or 'copy' (a cycle of copies has none)."""
+        return COPY_LABEL if self.copies else str(self.block)
+
+    @classmethod
+    def from_labels(cls, block: str, predraft: bool) -> Plan:
+        """The plan a metrics sample labelled (block, predraft) counts: `block_label`'s inverse."""
+        return COPIES if block == COPY_LABEL else cls(int(block), predraft)
 
     def verifies_trees(self, tree_nodes: int) -> bool:
         """Whether its cycles verify token trees of `tree_nodes` drafts: there are drafts, and

@@ -64,7 +64,7 @@ def panel(title: str, targets: list[dict], unit: str, kind: str = "timeseries", 
         "description": opts.pop("description", ""),
         "datasource": DS,
         "targets": targets,
-        "fieldConfig": {"defaults": defaults, "overrides": []},
+        "fieldConfig": {"defaults": defaults, "overrides": opts.pop("overrides", [])},
         "options": opts.pop("options", {"legend": {"displayMode": "list", "placement": "bottom"}}),
         **opts,
     }
@@ -151,6 +151,11 @@ def speculation_panels() -> list[dict]:
                    "trees {{mode}}")
     copies = target(ratio("d3d:spec_copy_cycles_total", "d3d:spec_num_drafts_total"),
                     "copies {{mode}}")
+    shared = [
+        target(ratio("d3d:shared_lookup_found_total", "d3d:shared_lookup_lookups_total"),
+               "found {{mode}}"),
+        target(f"sum by (mode) (d3d:shared_lookup_tokens{{{SEL}}})", "tokens held {{mode}}"),
+    ]
     unit_ratio = {"defaults": {"min": 0, "max": 1}}
     return [
         panel(
@@ -185,6 +190,19 @@ def speculation_panels() -> list[dict]:
             "token tree (cycles without pre-drafting; --tree-nodes), and of those whose drafts "
             "were copied from the request's own text, or an earlier request's, with no drafter "
             "pass (--copy-ngram, --shared-lookup-tokens).",
+        ),
+        panel(
+            "Copies from earlier requests' text",
+            shared,
+            "percentunit",
+            defaults={"min": 0},
+            description="Of the greedy requests with no copy in their own text that looked in "
+            "finished requests' prompts and answers (--shared-lookup-tokens), the share that "
+            "found one (left axis), and the tokens the index holds (right axis). Empty where "
+            "the index is off (--shared-lookup-tokens 0, ar mode).",
+            overrides=[{"matcher": {"id": "byRegexp", "options": "tokens held.*"},
+                        "properties": [{"id": "unit", "value": "none"},
+                                       {"id": "custom.axisPlacement", "value": "right"}]}],
         ),
     ]
 

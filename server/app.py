@@ -17,7 +17,7 @@ from sglang_d3d.server.args import ServerConfig
 from sglang_d3d.server.backends import engine_factory
 from sglang_d3d.server.engine_holder import EngineFactory, EngineHolder
 from sglang_d3d.server.errors import install_error_handlers
-from sglang_d3d.server.metrics import MetricsRecorder
+from sglang_d3d.server.metrics import CORPUS, SHARED_TEXT, MetricsRecorder
 from sglang_d3d.server.protocol import ChatCompletionRequest, CompletionRequest
 from sglang_d3d.server.routes import add_request_schemas, router
 from sglang_d3d.server.serving import ServerState
@@ -39,7 +39,8 @@ def create_app(
     holder.add_cycle_listener(recorder.on_cycle)
     holder.add_plan_listener(recorder.on_plan)
     recorder.watch_controller(holder.controller)
-    recorder.watch_shared_text(holder.shared_text)
+    recorder.watch_copy_source(SHARED_TEXT, holder.shared_text)
+    recorder.watch_copy_source(CORPUS, holder.corpus)
     state = ServerState(cfg=cfg, holder=holder, recorder=recorder)
 
     @contextlib.asynccontextmanager

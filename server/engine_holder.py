@@ -91,6 +91,11 @@ class EngineHolder:
         engine = self._engine
         return None if engine is None else getattr(engine, "shared_text", None)
 
+    def corpus(self) -> Any:
+        """The running engine's index of the drafter's corpus, or None (loading, or none)."""
+        engine = self._engine
+        return None if engine is None else getattr(engine, "corpus", None)
+
     def get(self) -> Any:
         """The running engine, or a 503 the client can retry."""
         if self._engine is not None:

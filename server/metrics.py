@@ -56,6 +56,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -203,10 +204,10 @@ class MetricsRecorder:
         controller, or None while there is none (loading, ar mode, the SGLang backend)."""
         self.registry.register(ControllerCollector(source, self._labels))
 
-    def watch_shared_text(self, source: Callable[[], Any]) -> None:
-        """Export the index of earlier requests' text at every scrape; source() returns it, or
-        None while there is none (loading, off, ar mode, the SGLang backend)."""
-        self.registry.register(SharedTextCollector(source, self._labels))
+    def watch_copy_source(self, names: CopySourceMetrics, source: Callable[[], Any]) -> None:
+        """Export a source of copies at every scrape (`SHARED_TEXT`, `CORPUS`); source()
+        returns it, or None while there is none (loading, off, ar mode, the SGLang backend)."""
+        self.registry.register(CopySourceCollector(names, source, self._labels))
 
     def on_error(self, status: int, type: str, code: str | None) -> None:
         """An error response: counted by type, and as a rejection when it is one."""
@@ -264,13 +265,34 @@ class ControllerCollector:
         yield from (seconds, speed, rates)
 
 
-class SharedTextCollector:
-    """The index of earlier requests' text (speculative/shared_lookup.py), read at scrape
-    time: the tokens it holds, and how often a greedy row without a copy of its own looked
-    there and found one (the share that found one is what `--shared-lookup-tokens` buys)."""
+@dataclass(frozen=True)
+class CopySourceMetrics:
+    """The metrics of a source of copies other than a request's own text: `{prefix}_tokens`
+    (held), `{prefix}_lookups` and `{prefix}_found` (counters), with their help texts."""
 
-    def __init__(self, source: Callable[[], Any], labels: dict[str, str]) -> None:
-        self._source, self._labels = source, labels
+    prefix: str
+    held: str
+    looked: str
+
+
+SHARED_TEXT = CopySourceMetrics(
+    "d3d:shared_lookup", "Tokens of finished requests' text held for copies.",
+    "Greedy rows without a copy of their own that looked in earlier requests' text.")
+CORPUS = CopySourceMetrics(
+    "d3d:corpus", "Tokens of the drafter's corpus (the target's own answers) indexed for copies.",
+    "Greedy rows without a copy in their own or earlier requests' text that looked in the "
+    "drafter's corpus.")
+
+
+class CopySourceCollector:
+    """A source of copies (speculative/shared_lookup.py: earlier requests' text;
+    speculative/corpus_lookup.py: the drafter's corpus), read at scrape time: the tokens it
+    holds, and how often a greedy row looked there and found a copy (the share found is what
+    the source buys)."""
+
+    def __init__(self, names: CopySourceMetrics, source: Callable[[], Any],
+                 labels: dict[str, str]) -> None:
+        self._names, self._source, self._labels = names, source, labels
 
     def describe(self) -> list:
         return []
@@ -279,15 +301,13 @@ class SharedTextCollector:
         index = self._source()
         if index is None:
             return
-        keys, values = list(self._labels), list(self._labels.values())
-        held = GaugeMetricFamily("d3d:shared_lookup_tokens", "Tokens of finished requests' "
-                                 "text held for copies.", labels=keys)
+        n, keys, values = self._names, list(self._labels), list(self._labels.values())
+        held = GaugeMetricFamily(f"{n.prefix}_tokens", n.held, labels=keys)
         held.add_metric(values, len(index))
-        looked = CounterMetricFamily("d3d:shared_lookup_lookups", "Greedy rows without a copy "
-                                     "of their own that looked in earlier requests' text.", labels=keys)
+        looked = CounterMetricFamily(f"{n.prefix}_lookups", n.looked, labels=keys)
         looked.add_metric(values, index.lookups)
-        found = CounterMetricFamily("d3d:shared_lookup_found", "Those lookups that found a "
-                                    "copy.", labels=keys)
+        found = CounterMetricFamily(f"{n.prefix}_found", "Those lookups that found a copy.",
+                                    labels=keys)
         found.add_metric(values, index.found)
         yield from (held, looked, found)
 

@@ -75,7 +75,7 @@ def run_bench(args: argparse.Namespace) -> int:
 
 # '-<prefix><N>' mode suffixes that set an integer engine setting for that mode
 COUNT_SUFFIXES = {"tree": "tree_nodes", "lookup": "lookup_tokens", "copy": "copy_ngram",
-                  "shared": "shared_lookup_tokens"}
+                  "shared": "shared_lookup_tokens", "corpus": "corpus_tokens"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,7 +97,8 @@ def parse_mode(name: str) -> ModeName:
     the draft cutoff ('cut0': whole blocks); '-tree<N>' the tree size ('tree0': chains),
     '-lookup<N>' the copied guesses per tree, '-copy<N>' the match that lets a cycle verify
     copies without drafting ('copy0': never), '-shared<N>' the finished requests' tokens
-    greedy rows copy from ('shared0': none); an '@B' suffix ('fused@4', 'sync-adaptive@8')
+    greedy rows copy from ('shared0': none), '-corpus<N>' the tokens of the drafter's corpus
+    they copy from ('corpus0': none); an '@B' suffix ('fused@4', 'sync-adaptive@8')
     sets the block size, so modes run side by side each at its own best block or weights.
     Raises ValueError naming the accepted forms."""
     stem, _, block = name.partition("@")
@@ -114,7 +115,7 @@ def parse_mode(name: str) -> ModeName:
             or (block and not (block.isdigit() and int(block) >= 1))):
         raise ValueError(f"unknown mode {name!r}: use ar, sync, async or fused, optionally "
                          "with -adaptive, -int8 or -full, -cut<X>, -tree<N>, -lookup<N>, "
-                         "-copy<N>, -shared<N>, then @<block size>")
+                         "-copy<N>, -shared<N>, -corpus<N>, then @<block size>")
     if cuts and not 0.0 <= cuts[0] < 1.0:
         raise ValueError(f"mode {name!r}: the draft cutoff must be in [0, 1)")
     return ModeName(name, Mode(base), "adaptive" in rest, (weights or [None])[0],

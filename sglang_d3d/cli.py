@@ -1,4 +1,4 @@
-"""`d3d`: generate | bench | serve | bench-serving | datagen | train | prune."""
+"""`d3d`: generate | bench | serve | bench-serving | datagen | train | prune | corpus."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ DELEGATED = {
     "datagen": ("sglang_d3d.training.datagen", "add_datagen_args", "run_datagen"),
     "train": ("sglang_d3d.training.train", "add_train_args", "run_train"),
     "prune": ("sglang_d3d.training.prune", "add_prune_args", "run_prune"),
+    "corpus": ("sglang_d3d.training.corpus", "add_corpus_args", "run_corpus"),
 }
 
 

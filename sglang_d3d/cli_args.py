@@ -76,6 +76,12 @@ def add_engine_args(
                    "its last 3 tokens (0: off, e.g. where tenants must not time guesses from "
                    f"each other's text; default {EngineConfig.shared_lookup_tokens}); outputs "
                    "do not change")
+    g.add_argument("--corpus-tokens", type=count, default=EngineConfig.corpus_tokens,
+                   help="a greedy request with no such copy copies what the target most often "
+                   "said after its last 3-6 tokens in the drafter's corpus (the target's own "
+                   "answers it was distilled on, corpus.npz in the drafter folder; `d3d corpus` "
+                   "writes one), indexing at most N of its tokens (0: off; default "
+                   f"{EngineConfig.corpus_tokens}); outputs do not change")
     g.add_argument("--threads", type=int, default=None, help="CPU threads in all (default: all cores)")
 
 
@@ -141,4 +147,5 @@ def engine_config(args: argparse.Namespace, mode: str | None = None) -> EngineCo
         copy_ngram=EngineConfig.copy_ngram if getattr(args, "copy_ngram", None) is None
         else args.copy_ngram,
         shared_lookup_tokens=getattr(args, "shared_lookup_tokens", EngineConfig.shared_lookup_tokens),
+        corpus_tokens=getattr(args, "corpus_tokens", EngineConfig.corpus_tokens),
     )

@@ -155,14 +155,21 @@ class EngineConfig:
     # depend on other requests). Exact either way; a server whose tenants must not time
     # guesses from each other's text turns it off.
     shared_lookup_tokens: int = 1 << 16
+    # A greedy row with no copy in its own text (nor, with shared_lookup_tokens, in earlier
+    # requests') copies what the target most often said after its last 3-6 tokens in the
+    # drafter's corpus, the target's own answers it was distilled on (models/corpus.py,
+    # speculative/corpus_lookup.py): at most this many tokens of it are indexed; 0: off. A
+    # drafter folder without corpus.npz has none. Exact either way.
+    corpus_tokens: int = 1 << 21
 
     def __post_init__(self) -> None:
         if not 0 <= self.draft_cutoff < 1:
             raise ValueError(f"draft_cutoff must be in [0, 1), not {self.draft_cutoff}")
-        if min(self.tree_nodes, self.lookup_tokens, self.copy_ngram, self.shared_lookup_tokens) < 0:
-            raise ValueError(f"tree_nodes, lookup_tokens, copy_ngram and shared_lookup_tokens "
-                             f"must be >= 0, not {self.tree_nodes}, {self.lookup_tokens}, "
-                             f"{self.copy_ngram}, {self.shared_lookup_tokens}")
+        counts = {"tree_nodes": self.tree_nodes, "lookup_tokens": self.lookup_tokens,
+                  "copy_ngram": self.copy_ngram, "shared_lookup_tokens": self.shared_lookup_tokens,
+                  "corpus_tokens": self.corpus_tokens}
+        if min(counts.values()) < 0:
+            raise ValueError("must be >= 0: " + ", ".join(f"{k} {v}" for k, v in counts.items() if v < 0))
         if self.max_batch_size < 1 or self.max_context < 8:
             raise ValueError("max_batch_size >= 1 and max_context >= 8 required")
         if self.prefill_chunk < 1 or self.max_prefill_tokens < self.prefill_chunk:

@@ -151,9 +151,16 @@ def stop(proc: subprocess.Popen) -> None:
 
 @pytest.fixture(scope="module")
 def tiny_pair(tmp_path_factory):
+    import numpy as np
+
+    from sglang_d3d.models.corpus import write_corpus
+    from sglang_d3d.models.drafter import read_config
     from sglang_d3d.testing import make_tiny_pair
 
-    return make_tiny_pair(tmp_path_factory.mktemp("tiny"))
+    target, drafter = make_tiny_pair(tmp_path_factory.mktemp("tiny"))
+    answers = [np.arange(3, 40) % 50, np.arange(7, 30)]  # any ids: its panel needs the series
+    write_corpus(drafter, answers, read_config(Path(drafter)).target_fingerprint)
+    return target, drafter
 
 
 def start_server(mode: str, pair: tuple[str, str], log: Path) -> tuple[subprocess.Popen, int]:
@@ -293,15 +300,16 @@ def test_every_dashboard_metric_is_exported(run):
 
 
 # Ratios over drafts have no value in ar mode (0 / 0): their panels show async alone; nor is
-# there an index of earlier requests' text in ar mode.
+# there an index of earlier requests' text or of a corpus in ar mode.
 SPEC_ONLY = re.compile(
     r"d3d:spec_(num_draft_tokens|num_drafts|num_accepted_tokens|branch_hits|draft_time)"
-    r"|d3d:shared_lookup_"
+    r"|d3d:shared_lookup_|d3d:corpus_"
 )
 # The test servers copy nothing (--lookup-tokens 0, see start_server), so nobody looks in the
-# index of earlier requests' text: its share found is 0 / 0. Its series must still exist (a
+# index of earlier requests' text or in the corpus (`tiny_pair` gives the drafter one): their
+# shares found are 0 / 0. Its series must still exist (a
 # misspelt name gives none), and its values are checked in tests/test_server_metrics.py.
-NO_LOOKUPS = re.compile(r"d3d:shared_lookup_found_total")
+NO_LOOKUPS = re.compile(r"d3d:(shared_lookup|corpus)_found_total")
 
 
 def modes_with_data(result: list[dict]) -> set[str]:

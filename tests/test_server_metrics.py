@@ -7,10 +7,11 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from sglang_d3d.server.app import create_app
-from sglang_d3d.server.metrics import MetricsRecorder
+from sglang_d3d.server.metrics import CORPUS, SHARED_TEXT, MetricsRecorder
 from sglang_d3d.server.testing import ServerThread, tiny_server_config
 
 from sglang_d3d.engine.adaptive import BlockController, Plan
+from sglang_d3d.speculative.corpus_lookup import CorpusIndex
 from sglang_d3d.speculative.cycle import COPIES
 from sglang_d3d.speculative.shared_lookup import TextIndex
 from sglang_d3d.speculative.stats import CycleStats
@@ -138,7 +139,7 @@ def test_controller_estimates_are_gauges_read_at_scrape_time():
 
 def test_the_index_of_earlier_text_is_read_at_scrape_time():
     rec, index = MetricsRecorder("m", "async"), None
-    rec.watch_shared_text(lambda: index)
+    rec.watch_copy_source(SHARED_TEXT, lambda: index)
     assert "shared_lookup" not in rec.render().decode()  # none (off, or loading): no series
     index = TextIndex(capacity=100)
     index.add([1, 2, 3, 4, 5])
@@ -148,6 +149,19 @@ def test_the_index_of_earlier_text_is_read_at_scrape_time():
     assert value(snap, "d3d:shared_lookup_tokens") == 6  # the text and its end
     assert value(snap, "d3d:shared_lookup_lookups_total") == 2
     assert value(snap, "d3d:shared_lookup_found_total") == 1
+
+
+def test_the_index_of_the_drafters_corpus_is_read_at_scrape_time():
+    rec, index = MetricsRecorder("m", "async"), None
+    rec.watch_copy_source(CORPUS, lambda: index)
+    assert "d3d:corpus" not in rec.render().decode()  # none (off, or no corpus): no series
+    index = CorpusIndex([[1, 2, 3, 4, 5]])
+    assert index.continuation([9, 2, 3, 4], 2) == [5]
+    assert index.continuation([9, 9, 9], 2) == []
+    snap = samples(rec.render().decode())
+    assert value(snap, "d3d:corpus_tokens") == 5
+    assert value(snap, "d3d:corpus_lookups_total") == 2
+    assert value(snap, "d3d:corpus_found_total") == 1
 
 
 # ---- the live server --------------------------------------------------------------------------

@@ -151,11 +151,11 @@ def speculation_panels() -> list[dict]:
                    "trees {{mode}}")
     copies = target(ratio("d3d:spec_copy_cycles_total", "d3d:spec_num_drafts_total"),
                     "copies {{mode}}")
-    shared = [
-        target(ratio("d3d:shared_lookup_found_total", "d3d:shared_lookup_lookups_total"),
-               "found {{mode}}"),
-        target(f"sum by (mode) (d3d:shared_lookup_tokens{{{SEL}}})", "tokens held {{mode}}"),
-    ]
+    sources = (("d3d:shared_lookup", "earlier requests"), ("d3d:corpus", "corpus"))
+    found = [target(ratio(f"{m}_found_total", f"{m}_lookups_total"), f"{name} {{{{mode}}}}")
+             for m, name in sources]
+    held = [target(f"sum by (mode) ({m}_tokens{{{SEL}}})", f"{name} tokens {{{{mode}}}}")
+            for m, name in sources]
     unit_ratio = {"defaults": {"min": 0, "max": 1}}
     return [
         panel(
@@ -192,15 +192,16 @@ def speculation_panels() -> list[dict]:
             "pass (--copy-ngram, --shared-lookup-tokens).",
         ),
         panel(
-            "Copies from earlier requests' text",
-            shared,
+            "Copies from other text",
+            found + held,
             "percentunit",
             defaults={"min": 0},
             description="Of the greedy requests with no copy in their own text that looked in "
-            "finished requests' prompts and answers (--shared-lookup-tokens), the share that "
-            "found one (left axis), and the tokens the index holds (right axis). Empty where "
-            "the index is off (--shared-lookup-tokens 0, ar mode).",
-            overrides=[{"matcher": {"id": "byRegexp", "options": "tokens held.*"},
+            "finished requests' prompts and answers (--shared-lookup-tokens), and then in the "
+            "drafter's corpus of the target's own answers (--corpus-tokens), the share that "
+            "found one (left axis), and the tokens each holds (right axis). Empty where off "
+            "(0, ar mode, a drafter without corpus.npz).",
+            overrides=[{"matcher": {"id": "byRegexp", "options": ".* tokens .*"},
                         "properties": [{"id": "unit", "value": "none"},
                                        {"id": "custom.axisPlacement", "value": "right"}]}],
         ),

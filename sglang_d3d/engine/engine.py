@@ -21,11 +21,13 @@ from sglang_d3d.engine.adaptive import BlockController
 from sglang_d3d.engine.proposals import Proposals
 from sglang_d3d.engine.scheduler import Scheduler, plan_chunks
 from sglang_d3d.engine.sequence import Sequence
+from sglang_d3d.models.corpus import first_tokens
 from sglang_d3d.models.decoder import Decoder
 from sglang_d3d.models.drafter import D3DDrafter
 from sglang_d3d.models.fused_runner import FusedRunner
 from sglang_d3d.models.int8_linear import use_int8
 from sglang_d3d.models.target import TargetRunner
+from sglang_d3d.speculative.corpus_lookup import CorpusIndex
 from sglang_d3d.speculative.cycle import (
     COPIES,
     Outcome,
@@ -92,6 +94,9 @@ class SpecEngine:
         # Calibration sets it aside, so its synthetic text never lands here.
         self.shared_text = (TextIndex(cfg.shared_lookup_tokens)
                             if self.proposals.copy_ngram and cfg.shared_lookup_tokens else None)
+        # The target's answers in the drafter's corpus, for greedy rows' copies after those
+        # (corpus_lookup.py); None: off, or a drafter without one.
+        self.corpus = self._corpus(drafter)
         self.controller = None
         if cfg.adaptive:
             # Fused drafts are two-ahead predictions: the drafter's held-out rates are not theirs.
@@ -313,14 +318,22 @@ class SpecEngine:
         length = self._lookup(len(rows), beside=0)
         sampled_too = plan.verifies_trees(p.tree_nodes)
         out, whole = [], True  # whole: every row so far has a copy
+        elsewhere = [x for x in (self.shared_text, self.corpus) if x is not None]
         for s in rows:
             # a greedy row's copy serves only a cycle of copies: once a row has none, skip
             # the lookup (O(context), every row, every cycle)
             wanted = sampled_too if not s.params.greedy else whole
             out.append(Drafting.copy_of(self.drafting.states[s.slot], length, p.copy_ngram,
-                                        self.shared_text) if wanted else [])
+                                        elsewhere) if wanted else [])
             whole = whole and bool(out[-1])
         return out
+
+    def _corpus(self, drafter: D3DDrafter | None) -> CorpusIndex | None:
+        """The index of the drafter's corpus within `corpus_tokens`, where rows copy at all."""
+        answers = getattr(drafter, "corpus", None) if self._separate_drafter else None
+        if not answers or not self.proposals.copy_ngram or not self.cfg.corpus_tokens:
+            return None
+        return CorpusIndex(first_tokens(answers, self.cfg.corpus_tokens))
 
     def _lookup(self, batch: int, beside: int | None = None) -> int:
         return self.proposals.lookup(batch, self.cfg.verify_token_budget, beside)

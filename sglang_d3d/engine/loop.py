@@ -84,6 +84,11 @@ class EngineLoop:
         return self.engine.shared_text
 
     @property
+    def corpus(self):
+        """The index of the drafter's corpus (speculative/corpus_lookup.py), or None."""
+        return self.engine.corpus
+
+    @property
     def num_running(self) -> int:
         return self.engine.num_running
 

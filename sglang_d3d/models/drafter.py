@@ -31,6 +31,7 @@ from torch import nn
 
 from sglang_d3d.models.acceptance import read_accept_prior
 from sglang_d3d.models.adapters import Gate, GatedFused, adapted_layer, delta_modules
+from sglang_d3d.models.corpus import read_corpus
 from sglang_d3d.models.decoder import Batch, Decoder, run_layers
 from sglang_d3d.models.int8_deltas import int8_layer
 from sglang_d3d.models.int8_linear import Int8Linear, Int8Setting
@@ -104,6 +105,7 @@ class D3DDrafter(nn.Module):
         self.cfg = cfg
         self.arch = target.arch
         self.accept_prior: tuple[float, ...] = ()  # held-out rates per draft, if recorded
+        self.corpus: list | None = None  # the target's answers it was distilled on (corpus.py)
         self.gate = Gate()
         gen = torch.Generator(device=target.device).manual_seed(seed)  # reproducible init
         self.layers = nn.ModuleList(
@@ -152,6 +154,7 @@ class D3DDrafter(nn.Module):
         drafter = cls(cfg, target)
         drafter.load_own_state(load_file(str(path / "model.safetensors")))
         drafter.accept_prior = read_accept_prior(path)
+        drafter.corpus = read_corpus(path, cfg.target_fingerprint)
         return drafter.eval()
 
     def own_state(self) -> dict[str, torch.Tensor]:

@@ -13,6 +13,7 @@ request never costs the others their drafts (issue 10).
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 
 import torch
 
@@ -24,9 +25,8 @@ from sglang_d3d.models.packing import branch_pack, extend_pack
 from sglang_d3d.speculative.branches import match_branch, select_branches
 from sglang_d3d.speculative.draft_length import batch_length, confident_length, row_confidences
 from sglang_d3d.speculative.draft_state import DraftState
-from sglang_d3d.speculative.lookup import lookup_continuation
+from sglang_d3d.speculative.lookup import CopySource, lookup_continuation
 from sglang_d3d.speculative.sampling import RequestRandom, draw_drafts, usable
-from sglang_d3d.speculative.shared_lookup import TextIndex
 from sglang_d3d.speculative.tree import DraftTree, build_tree, graft, pad, sure_chain
 from sglang_d3d.speculative.tree_sampling import sample_tree
 
@@ -226,18 +226,23 @@ class Drafting:
 
     @staticmethod
     def copy_of(s: DraftState, length: int, min_ngram: int,
-                shared: TextIndex | None = None) -> list[int]:
+                elsewhere: Sequence[CopySource] = ()) -> list[int]:
         """The row's next `length` tokens copied from its own text (lookup.py), or for a
-        greedy row where that has none, from earlier requests' (`shared`, shared_lookup.py),
-        to verify in place of drafting: [] where it has a draft ready (a pre-drafted branch
-        that hit costs nothing more), `length` or `min_ngram` is 0, or no copy's match is
-        `min_ngram` tokens long."""
+        greedy row where that has none, from the first of `elsewhere` that has one (earlier
+        requests' text, shared_lookup.py; the drafter's corpus, corpus_lookup.py), to verify
+        in place of drafting: [] where it has a draft ready (a pre-drafted branch that hit
+        costs nothing more), `length` or `min_ngram` is 0, or no copy's match is `min_ngram`
+        tokens long."""
         if length <= 0 or min_ngram <= 0 or s.draft is not None:
             return []
         own = lookup_continuation(s.tokens, length, min_ngram=min_ngram)
-        if own or shared is None or not s.params.greedy:
+        if own or not s.params.greedy:
             return own
-        return shared.continuation(s.tokens, length)
+        for source in elsewhere:
+            copied = source.continuation(s.tokens, length)
+            if copied:
+                return copied
+        return []
 
     @staticmethod
     def copies(rows: list[DraftState], length: int, min_ngram: int) -> list[list[int]] | None:

@@ -13,9 +13,19 @@ never changes. Measured in benchmarks/results/README.md ("sitting 13").
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Protocol
 
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
+
+
+class CopySource(Protocol):
+    """Text other than a row's own to copy guesses from (shared_lookup.TextIndex: earlier
+    requests'; corpus_lookup.CorpusIndex: the target's answers in the drafter's corpus)."""
+
+    def continuation(self, tokens: Sequence[int], length: int) -> list[int]:
+        """Up to `length` guesses of what follows `tokens`; [] if it has none."""
+        ...
 
 
 def lookup_continuation(tokens: Sequence[int], length: int, max_ngram: int = 4,

@@ -1,0 +1,74 @@
+"""The text a drafter folder may carry beside its weights: the target's own answers it was
+distilled on (`d3d corpus` writes it from `d3d datagen` shards), for the engine's copies
+(speculative/corpus_lookup.py).
+
+    corpus.npz   tokens [sum of lengths] uint16 or uint32, every answer's ids concatenated
+                 lengths [S] int64, target_fingerprint: the target whose ids these are
+
+Token ids mean nothing under another tokenizer, so a corpus written for another target is
+refused, as the drafter's weights are.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+CORPUS_FILE = "corpus.npz"
+
+
+class CorpusFormatError(ValueError):
+    pass
+
+
+def write_corpus(folder: str | Path, answers: Sequence[np.ndarray], target_print: str) -> Path:
+    """answers: token ids [R] each. Written via a temporary file, so a failed write never
+    leaves half a corpus."""
+    path = Path(folder) / CORPUS_FILE
+    tokens = np.concatenate([np.asarray(a, dtype=np.int64) for a in answers]) if answers else np.zeros(0, np.int64)
+    if tokens.size and tokens.min() < 0:
+        raise CorpusFormatError("token ids must be >= 0")
+    dtype = np.uint16 if not tokens.size or tokens.max() <= np.iinfo(np.uint16).max else np.uint32
+    tmp = path.with_name(CORPUS_FILE + ".tmp.npz")
+    np.savez_compressed(tmp, tokens=tokens.astype(dtype),
+                        lengths=np.array([len(a) for a in answers], dtype=np.int64),
+                        target_fingerprint=np.array(target_print))
+    os.replace(tmp, path)
+    return path
+
+
+def read_corpus(folder: str | Path, target_print: str) -> list[np.ndarray] | None:
+    """The folder's answers [R] int64 each, or None where it has no corpus. Raises
+    CorpusFormatError for another target's corpus or an unreadable file."""
+    path = Path(folder) / CORPUS_FILE
+    if not path.exists():
+        return None
+    try:
+        with np.load(path) as z:
+            tokens, lengths = z["tokens"].astype(np.int64), z["lengths"]
+            written_for = str(z["target_fingerprint"])
+    except (OSError, ValueError, KeyError) as e:
+        raise CorpusFormatError(f"{path}: not a corpus (needs tokens, lengths and "
+                                f"target_fingerprint; delete it to run without one): {e!r}") from None
+    if written_for != target_print:
+        raise CorpusFormatError(f"{path} holds another target's token ids (fingerprint "
+                                f"{written_for}, this target {target_print}): write it again "
+                                f"with `d3d corpus`, or delete it")
+    if int(lengths.sum()) != len(tokens) or (lengths < 0).any():
+        raise CorpusFormatError(f"{path}: lengths add up to {int(lengths.sum())}, not the "
+                                f"{len(tokens)} tokens it holds")
+    return np.split(tokens, np.cumsum(lengths)[:-1]) if len(lengths) else []
+
+
+def first_tokens(answers: Sequence[np.ndarray], limit: int) -> list[np.ndarray]:
+    """The answers in order while they fit in `limit` tokens (a cap on the engine's memory)."""
+    out, total = [], 0
+    for a in answers:
+        if total + len(a) > limit:
+            break
+        out.append(a)
+        total += len(a)
+    return out

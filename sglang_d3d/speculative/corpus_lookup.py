@@ -1,0 +1,152 @@
+"""Guesses read off a corpus of the target's own answers: what the target most often said after
+a row's last few tokens, token after token (an n-gram model of its own text).
+
+Where a row's own text (lookup.py) and earlier requests' (shared_lookup.py) have no copy, a
+cycle drafts, and on this project's CPU a drafter pass costs nearly a plain step (44 ms against
+50-57). The corpus the drafter was distilled on is the target's own greedy answers (`d3d
+datagen`, 1.02M tokens for the default pair), so the target says the same things again: a
+worked GSM8K step, a code answer's boilerplate. A lookup here costs microseconds and the target
+verifies what it proposes, so outputs never change; a wrong guess costs its cycle. Where the
+longest context that occurred is short, or the corpus went several ways after it, the cycle
+drafts as before (`CorpusSetting`).
+
+Each order n keeps, for every n tokens that occurred, the token that most often followed them
+and its share of what followed, as sorted 64-bit hashes (a collision costs a guess, never an
+output). Measured in benchmarks/results/README.md ("sitting 18").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from numpy.lib.stride_tricks import sliding_window_view
+
+MASK = (1 << 64) - 1
+MUL = 0x9E3779B97F4A7C15  # odd: the rolling hash of n tokens is h = h * MUL + (token + 1)
+
+
+@dataclass(frozen=True)
+class CorpusSetting:
+    """Which contexts count. Offline, on the default pair's cycles that had no copy of their
+    own (`d3d bench` prompts, the target's answers), a first guess from a context of 3 or more
+    tokens that at least half the time went on as guessed paid on GSM8K, MT-Bench and code
+    alike; shorter or less certain ones lost against drafting on MT-Bench."""
+
+    orders: tuple[int, ...] = (6, 5, 4, 3, 2)  # context lengths kept, longest first
+    min_order: int = 3  # the first guess: its longest context that occurred is this long...
+    min_share: float = 0.5  # ... and went on as guessed at least this share of the time
+
+    def __post_init__(self) -> None:
+        if not self.orders or min(self.orders) < 1 or list(self.orders) != sorted(self.orders, reverse=True):
+            raise ValueError(f"orders must be positive and longest first, not {self.orders}")
+        if not 0.0 <= self.min_share <= 1.0:
+            raise ValueError(f"min_share must be in [0, 1], not {self.min_share}")
+
+
+@dataclass(frozen=True)
+class OrderTable:
+    """Every n-token context that occurred: keys [U] uint64 sorted, the token that most often
+    followed it [U] (ties: the smallest id), and that token's share of what followed [U]."""
+
+    keys: np.ndarray
+    best: np.ndarray
+    share: np.ndarray
+
+    def find(self, key: int) -> tuple[int, float] | None:
+        i = int(np.searchsorted(self.keys, np.uint64(key)))
+        if i < len(self.keys) and int(self.keys[i]) == key:
+            return int(self.best[i]), float(self.share[i])
+        return None
+
+
+class CorpusIndex:
+    """The n-gram tables of a corpus of token sequences (never across two sequences), and
+    counters for the metrics: how often a row looked here, and found a guess."""
+
+    def __init__(self, sequences: Sequence[Sequence[int]], setting: CorpusSetting = CorpusSetting()) -> None:
+        self.setting = setting
+        flat = _joined(sequences)  # [L] int64, -1 between sequences
+        self.tables = {n: _table(flat, n) for n in setting.orders}
+        self.num_tokens = int((flat >= 0).sum())
+        self.lookups = self.found = 0
+
+    def __len__(self) -> int:
+        return self.num_tokens
+
+    def continuation(self, tokens: Sequence[int], length: int) -> list[int]:
+        """Up to `length` guesses after `tokens`: the first only where `CorpusSetting` trusts
+        its context, then each from the longest context that occurred; [] if none."""
+        if length <= 0:
+            return []
+        self.lookups += 1
+        s = self.setting
+        ctx = [int(t) for t in tokens[-s.orders[0]:]]
+        out: list[int] = []
+        while len(out) < length:
+            first = not out
+            guess = self._next(ctx, s.min_order if first else 1, s.min_share if first else 0.0)
+            if guess is None:
+                break
+            out.append(guess)
+            ctx = ctx[1:] + [guess] if len(ctx) == s.orders[0] else ctx + [guess]
+        self.found += bool(out)
+        return out
+
+    def _next(self, ctx: list[int], min_order: int, min_share: float) -> int | None:
+        """The guess of the longest context of `ctx`'s tail that occurred, if that context is
+        at least `min_order` long and its guess's share at least `min_share`."""
+        for n in self.setting.orders:
+            if n > len(ctx):
+                continue
+            hit = self.tables[n].find(hash_tokens(ctx[-n:]))
+            if hit is not None:
+                token, share = hit
+                return token if n >= min_order and share >= min_share else None
+        return None
+
+
+def hash_tokens(tokens: Sequence[int]) -> int:
+    """The rolling hash `_table` gives the same tokens (Python ints, 64 bits)."""
+    h = 0
+    for t in tokens:
+        h = (h * MUL + int(t) + 1) & MASK
+    return h
+
+
+def _joined(sequences: Sequence[Sequence[int]]) -> np.ndarray:
+    parts = []
+    for seq in sequences:
+        parts.append(np.asarray(seq, dtype=np.int64).reshape(-1))
+        parts.append(np.full(1, -1, dtype=np.int64))
+    return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+
+
+def _table(flat: np.ndarray, n: int) -> OrderTable:
+    """flat [L] (-1 between sequences) -> the order-n table."""
+    if len(flat) <= n:
+        return _empty()
+    windows = sliding_window_view(flat[:-1], n)  # [L-n, n]: the context of flat[n:]
+    nxt = flat[n:]  # [L-n]
+    ok = (windows >= 0).all(axis=1) & (nxt >= 0)
+    windows, nxt = windows[ok], nxt[ok]
+    if not len(nxt):
+        return _empty()
+    h = np.zeros(len(nxt), dtype=np.uint64)
+    with np.errstate(over="ignore"):  # wraps modulo 2^64, as hash_tokens does
+        for j in range(n):
+            h = h * np.uint64(MUL) + (windows[:, j] + 1).astype(np.uint64)
+    order = np.lexsort((nxt, h))
+    h, nxt = h[order], nxt[order]
+    starts = np.flatnonzero(np.r_[True, (h[1:] != h[:-1]) | (nxt[1:] != nxt[:-1])])
+    ph, pn = h[starts], nxt[starts]  # one row per (context, next token) pair
+    count = np.diff(np.r_[starts, len(h)])
+    groups = np.flatnonzero(np.r_[True, ph[1:] != ph[:-1]])  # first pair of each context
+    total = np.add.reduceat(count, groups)
+    top = np.lexsort((pn, -count, ph))[groups]  # each context's likeliest next token
+    return OrderTable(ph[groups], pn[top], (count[top] / total).astype(np.float32))
+
+
+def _empty() -> OrderTable:
+    return OrderTable(np.zeros(0, np.uint64), np.zeros(0, np.int64), np.zeros(0, np.float32))

@@ -8,7 +8,9 @@ datagen`, 1.02M tokens for the default pair), so the target says the same things
 worked GSM8K step, a code answer's boilerplate. A lookup here costs microseconds and the target
 verifies what it proposes, so outputs never change; a wrong guess costs its cycle. Where the
 longest context that occurred is short, or the corpus went several ways after it, the cycle
-drafts as before (`CorpusSetting`).
+drafts as before (`CorpusSetting`). Greedy rows only: sampled rows copying from it too ran
+level with no corpus at temperature 0.7 (its guesses are the target's likeliest tokens, which
+a draw keeps less often), so they keep to their own text.
 
 Each order n keeps, for every n tokens that occurred, the token that most often followed them
 and its share of what followed, as sorted 64-bit hashes (a collision costs a guess, never an

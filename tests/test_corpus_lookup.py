@@ -16,7 +16,15 @@ from sglang_d3d.config import EngineConfig, Mode, SamplingParams
 from sglang_d3d.engine.offline import generate
 from sglang_d3d.models.corpus import CorpusFormatError, first_tokens, read_corpus, write_corpus
 from sglang_d3d.models.drafter import D3DDrafter, read_config
-from sglang_d3d.speculative.corpus_lookup import CorpusIndex, CorpusSetting, _table, hash_tokens
+from sglang_d3d.speculative.corpus_lookup import (
+    CorpusIndex,
+    CorpusSetting,
+    _table,
+    corpus_index,
+    hash_tokens,
+)
+from sglang_d3d.speculative.draft_state import DraftState
+from sglang_d3d.speculative.drafting import Drafting
 from sglang_d3d.training.shards import Sample, write_manifest, write_shard
 
 
@@ -83,6 +91,31 @@ def test_the_table_hashes_as_the_lookup_does_for_any_vocabulary():
     assert [int(k) for k in table.keys] == want
     idx = CorpusIndex([seq])
     assert idx.continuation(seq[:3], 3) == seq[3:]
+
+
+def test_a_drafters_corpus_index_keeps_within_its_cap():
+    """What both hosts build (the engine, the SGLang worker): none without a corpus or a cap."""
+    class Drafter:
+        corpus = [np.arange(1, 5), np.arange(10, 13)]
+
+    assert len(corpus_index(Drafter(), 5)) == 4  # the second answer does not fit
+    assert corpus_index(Drafter(), 0) is None
+    assert corpus_index(object(), 100) is None
+
+
+def test_a_batch_copies_from_the_corpus_only_where_every_greedy_row_has_a_copy():
+    """The SGLang worker's cycles of copies (`Drafting.copies`): a row whose own text has
+    none asks the corpus; the cycle copies only if every row found one and all are greedy."""
+    idx = CorpusIndex([[1, 2, 3, 4, 5, 6]])
+
+    def row(tokens, temperature=0.0):
+        return DraftState(0, SamplingParams(temperature=temperature, seed=1), None, tokens, [])
+
+    assert Drafting.copies([row([9, 1, 2, 3])], 3, 2) is None  # its own text has no copy
+    assert Drafting.copies([row([9, 1, 2, 3])], 3, 2, [idx]) == [[4, 5, 6]]
+    assert Drafting.copies([row([7, 8, 7, 8]), row([9, 1, 2, 3])], 3, 2, [idx]) == [[7, 8, 7], [4, 5, 6]]
+    assert Drafting.copies([row([9, 1, 2, 3]), row([0, 0, 0, 5])], 3, 2, [idx]) is None
+    assert Drafting.copies([row([9, 1, 2, 3], 0.7)], 3, 2, [idx]) is None  # sampled: never
 
 
 def test_bad_settings_are_refused():

@@ -19,19 +19,15 @@ from sglang_d3d.sglang_worker.options import PluginOptions
 
 CFG = EngineConfig(
     spec=SpecConfig(block_size=4, branch_policy=BranchPolicy.ALL), draft_device="cuda:1",
-    copy_ngram=3,
+    copy_ngram=3, corpus_tokens=1000,
 )
 REQ = GenerationRequest("r1", [1, 2, 3], SamplingParams(max_new_tokens=8))
 
 
 def test_plugin_environment_round_trips_through_the_plugins_reader():
     opts = PluginOptions.from_env(plugin_env(CFG))
-    assert (opts.mode, opts.branch_policy, opts.draft_device, opts.copy_ngram) == (
-        Mode.ASYNC,
-        BranchPolicy.ALL,
-        "cuda:1",
-        3,
-    )
+    assert (opts.mode, opts.branch_policy, opts.draft_device, opts.copy_ngram,
+            opts.corpus_tokens) == (Mode.ASYNC, BranchPolicy.ALL, "cuda:1", 3, 1000)
 
 
 def test_sampling_parameters_in_sglangs_terms():

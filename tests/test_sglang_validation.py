@@ -9,6 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from sglang_d3d.config import EngineConfig
 from sglang_d3d.sglang_worker.options import PluginOptions
 from sglang_d3d.sglang_worker.validation import (
     DEFAULT_MAX_RUNNING_REQUESTS,
@@ -153,5 +154,9 @@ def test_plugin_options_from_environment():
     assert PluginOptions.from_env({"SGLANG_D3D_COPY_NGRAM": "0"}).copy_ngram == 0
     with pytest.raises(ValueError, match="COPY_NGRAM must be >= 0"):
         PluginOptions.from_env({"SGLANG_D3D_COPY_NGRAM": "-1"})
+    assert opts.corpus_tokens == EngineConfig.corpus_tokens  # the embedded engine's default
+    assert PluginOptions.from_env({"SGLANG_D3D_CORPUS_TOKENS": "0"}).corpus_tokens == 0
+    with pytest.raises(ValueError, match="CORPUS_TOKENS must be >= 0"):
+        PluginOptions.from_env({"SGLANG_D3D_CORPUS_TOKENS": "-1"})
     with pytest.raises(ValueError, match="makes no sense"):
         PluginOptions.from_env({"SGLANG_D3D_MODE": "ar"})

@@ -21,13 +21,12 @@ from sglang_d3d.engine.adaptive import BlockController
 from sglang_d3d.engine.proposals import Proposals
 from sglang_d3d.engine.scheduler import Scheduler, plan_chunks
 from sglang_d3d.engine.sequence import Sequence
-from sglang_d3d.models.corpus import first_tokens
 from sglang_d3d.models.decoder import Decoder
 from sglang_d3d.models.drafter import D3DDrafter
 from sglang_d3d.models.fused_runner import FusedRunner
 from sglang_d3d.models.int8_linear import use_int8
 from sglang_d3d.models.target import TargetRunner
-from sglang_d3d.speculative.corpus_lookup import CorpusIndex
+from sglang_d3d.speculative.corpus_lookup import CorpusIndex, corpus_index
 from sglang_d3d.speculative.cycle import (
     COPIES,
     Outcome,
@@ -330,10 +329,9 @@ class SpecEngine:
 
     def _corpus(self, drafter: D3DDrafter | None) -> CorpusIndex | None:
         """The index of the drafter's corpus within `corpus_tokens`, where rows copy at all."""
-        answers = getattr(drafter, "corpus", None) if self._separate_drafter else None
-        if not answers or not self.proposals.copy_ngram or not self.cfg.corpus_tokens:
+        if not self._separate_drafter or not self.proposals.copy_ngram:
             return None
-        return CorpusIndex(first_tokens(answers, self.cfg.corpus_tokens))
+        return corpus_index(drafter, self.cfg.corpus_tokens)
 
     def _lookup(self, batch: int, beside: int | None = None) -> int:
         return self.proposals.lookup(batch, self.cfg.verify_token_budget, beside)

@@ -54,6 +54,7 @@ def plugin_env(cfg: EngineConfig) -> dict[str, str]:
         "GUESSES": str(s.guesses_per_position),
         "DRAFT_DEVICE": cfg.draft_device or "",
         "COPY_NGRAM": str(cfg.copy_ngram),
+        "CORPUS_TOKENS": str(cfg.corpus_tokens),
     }
     return {ENV_PREFIX + k: v for k, v in env.items()}
 

@@ -33,6 +33,7 @@ class PluginOptions:
     guesses_per_position: int = 1
     draft_dtype: str = ""  # "" = the target's dtype
     copy_ngram: int = 2  # EngineConfig.copy_ngram; 0: never
+    corpus_tokens: int = 1 << 21  # EngineConfig.corpus_tokens; 0: no copies from the corpus
 
     def __post_init__(self) -> None:
         if self.mode is Mode.AR:
@@ -42,6 +43,8 @@ class PluginOptions:
             )
         if self.copy_ngram < 0:
             raise ValueError(f"{ENV_PREFIX}COPY_NGRAM must be >= 0, not {self.copy_ngram}")
+        if self.corpus_tokens < 0:
+            raise ValueError(f"{ENV_PREFIX}CORPUS_TOKENS must be >= 0, not {self.corpus_tokens}")
         if self.mode is Mode.FUSED:
             raise ValueError(
                 f"{ENV_PREFIX}MODE=fused runs only in the embedded engine (`d3d serve`): it "
@@ -64,6 +67,7 @@ class PluginOptions:
                 guesses_per_position=int(get("GUESSES", "1")),
                 draft_dtype=get("DRAFT_DTYPE", ""),
                 copy_ngram=int(get("COPY_NGRAM", "2")),
+                corpus_tokens=int(get("CORPUS_TOKENS", str(1 << 21))),
             )
         except ValueError as e:
             raise ValueError(f"bad {ENV_PREFIX}* setting: {e}") from e

@@ -3,8 +3,9 @@
 One `forward_batch_generation` call is one D3D cycle for every running request: after bringing
 each request's drafter state up to SGLang's record of it, the embedded engine's own cycle
 (speculative/cycle.py: draft -> verify beside pre-drafting -> follow) with SGLang's target as
-the verifier (or, where every request is greedy and repeats its own text, a block copied
-from that text, with no drafter pass: speculative/lookup.py, SGLANG_D3D_COPY_NGRAM):
+the verifier (or, where every request is greedy and repeats its own text or finds a copy in
+the drafter's corpus, a block copied from that text, with no drafter pass: speculative/lookup.py
+and corpus_lookup.py, SGLANG_D3D_COPY_NGRAM and SGLANG_D3D_CORPUS_TOKENS):
 
     verify   SGLang's target worker, TARGET_VERIFY mode, its KV pool and radix cache; then
              speculative/verify.py over the whole batch on the target's device (greedy, or
@@ -35,6 +36,7 @@ from sglang_d3d.sglang_worker.options import PluginOptions
 from sglang_d3d.sglang_worker.requests import RequestRow, RequestTable
 from sglang_d3d.sglang_worker.validation import DEFAULT_MAX_RUNNING_REQUESTS, check_vocab
 from sglang_d3d.sglang_worker.verify_io import build_verify_forward_batch, commit_rows
+from sglang_d3d.speculative.corpus_lookup import corpus_index
 from sglang_d3d.speculative.cycle import Plan, Verdict, record, run_copy_cycle, run_cycle
 from sglang_d3d.speculative.drafting import Drafting
 from sglang_d3d.speculative.executor import Executor
@@ -61,6 +63,10 @@ class D3DWorker(BaseSpecWorker):
         self.draft_device = _draft_device(self.options, self.device, gpu_id)
         self.plan = Plan(self.block, self.options.mode is Mode.ASYNC)
         self.drafting = self._drafting(runner)
+        # The drafter's corpus of the target's answers, for greedy batches' copies (or None).
+        corpus = (corpus_index(self.drafting.runner.model, self.options.corpus_tokens)
+                  if self.options.copy_ngram else None)
+        self.elsewhere = () if corpus is None else (corpus,)
         num_slots = len(self.drafting.runner.lengths)
         self.table = RequestTable(self.drafting, num_slots, self.vocab_size)
         self.executor = Executor(self.draft_device)
@@ -159,8 +165,9 @@ class D3DWorker(BaseSpecWorker):
             target["out"], target["graph"], verdicts = self._verify(batch, rows, tokens, proposals)
             return verdicts
 
-        # greedy requests repeating their own text: verify copies of it, no drafter pass
-        copies = Drafting.copies([r.state for r in rows], self.block - 1, self.options.copy_ngram)
+        # greedy requests repeating their own text, or the corpus: verify copies, no drafter pass
+        copies = Drafting.copies([r.state for r in rows], self.block - 1, self.options.copy_ngram,
+                                 self.elsewhere)
         if copies is not None:
             outcomes = run_copy_cycle(rows, self.drafting, verify, copies, self._steps)
         else:

@@ -25,6 +25,8 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
+from sglang_d3d.models.corpus import first_tokens
+
 MASK = (1 << 64) - 1
 MUL = 0x9E3779B97F4A7C15  # odd: the rolling hash of n tokens is h = h * MUL + (token + 1)
 
@@ -107,6 +109,15 @@ class CorpusIndex:
                 token, share = hit
                 return token if n >= min_order and share >= min_share else None
         return None
+
+
+def corpus_index(drafter, max_tokens: int) -> CorpusIndex | None:
+    """The index of `drafter`'s corpus (its answers in order while they fit in `max_tokens`),
+    or None where it has none or `max_tokens` is 0. Both hosts build theirs with it."""
+    answers = getattr(drafter, "corpus", None)
+    if not answers or max_tokens <= 0:
+        return None
+    return CorpusIndex(first_tokens(answers, max_tokens))
 
 
 def hash_tokens(tokens: Sequence[int]) -> int:

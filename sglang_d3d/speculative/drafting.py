@@ -245,15 +245,17 @@ class Drafting:
         return []
 
     @staticmethod
-    def copies(rows: list[DraftState], length: int, min_ngram: int) -> list[list[int]] | None:
-        """Every row's copy (`copy_of`) for a cycle without a drafter pass, verified as
-        chains; None unless every row is greedy and found one. Hosts that verify chains only
+    def copies(rows: list[DraftState], length: int, min_ngram: int,
+               elsewhere: Sequence[CopySource] = ()) -> list[list[int]] | None:
+        """Every row's copy (`copy_of`, `elsewhere` where its own text has none) for a cycle
+        without a drafter pass, verified as chains; None unless every row is greedy and found
+        one. Hosts that verify chains only
         (the SGLang worker) keep sampled rows out: whether a cycle copies would depend on
         every row of the batch, and a sampled row's draws must not (the engine verifies a
         sampled row's copies as a tree of sure nodes, alone or batched)."""
         out = []
         for s in rows:
-            copied = Drafting.copy_of(s, length, min_ngram) if s.params.greedy else []
+            copied = Drafting.copy_of(s, length, min_ngram, elsewhere) if s.params.greedy else []
             if not copied:
                 return None
             out.append(copied)

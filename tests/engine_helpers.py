@@ -13,6 +13,21 @@ from sglang_d3d.speculative.tree import DraftTree
 SEPARATE_MODES = [m for m in Mode if m is not Mode.FUSED]
 
 
+# A prompt with no token twice: its own text has no copy at first (copies from elsewhere).
+WANDERS = [12, 40, 13, 50, 14, 60, 15]
+
+
+def first_cycle(eng: SpecEngine, prompt: list[int], params):
+    """(the request's output, the CycleStats of its first cycle), served alone."""
+    from sglang_d3d.engine.offline import generate
+
+    stats = []
+    eng.cycle_listeners.append(lambda rid, c: stats.append(c))
+    out = generate(eng, [prompt], params)[0]
+    eng.cycle_listeners.clear()
+    return out, stats[0]
+
+
 def chain_tree(drafts: list[int]) -> DraftTree:
     """A chain of drafts as a tree (each node the child of the one before)."""
     n = len(drafts)

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import reference_greedy
-from engine_helpers import make_engine
+from engine_helpers import WANDERS, first_cycle, make_engine
 
 from sglang_d3d.cli import main as d3d
 from sglang_d3d.config import EngineConfig, Mode, SamplingParams
@@ -190,17 +190,6 @@ def test_a_drafter_loads_its_corpus_and_refuses_another_targets(tmp_path, tiny_p
 
 
 # ---- in the engine ------------------------------------------------------------------------------
-WANDERS = [12, 40, 13, 50, 14, 60, 15]  # no token twice: its own text has no copy at first
-
-
-def _first_cycle(eng, prompt, params):
-    stats = []
-    eng.cycle_listeners.append(lambda rid, c: stats.append(c))
-    out = generate(eng, [prompt], params)[0]
-    eng.cycle_listeners.clear()
-    return out, stats[0]
-
-
 def _with_corpus(monkeypatch, models, answers):
     monkeypatch.setattr(models[2], "corpus", [np.array(a) for a in answers])
 
@@ -212,7 +201,7 @@ def test_a_greedy_request_copies_the_targets_answer_from_the_corpus(tiny_models,
     ref = reference_greedy(tiny_models[0], WANDERS, 30)
     _with_corpus(monkeypatch, tiny_models, [WANDERS + ref])
     eng = make_engine(tiny_models, mode, block=4, batch=1, shared_lookup_tokens=0)
-    out, first = _first_cycle(eng, WANDERS, SamplingParams(max_new_tokens=30))
+    out, first = first_cycle(eng, WANDERS, SamplingParams(max_new_tokens=30))
     assert out.token_ids == ref
     assert first.copied and first.num_drafts == first.num_accepted == 8
     assert eng.corpus.found >= 1
@@ -224,7 +213,7 @@ def test_a_wrong_corpus_costs_guesses_not_outputs(tiny_models, monkeypatch):
     wrong = [(t + 1) % vocab for t in ref[1:]]
     _with_corpus(monkeypatch, tiny_models, [WANDERS + ref[:1] + wrong])
     eng = make_engine(tiny_models, Mode.SYNC, block=4, batch=1, shared_lookup_tokens=0)
-    out, first = _first_cycle(eng, WANDERS, SamplingParams(max_new_tokens=30))
+    out, first = first_cycle(eng, WANDERS, SamplingParams(max_new_tokens=30))
     assert out.token_ids == ref
     assert first.copied and first.num_accepted < first.num_drafts
 
@@ -238,7 +227,7 @@ def test_off_or_absent_means_no_copy_from_the_corpus(tiny_models, monkeypatch):
     off = make_engine(tiny_models, Mode.SYNC, block=4, batch=1, shared_lookup_tokens=0,
                       corpus_tokens=0)
     assert off.corpus is None
-    out, first = _first_cycle(off, WANDERS, params)
+    out, first = first_cycle(off, WANDERS, params)
     assert out.token_ids == ref and not first.copied
     capped = make_engine(tiny_models, Mode.SYNC, block=4, batch=1, corpus_tokens=len(ref))
     assert capped.corpus is not None and len(capped.corpus) == 0  # the answer does not fit
@@ -253,5 +242,5 @@ def test_a_seeded_sampled_request_does_not_copy_from_the_corpus(tiny_models, mon
     want = generate(off, [WANDERS], sampled)[0].token_ids
     _with_corpus(monkeypatch, tiny_models, [WANDERS + ref, WANDERS + want])
     eng = make_engine(tiny_models, Mode.SYNC, block=4, batch=1, shared_lookup_tokens=0)
-    out, first = _first_cycle(eng, WANDERS, sampled)
+    out, first = first_cycle(eng, WANDERS, sampled)
     assert not first.copied and out.token_ids == want

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 from conftest import reference_greedy
-from engine_helpers import make_engine
+from engine_helpers import WANDERS, first_cycle, make_engine
 
 from sglang_d3d.config import EngineConfig, Mode, SamplingParams
 from sglang_d3d.engine.calibrate import CalibrationConfig, calibrate
@@ -73,17 +73,6 @@ def test_clear_and_bad_sizes():
 
 
 # ---- in the engine ------------------------------------------------------------------------------
-WANDERS = [12, 40, 13, 50, 14, 60, 15]  # no token twice: its own text has no copy at first
-
-
-def _first_cycle(eng, prompt, params):
-    stats = []
-    eng.cycle_listeners.append(lambda rid, c: stats.append(c))
-    out = generate(eng, [prompt], params)[0]
-    eng.cycle_listeners.clear()
-    return out, stats[0]
-
-
 @pytest.mark.parametrize("mode", [Mode.SYNC, Mode.ASYNC])
 def test_a_repeated_greedy_request_copies_the_earlier_answer(tiny_models, mode):
     """Served twice, a prompt's second answer starts as a copy of its first (which the index
@@ -91,8 +80,8 @@ def test_a_repeated_greedy_request_copies_the_earlier_answer(tiny_models, mode):
     params = SamplingParams(max_new_tokens=30)
     ref = reference_greedy(tiny_models[0], WANDERS, 30)
     eng = make_engine(tiny_models, mode, block=4, batch=1)
-    first, before = _first_cycle(eng, WANDERS, params)
-    second, after = _first_cycle(eng, WANDERS, params)
+    first, before = first_cycle(eng, WANDERS, params)
+    second, after = first_cycle(eng, WANDERS, params)
     assert first.token_ids == second.token_ids == ref
     assert not before.copied  # nothing to copy from yet
     assert after.copied and after.num_drafts == after.num_accepted == 8
@@ -102,8 +91,8 @@ def test_off_means_no_copy_from_other_requests(tiny_models):
     eng = make_engine(tiny_models, Mode.SYNC, block=4, batch=1, shared_lookup_tokens=0)
     assert eng.shared_text is None
     params = SamplingParams(max_new_tokens=30)
-    _first_cycle(eng, WANDERS, params)
-    out, again = _first_cycle(eng, WANDERS, params)
+    first_cycle(eng, WANDERS, params)
+    out, again = first_cycle(eng, WANDERS, params)
     assert out.token_ids == reference_greedy(tiny_models[0], WANDERS, 30)
     assert not again.copied
 
@@ -114,8 +103,8 @@ def test_a_seeded_sampled_request_draws_the_same_whatever_came_before(tiny_model
     drafts), and draws what it drew the first time and what a server without the index draws."""
     sampled = SamplingParams(temperature=0.8, seed=3, max_new_tokens=30)
     eng = make_engine(tiny_models, Mode.SYNC, block=4, batch=1)
-    first, _ = _first_cycle(eng, WANDERS, sampled)
-    again, cycle = _first_cycle(eng, WANDERS, sampled)
+    first, _ = first_cycle(eng, WANDERS, sampled)
+    again, cycle = first_cycle(eng, WANDERS, sampled)
     assert not cycle.copied
     off = make_engine(tiny_models, Mode.SYNC, block=4, batch=1, shared_lookup_tokens=0)
     assert first.token_ids == again.token_ids == generate(off, [WANDERS], sampled)[0].token_ids

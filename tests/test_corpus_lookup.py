@@ -113,7 +113,8 @@ def test_a_batch_copies_from_the_corpus_only_where_every_greedy_row_has_a_copy()
 
     assert Drafting.copies([row([9, 1, 2, 3])], 3, 2) is None  # its own text has no copy
     assert Drafting.copies([row([9, 1, 2, 3])], 3, 2, [idx]) == [[4, 5, 6]]
-    assert Drafting.copies([row([7, 8, 7, 8]), row([9, 1, 2, 3])], 3, 2, [idx]) == [[7, 8, 7], [4, 5, 6]]
+    both = [row([7, 8, 7, 8]), row([9, 1, 2, 3])]  # its own text, the corpus
+    assert Drafting.copies(both, 3, 2, [idx]) == [[7, 8, 7], [4, 5, 6]]
     assert Drafting.copies([row([9, 1, 2, 3]), row([0, 0, 0, 5])], 3, 2, [idx]) is None
     assert Drafting.copies([row([9, 1, 2, 3], 0.7)], 3, 2, [idx]) is None  # sampled: never
 
@@ -162,7 +163,8 @@ def test_d3d_corpus_writes_the_answers_into_a_drafter_folder(tmp_path, tiny_pair
     folder = tmp_path / "drafter"
     folder.mkdir()
     (folder / "config.json").write_text((Path(tiny_pair_dir[1]) / "config.json").read_text())
-    assert d3d(["corpus", "--data", str(tmp_path), "--drafter", str(folder), "--max-tokens", "5"]) == 0
+    args = ["corpus", "--data", str(tmp_path), "--drafter", str(folder), "--max-tokens", "5"]
+    assert d3d(args) == 0
     got = read_corpus(folder, read_config(folder).target_fingerprint)
     assert [a.tolist() for a in got] == [[5, 6, 7], [8, 9]]  # answers only, within the cap
 
@@ -175,7 +177,8 @@ def test_d3d_corpus_refuses_what_it_cannot_use(tmp_path):
         d3d(["corpus", "--data", str(tmp_path), "--drafter", str(tmp_path)])
 
 
-def test_a_drafter_loads_its_corpus_and_refuses_another_targets(tmp_path, tiny_pair_dir, tiny_models):
+def test_a_drafter_loads_its_corpus_and_refuses_another_targets(tmp_path, tiny_pair_dir,
+                                                                tiny_models):
     import shutil
 
     folder = tmp_path / "drafter"

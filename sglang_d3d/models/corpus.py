@@ -28,7 +28,8 @@ def write_corpus(folder: str | Path, answers: Sequence[np.ndarray], target_print
     """answers: token ids [R] each. Written via a temporary file, so a failed write never
     leaves half a corpus."""
     path = Path(folder) / CORPUS_FILE
-    tokens = np.concatenate([np.asarray(a, dtype=np.int64) for a in answers]) if answers else np.zeros(0, np.int64)
+    parts = [np.asarray(a, dtype=np.int64) for a in answers]
+    tokens = np.concatenate(parts) if parts else np.zeros(0, np.int64)
     if tokens.size and tokens.min() < 0:
         raise CorpusFormatError("token ids must be >= 0")
     dtype = np.uint16 if not tokens.size or tokens.max() <= np.iinfo(np.uint16).max else np.uint32
@@ -51,8 +52,9 @@ def read_corpus(folder: str | Path, target_print: str) -> list[np.ndarray] | Non
             tokens, lengths = z["tokens"].astype(np.int64), z["lengths"]
             written_for = str(z["target_fingerprint"])
     except (OSError, ValueError, KeyError) as e:
-        raise CorpusFormatError(f"{path}: not a corpus (needs tokens, lengths and "
-                                f"target_fingerprint; delete it to run without one): {e!r}") from None
+        raise CorpusFormatError(
+            f"{path}: not a corpus (needs tokens, lengths and target_fingerprint; delete it to "
+            f"run without one): {e!r}") from None
     if written_for != target_print:
         raise CorpusFormatError(f"{path} holds another target's token ids (fingerprint "
                                 f"{written_for}, this target {target_print}): write it again "

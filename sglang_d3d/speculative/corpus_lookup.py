@@ -43,7 +43,8 @@ class CorpusSetting:
     min_share: float = 0.5  # ... and went on as guessed at least this share of the time
 
     def __post_init__(self) -> None:
-        if not self.orders or min(self.orders) < 1 or list(self.orders) != sorted(self.orders, reverse=True):
+        longest_first = list(self.orders) == sorted(self.orders, reverse=True)
+        if not self.orders or min(self.orders) < 1 or not longest_first:
             raise ValueError(f"orders must be positive and longest first, not {self.orders}")
         if not 0.0 <= self.min_share <= 1.0:
             raise ValueError(f"min_share must be in [0, 1], not {self.min_share}")
@@ -69,7 +70,8 @@ class CorpusIndex:
     """The n-gram tables of a corpus of token sequences (never across two sequences), and
     counters for the metrics: how often a row looked here, and found a guess."""
 
-    def __init__(self, sequences: Sequence[Sequence[int]], setting: CorpusSetting = CorpusSetting()) -> None:
+    def __init__(self, sequences: Sequence[Sequence[int]],
+                 setting: CorpusSetting = CorpusSetting()) -> None:
         self.setting = setting
         flat = _joined(sequences)  # [L] int64, -1 between sequences
         self.tables = {n: _table(flat, n) for n in setting.orders}

@@ -83,18 +83,20 @@ class EngineHolder:
 
     def controller(self) -> Any:
         """The running engine's adaptive controller, or None (loading, or none)."""
-        engine = self._engine
-        return None if engine is None else getattr(engine, "controller", None)
+        return self._running("controller")
 
     def shared_text(self) -> Any:
         """The running engine's index of earlier requests' text, or None (loading, or none)."""
-        engine = self._engine
-        return None if engine is None else getattr(engine, "shared_text", None)
+        return self._running("shared_text")
 
     def corpus(self) -> Any:
         """The running engine's index of the drafter's corpus, or None (loading, or none)."""
+        return self._running("corpus")
+
+    def _running(self, name: str) -> Any:
+        """The running engine's `name`, or None while loading or where a backend has none."""
         engine = self._engine
-        return None if engine is None else getattr(engine, "corpus", None)
+        return None if engine is None else getattr(engine, name, None)
 
     def get(self) -> Any:
         """The running engine, or a 503 the client can retry."""

@@ -96,7 +96,7 @@ class CorpusIndex:
             if guess is None:
                 break
             out.append(guess)
-            ctx = ctx[1:] + [guess] if len(ctx) == s.orders[0] else ctx + [guess]
+            ctx = (ctx + [guess])[-s.orders[0]:]  # no context is longer than the longest order
         self.found += bool(out)
         return out
 

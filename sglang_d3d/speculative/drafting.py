@@ -249,10 +249,10 @@ class Drafting:
                elsewhere: Sequence[CopySource] = ()) -> list[list[int]] | None:
         """Every row's copy (`copy_of`, `elsewhere` where its own text has none) for a cycle
         without a drafter pass, verified as chains; None unless every row is greedy and found
-        one. Hosts that verify chains only
-        (the SGLang worker) keep sampled rows out: whether a cycle copies would depend on
-        every row of the batch, and a sampled row's draws must not (the engine verifies a
-        sampled row's copies as a tree of sure nodes, alone or batched)."""
+        one. Hosts that verify chains only (the SGLang worker) keep sampled rows out: whether
+        a cycle copies would depend on every row of the batch, and a sampled row's draws must
+        not (the engine verifies a sampled row's copies as a tree of sure nodes, alone or
+        batched)."""
         out = []
         for s in rows:
             copied = Drafting.copy_of(s, length, min_ngram, elsewhere) if s.params.greedy else []

@@ -15,7 +15,7 @@ from sglang_d3d.config import EngineConfig, Mode
 from sglang_d3d.engine.factory import load_models
 from sglang_d3d.models.target import TargetRunner
 
-WIDTHS = (1, 2, 4, 6, 8, 10, 12, 16)
+WIDTHS = (1, 2, 4, 6, 8, 10, 12, 16, 20, 24, 32)
 
 
 def main() -> None:

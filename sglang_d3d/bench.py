@@ -37,7 +37,8 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
                    "(sync-cut0.1@8) sets that mode's --draft-cutoff (cut0: whole blocks); '-tree<N>' "
                    "(sync-tree7@5) its --tree-nodes (tree0: chains); '-lookup<N>' (sync-lookup0) "
                    "its --lookup-tokens; '-copy<N>' (sync-copy0) its --copy-ngram; '-shared<N>' "
-                   "(async-shared0) its --shared-lookup-tokens")
+                   "(async-shared0) its --shared-lookup-tokens; '-corpus<N>' its --corpus-tokens; "
+                   "'-guesses<N>' (async-guesses0) its --copy-guesses")
     p.add_argument("--max-new-tokens", type=int, default=256)
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--out", default=None, help="save the results as JSON here")
@@ -75,7 +76,8 @@ def run_bench(args: argparse.Namespace) -> int:
 
 # '-<prefix><N>' mode suffixes that set an integer engine setting for that mode
 COUNT_SUFFIXES = {"tree": "tree_nodes", "lookup": "lookup_tokens", "copy": "copy_ngram",
-                  "shared": "shared_lookup_tokens", "corpus": "corpus_tokens"}
+                  "shared": "shared_lookup_tokens", "corpus": "corpus_tokens",
+                  "guesses": "copy_guesses"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,7 +100,8 @@ def parse_mode(name: str) -> ModeName:
     '-lookup<N>' the copied guesses per tree, '-copy<N>' the match that lets a cycle verify
     copies without drafting ('copy0': never), '-shared<N>' the finished requests' tokens
     greedy rows copy from ('shared0': none), '-corpus<N>' the tokens of the drafter's corpus
-    they copy from ('corpus0': none); an '@B' suffix ('fused@4', 'sync-adaptive@8')
+    they copy from ('corpus0': none), '-guesses<N>' the other texts' guesses a cycle of copies
+    verifies beside them ('guesses0': copies alone); an '@B' suffix ('fused@4', 'sync-adaptive@8')
     sets the block size, so modes run side by side each at its own best block or weights.
     Raises ValueError naming the accepted forms."""
     stem, _, block = name.partition("@")
@@ -115,7 +118,7 @@ def parse_mode(name: str) -> ModeName:
             or (block and not (block.isdigit() and int(block) >= 1))):
         raise ValueError(f"unknown mode {name!r}: use ar, sync, async or fused, optionally "
                          "with -adaptive, -int8 or -full, -cut<X>, -tree<N>, -lookup<N>, "
-                         "-copy<N>, -shared<N>, -corpus<N>, then @<block size>")
+                         "-copy<N>, -shared<N>, -corpus<N>, -guesses<N>, then @<block size>")
     if cuts and not 0.0 <= cuts[0] < 1.0:
         raise ValueError(f"mode {name!r}: the draft cutoff must be in [0, 1)")
     return ModeName(name, Mode(base), "adaptive" in rest, (weights or [None])[0],

@@ -82,6 +82,12 @@ def add_engine_args(
                    "answers it was distilled on, corpus.npz in the drafter folder; `d3d corpus` "
                    "writes one), indexing at most N of its tokens (0: off; default "
                    f"{EngineConfig.corpus_tokens}); outputs do not change")
+    g.add_argument("--copy-guesses", type=count, default=EngineConfig.copy_guesses,
+                   help="a cycle of copies also verifies, beside greedy requests' copies, earlier "
+                   "requests' continuations and the corpus's likeliest other guesses, each "
+                   "request's as one token tree, at most N guessed tokens a pass shared among "
+                   f"its requests (0: copies alone; default {EngineConfig.copy_guesses}); "
+                   "outputs do not change")
     g.add_argument("--threads", type=int, default=None, help="CPU threads in all (default: all cores)")
 
 
@@ -148,4 +154,5 @@ def engine_config(args: argparse.Namespace, mode: str | None = None) -> EngineCo
         else args.copy_ngram,
         shared_lookup_tokens=getattr(args, "shared_lookup_tokens", EngineConfig.shared_lookup_tokens),
         corpus_tokens=getattr(args, "corpus_tokens", EngineConfig.corpus_tokens),
+        copy_guesses=getattr(args, "copy_guesses", EngineConfig.copy_guesses),
     )

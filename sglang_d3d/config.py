@@ -161,13 +161,21 @@ class EngineConfig:
     # speculative/corpus_lookup.py): at most this many tokens of it are indexed; 0: off. A
     # drafter folder without corpus.npz has none. Exact either way.
     corpus_tokens: int = 1 << 21
+    # A cycle of copies verifies a greedy row's copy as one token tree with the other texts'
+    # guesses beside it: earlier requests' continuation and the corpus's likeliest
+    # (corpus_lookup.py `guesses`), at most this many guessed tokens a pass beyond the rows'
+    # copies, shared out among its rows (a row's share is copy_guesses // batch, within the
+    # verify token budget); 0: copies alone, as chains. Whether a cycle does, each batch size
+    # measures both ways and keeps the faster (engine/copy_arms.py): a token of verify width
+    # costs more on some machines than the guesses bring. Exact either way.
+    copy_guesses: int = 8
 
     def __post_init__(self) -> None:
         if not 0 <= self.draft_cutoff < 1:
             raise ValueError(f"draft_cutoff must be in [0, 1), not {self.draft_cutoff}")
         counts = {"tree_nodes": self.tree_nodes, "lookup_tokens": self.lookup_tokens,
                   "copy_ngram": self.copy_ngram, "shared_lookup_tokens": self.shared_lookup_tokens,
-                  "corpus_tokens": self.corpus_tokens}
+                  "corpus_tokens": self.corpus_tokens, "copy_guesses": self.copy_guesses}
         if min(counts.values()) < 0:
             raise ValueError("must be >= 0: " + ", ".join(f"{k} {v}" for k, v in counts.items() if v < 0))
         if self.max_batch_size < 1 or self.max_context < 8:

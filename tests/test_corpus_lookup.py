@@ -93,6 +93,27 @@ def test_the_table_hashes_as_the_lookup_does_for_any_vocabulary():
     assert idx.continuation(seq[:3], 3) == seq[3:]
 
 
+def test_a_context_keeps_its_likeliest_next_tokens_and_their_shares():
+    # after [1, 2, 3]: 4 three times, 5 twice, 6 and 7 once each; the top 3 are kept
+    idx = CorpusIndex([[1, 2, 3, 4]] * 3 + [[1, 2, 3, 5]] * 2 + [[1, 2, 3, 6], [1, 2, 3, 7]])
+    options = idx.tables[3].options(hash_tokens([1, 2, 3]))
+    assert [t for t, _ in options] == [4, 5, 6]
+    assert [round(s, 3) for _, s in options] == [round(3 / 7, 3), round(2 / 7, 3), round(1 / 7, 3)]
+    assert idx.tables[3].find(hash_tokens([1, 2, 3]))[0] == 4
+    assert idx.tables[3].options(hash_tokens([3, 2, 1])) == []
+
+
+def test_guesses_are_a_trees_likeliest_paths_best_first():
+    """After [1, 2]: 3 (2 of 3, then always 4) or 5 (1 of 3, then 6). Best first by the
+    product of shares: [3] and [3, 4] (2/3) before [5] and [5, 6] (1/3); parents first."""
+    idx = CorpusIndex([[1, 2, 3, 4], [1, 2, 3, 4], [1, 2, 5, 6]])
+    assert idx.guesses([1, 2], 2, 8) == [[3], [3, 4], [5], [5, 6]]
+    assert idx.guesses([1, 2], 1, 8) == [[3], [5]]  # at most `length` deep
+    assert idx.guesses([1, 2], 2, 3) == [[3], [3, 4], [5]]  # at most `nodes`
+    assert idx.guesses([8, 9], 2, 8) == [] and idx.guesses([1, 2], 0, 8) == []
+    assert (idx.lookups, idx.found) == (0, 0)  # beside a copy: not counted
+
+
 def test_a_drafters_corpus_index_keeps_within_its_cap():
     """What both hosts build (the engine, the SGLang worker): none without a corpus or a cap."""
     class Drafter:
@@ -219,6 +240,24 @@ def test_a_wrong_corpus_costs_guesses_not_outputs(tiny_models, monkeypatch):
     out, first = first_cycle(eng, WANDERS, SamplingParams(max_new_tokens=30))
     assert out.token_ids == ref
     assert first.copied and first.num_accepted < first.num_drafts
+
+
+@pytest.mark.parametrize("guesses", [0, 16])
+def test_the_corpus_guesses_beside_a_wrong_copy_are_verified_too(tiny_models, monkeypatch,
+                                                                 guesses):
+    """The corpus went on wrongly twice and as the target does once after this prompt: the
+    copy is the wrong run, and the target's answer is its sibling in the tree of guesses.
+    With guesses the first cycle of copies accepts 8 tokens of it; without, none."""
+    ref = reference_greedy(tiny_models[0], WANDERS, 30)
+    vocab = tiny_models[1].arch.vocab_size
+    wrong = [(t + 1) % vocab for t in ref[1:]]
+    _with_corpus(monkeypatch, tiny_models, [WANDERS + ref[:1] + wrong] * 2 + [WANDERS + ref])
+    eng = make_engine(tiny_models, Mode.SYNC, block=4, batch=1, shared_lookup_tokens=0,
+                      copy_guesses=guesses)
+    out, first = first_cycle(eng, WANDERS, SamplingParams(max_new_tokens=30))
+    assert out.token_ids == ref
+    assert first.copied and first.num_accepted == (8 if guesses else 0)
+    assert first.tree_nodes == (16 if guesses else 0)
 
 
 def test_off_or_absent_means_no_copy_from_the_corpus(tiny_models, monkeypatch):

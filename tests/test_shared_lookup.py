@@ -31,6 +31,14 @@ def test_a_copy_stops_at_the_end_of_its_text():
     assert idx.continuation([2, 3], 5) == []  # nothing followed within that text
 
 
+def test_its_guesses_beside_another_copy_are_the_continuation_uncounted():
+    idx = TextIndex(capacity=100, ngram=3)
+    idx.add([1, 2, 3, 4, 5, 6])
+    assert idx.guesses([0, 2, 3, 4], 2, 8) == [[5, 6]]
+    assert idx.guesses([7, 7, 7], 2, 8) == [] and idx.guesses([2, 3, 4], 2, 0) == []
+    assert (idx.lookups, idx.found) == (0, 0)  # the metrics count the copies it gave alone
+
+
 def test_no_copy_without_a_match_or_room():
     idx = TextIndex(capacity=100, ngram=3)
     idx.add([1, 2, 3, 4])
@@ -124,7 +132,9 @@ def test_copies_of_different_lengths_share_one_verify_pass(tiny_models):
     other = [20, 41, 22, 51, 24, 61, 25]  # wanders too
     ref = {tuple(p): reference_greedy(tiny_models[0], p, 20) for p in (WANDERS, other)}
     first, second = ref[tuple(WANDERS)], ref[tuple(other)]
-    eng = make_engine(tiny_models, Mode.SYNC, block=4, batch=2)
+    # verified as chains (as the SGLang worker does); trees of guesses pad with nodes never
+    # accepted (test_tree.py's padding test)
+    eng = make_engine(tiny_models, Mode.SYNC, block=4, batch=2, copy_guesses=0)
     eng.shared_text.add([*WANDERS[-3:], *first[:3]])  # 2 tokens follow the match
     eng.shared_text.add([*other[-3:], *second])  # 19 follow
     stats = {}

@@ -26,6 +26,7 @@ from sglang_d3d.speculative.tree import (
     pad,
     path_tokens,
     sure_chain,
+    sure_trie,
 )
 from sglang_d3d.speculative.tree_sampling import sampled_tree_accept
 from sglang_d3d.testing import tiny_hf_model
@@ -206,7 +207,9 @@ def test_tree_verification_keeps_greedy_output_identical(request, layout, block,
     `lookup`, trees also carry guesses copied from the text (random tiny models repeat
     themselves, so copies are found), deeper than the block."""
     models = layout_models(request, layout)
-    eng = make_engine(models, mode, block=block, tree_nodes=nodes, lookup_tokens=lookup)
+    # (cycles of copies verify chains here: their trees of guesses are test_copy_cycles')
+    eng = make_engine(models, mode, block=block, tree_nodes=nodes, lookup_tokens=lookup,
+                      copy_guesses=0)
     passes = _spy_trees(eng)
     stats = []
     eng.cycle_listeners.append(lambda rid, c: stats.append(c))
@@ -270,6 +273,17 @@ def test_a_row_with_sure_drafts_joins_the_trees_as_a_sure_chain():
     assert [t.size for t in trees] == [5, 5]
     assert trees[0] == build_tree(q, 5)
     assert trees[1] == pad(sure_chain([9, 9, 9]), 5) and trees[1].padded == 2
+
+
+def test_a_trie_of_copies_merges_common_prefixes_and_keeps_within_its_size():
+    trie = sure_trie([[1, 2, 3], [1, 2, 4], [5], [1, 2, 3]], max_nodes=8)
+    assert trie.tokens == (1, 2, 3, 4, 5)
+    assert trie.parents == (0, 1, 2, 2, 0) and trie.depths == (1, 2, 3, 3, 1)
+    assert all(trie.is_sure(i) for i in range(1, 6))
+    assert greedy_tree_accept(trie, [1, 2, 4, 0, 7, 0]) == ([1, 2, 4], 7)  # the second path
+    cut = sure_trie([[1, 2, 3], [1, 6, 7]], max_nodes=4)
+    assert cut.tokens == (1, 2, 3, 6) and cut.parents == (0, 1, 2, 1)  # the last path cut short
+    assert sure_trie([[4, 5]], 8) == sure_chain([4, 5])
 
 
 def test_tree_nodes_is_checked():

@@ -18,6 +18,7 @@ import torch
 from sglang_d3d.api import GenerationRequest, RequestTooLongError, TokenEvent
 from sglang_d3d.config import EngineConfig, Mode
 from sglang_d3d.engine.adaptive import BlockController
+from sglang_d3d.engine.copy_arms import CopyArms
 from sglang_d3d.engine.proposals import Proposals
 from sglang_d3d.engine.scheduler import Scheduler, plan_chunks
 from sglang_d3d.engine.sequence import Sequence
@@ -45,7 +46,15 @@ from sglang_d3d.speculative.sampling import make_generator, sample, target_probs
 from sglang_d3d.speculative.shared_lookup import TextIndex
 from sglang_d3d.speculative.threads import intra_op_threads
 from sglang_d3d.speculative.timeline import Timeline
-from sglang_d3d.speculative.tree import DraftTree, greedy_tree_accept, path_tokens, tree_inputs
+from sglang_d3d.speculative.tree import (
+    DraftTree,
+    greedy_tree_accept,
+    pad,
+    path_tokens,
+    sure_chain,
+    sure_trie,
+    tree_inputs,
+)
 from sglang_d3d.speculative.tree_sampling import sampled_tree_accept
 from sglang_d3d.speculative.verify import verify_draft
 
@@ -67,7 +76,8 @@ class SpecEngine:
         fused = cfg.mode is Mode.FUSED
         scratch = FusedDrafting.scratch(cfg.spec, drafter.cfg.smallest_block) if fused else 0
         # a tree may be wider than a block
-        verify_width = max(block, cfg.tree_nodes + cfg.lookup_tokens + 1)
+        verify_width = max(block, cfg.tree_nodes + cfg.lookup_tokens + 1,
+                           cfg.lookup_tokens + cfg.copy_guesses + 1)
         self.target = TargetRunner(target, slots, cfg.max_context + verify_width + 1 + scratch)
         self.drafting: Drafting | FusedDrafting | None = None
         if fused:
@@ -96,6 +106,8 @@ class SpecEngine:
         # The target's answers in the drafter's corpus, for greedy rows' copies after those
         # (corpus_lookup.py); None: off, or a drafter without one.
         self.corpus = self._corpus(drafter)
+        # Whether cycles of copies verify other texts' guesses beside them; None: never.
+        self.copy_arms = CopyArms() if self.proposals.copy_ngram and cfg.copy_guesses else None
         self.controller = None
         if cfg.adaptive:
             # Fused drafts are two-ahead predictions: the drafter's held-out rates are not theirs.
@@ -270,9 +282,7 @@ class SpecEngine:
         copies = self._copies(rows, plan)
         copy_cycle = bool(copies) and all(copies)
         if copy_cycle:  # no drafter pass: the controller's plan waits for the next cycle
-            verify = partial(self._verify, threads=alone)
-            outcomes = run_copy_cycle(rows, self.drafting, verify, copies, self._steps,
-                                      trees=any(not s.params.greedy for s in rows))
+            outcomes = self._copy_cycle(rows, copies)
         elif isinstance(self.drafting, FusedDrafting):
             with intra_op_threads(alone):
                 outcomes = self.drafting.cycle(rows, self._accept, plan, self._steps)
@@ -288,6 +298,18 @@ class SpecEngine:
         else:
             self._observe(rows, plan, outcomes)
         return [self._settle(s, o) for s, o in zip(rows, outcomes, strict=True)]
+
+    def _copy_cycle(self, rows: list[Sequence], copies: list[list[int]]) -> list[Outcome]:
+        """A cycle of copies, with the other texts' guesses beside them or not, as measured
+        faster at this batch size (copy_arms.py)."""
+        guesses = self.copy_arms is not None and self.copy_arms.choose(len(rows))
+        verify = partial(self._verify, threads=self._alone_threads)
+        outcomes = run_copy_cycle(rows, self.drafting, verify, copies, self._steps,
+                                  self._copy_trees(rows, copies, guesses))
+        if self.copy_arms is not None:
+            self.copy_arms.observe(len(rows), guesses, sum(len(o.tokens) for o in outcomes),
+                                   outcomes[0].times.end)
+        return outcomes
 
     def _observe(self, rows: list[Sequence], plan: Plan, outcomes: list[Outcome]) -> None:
         """The controller and the plan listeners learn from a cycle of `plan`: its time, and
@@ -317,7 +339,7 @@ class SpecEngine:
         length = self._lookup(len(rows), beside=0)
         sampled_too = plan.verifies_trees(p.tree_nodes)
         out, whole = [], True  # whole: every row so far has a copy
-        elsewhere = [x for x in (self.shared_text, self.corpus) if x is not None]
+        elsewhere = self._elsewhere()
         for s in rows:
             # a greedy row's copy serves only a cycle of copies: once a row has none, skip
             # the lookup (O(context), every row, every cycle)
@@ -326,6 +348,30 @@ class SpecEngine:
                                         elsewhere) if wanted else [])
             whole = whole and bool(out[-1])
         return out
+
+    def _copy_trees(self, rows: list[Sequence], copies: list[list[int]],
+                    guesses: bool) -> list[DraftTree] | None:
+        """A cycle of copies' trees, of one size: a greedy row's copy with up to
+        `copy_guesses` / batch of the other texts' guesses beside it (so a pass carries at most
+        `copy_guesses` more tokens, whatever its batch), a sampled row's copy alone (a chain
+        of sure nodes, as in a cycle of trees); None (chains) where every row is greedy and
+        no row has room for a guess."""
+        extra = self.cfg.copy_guesses // len(rows) if guesses else 0  # the pass's, shared out
+        sampled = any(not s.params.greedy for s in rows)
+        if not extra and not sampled:
+            return None
+        length, elsewhere = self._lookup(len(rows), beside=0), self._elsewhere()
+        room = self.cfg.verify_token_budget // len(rows) - 1
+        trees = [sure_chain(c) if not s.params.greedy else
+                 sure_trie(Drafting.copy_guesses(self.drafting.states[s.slot], c, length,
+                                                 elsewhere, extra),
+                           max(len(c), min(room, len(c) + extra)))
+                 for s, c in zip(rows, copies, strict=True)]
+        return [pad(t, max(t.size for t in trees)) for t in trees]
+
+    def _elsewhere(self) -> list:
+        """Texts other than a row's own that greedy rows copy from, in the order asked."""
+        return [x for x in (self.shared_text, self.corpus) if x is not None]
 
     def _corpus(self, drafter: D3DDrafter | None) -> CorpusIndex | None:
         """The index of the drafter's corpus within `corpus_tokens`, where rows copy at all."""

@@ -12,13 +12,18 @@ drafts as before (`CorpusSetting`). Greedy rows only: sampled rows copying from 
 level with no corpus at temperature 0.7 (its guesses are the target's likeliest tokens, which
 a draw keeps less often), so they keep to their own text.
 
-Each order n keeps, for every n tokens that occurred, the token that most often followed them
-and its share of what followed, as sorted 64-bit hashes (a collision costs a guess, never an
-output). Measured in benchmarks/results/README.md ("sitting 18").
+Each order n keeps, for every n tokens that occurred, the `TOP` tokens that most often followed
+them and their shares of what followed, as sorted 64-bit hashes (a collision costs a guess, never
+an output). Beside a row's first copy, a cycle of copies also verifies the corpus's other likely
+continuations as one token tree (`guesses`, best first by the product of shares along a path):
+where the target's answers went several ways, the tree holds the likeliest of them. Measured in
+benchmarks/results/README.md ("sitting 18", "sitting 19").
 """
 
 from __future__ import annotations
 
+import heapq
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -29,6 +34,7 @@ from sglang_d3d.models.corpus import first_tokens
 
 MASK = (1 << 64) - 1
 MUL = 0x9E3779B97F4A7C15  # odd: the rolling hash of n tokens is h = h * MUL + (token + 1)
+TOP = 3  # next tokens kept per context: a tree's siblings (a 4th was rarely right, offline)
 
 
 @dataclass(frozen=True)
@@ -52,18 +58,27 @@ class CorpusSetting:
 
 @dataclass(frozen=True)
 class OrderTable:
-    """Every n-token context that occurred: keys [U] uint64 sorted, the token that most often
-    followed it [U] (ties: the smallest id), and that token's share of what followed [U]."""
+    """Every n-token context that occurred: keys [U] uint64 sorted; what followed it, likeliest
+    first (ties: the smallest id), at most `TOP` tokens: tokens[starts[i]:starts[i + 1]] [<=TOP]
+    int32 and their shares of what followed [<=TOP] float32."""
 
     keys: np.ndarray
-    best: np.ndarray
-    share: np.ndarray
+    starts: np.ndarray  # [U + 1] int32
+    tokens: np.ndarray
+    shares: np.ndarray
 
     def find(self, key: int) -> tuple[int, float] | None:
+        """The likeliest next token after the context hashed to `key`, and its share."""
+        options = self.options(key)
+        return options[0] if options else None
+
+    def options(self, key: int) -> list[tuple[int, float]]:
+        """(token, share) of what followed the context hashed to `key`, likeliest first."""
         i = int(np.searchsorted(self.keys, np.uint64(key)))
-        if i < len(self.keys) and int(self.keys[i]) == key:
-            return int(self.best[i]), float(self.share[i])
-        return None
+        if i == len(self.keys) or int(self.keys[i]) != key:
+            return []
+        a, b = int(self.starts[i]), int(self.starts[i + 1])
+        return list(zip(self.tokens[a:b].tolist(), self.shares[a:b].tolist()))
 
 
 class CorpusIndex:
@@ -99,6 +114,34 @@ class CorpusIndex:
             ctx = (ctx + [guess])[-s.orders[0]:]  # no context is longer than the longest order
         self.found += bool(out)
         return out
+
+    def guesses(self, tokens: Sequence[int], length: int, nodes: int) -> list[list[int]]:
+        """Up to `nodes` guesses after `tokens` as the paths to a tree's nodes (each node's
+        path, parents first), likeliest first by the product of shares along a path, at most
+        `length` deep; each node's children are what followed the longest context of its path
+        that occurred. For a cycle of copies that verifies a trusted copy anyway: no
+        `CorpusSetting` threshold applies, and the counters do not count these."""
+        if length <= 0 or nodes <= 0:
+            return []
+        ctx = [int(t) for t in tokens[-self.setting.orders[0]:]]
+        tie = itertools.count()  # equal scores: the earlier pushed (the likelier sibling) first
+        heap: list[tuple[float, int, tuple[int, ...]]] = [(-1.0, next(tie), ())]
+        out: list[list[int]] = []
+        while heap and len(out) < nodes:
+            score, _, path = heapq.heappop(heap)
+            if path:
+                out.append(list(path))
+            if len(path) < length:
+                for token, share in self._options(ctx + list(path)):
+                    heapq.heappush(heap, (score * share, next(tie), (*path, token)))
+        return out
+
+    def _options(self, ctx: list[int]) -> list[tuple[int, float]]:
+        """What followed the longest context of `ctx`'s tail that occurred."""
+        for n in self.setting.orders:
+            if n <= len(ctx) and (found := self.tables[n].options(hash_tokens(ctx[-n:]))):
+                return found
+        return []
 
     def _next(self, ctx: list[int], min_order: int, min_share: float) -> int | None:
         """The guess of the longest context of `ctx`'s tail that occurred, if that context is
@@ -157,11 +200,19 @@ def _table(flat: np.ndarray, n: int) -> OrderTable:
     starts = np.flatnonzero(np.r_[True, (h[1:] != h[:-1]) | (nxt[1:] != nxt[:-1])])
     ph, pn = h[starts], nxt[starts]  # one row per (context, next token) pair
     count = np.diff(np.r_[starts, len(h)])
-    groups = np.flatnonzero(np.r_[True, ph[1:] != ph[:-1]])  # first pair of each context
+    ranked = np.lexsort((pn, -count, ph))  # by context, then likeliest first, then smaller id
+    ph, pn, count = ph[ranked], pn[ranked], count[ranked]
+    groups = np.flatnonzero(np.r_[True, ph[1:] != ph[:-1]])  # each context's first pair
+    sizes = np.diff(np.r_[groups, len(ph)])
     total = np.add.reduceat(count, groups)
-    top = np.lexsort((pn, -count, ph))[groups]  # each context's likeliest next token
-    return OrderTable(ph[groups], pn[top], (count[top] / total).astype(np.float32))
+    rank = np.arange(len(ph)) - np.repeat(groups, sizes)  # within its context
+    keep = rank < TOP
+    share = count / np.repeat(total, sizes)
+    kept = np.minimum(sizes, TOP)
+    return OrderTable(ph[groups], np.r_[0, np.cumsum(kept)].astype(np.int32),
+                      pn[keep].astype(np.int32), share[keep].astype(np.float32))
 
 
 def _empty() -> OrderTable:
-    return OrderTable(np.zeros(0, np.uint64), np.zeros(0, np.int64), np.zeros(0, np.float32))
+    return OrderTable(np.zeros(0, np.uint64), np.zeros(1, np.int32), np.zeros(0, np.int32),
+                      np.zeros(0, np.float32))

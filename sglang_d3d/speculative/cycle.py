@@ -27,7 +27,7 @@ from sglang_d3d.speculative.executor import Executor
 from sglang_d3d.speculative.listeners import Listeners
 from sglang_d3d.speculative.stats import CycleStats, RequestStats
 from sglang_d3d.speculative.timeline import CycleTimes
-from sglang_d3d.speculative.tree import DraftTree, chain_accepted, pad, sure_chain
+from sglang_d3d.speculative.tree import DraftTree, chain_accepted
 
 COPY_LABEL = "copy"  # how a cycle of copies is named and labelled
 
@@ -190,30 +190,32 @@ def run_copy_cycle(
     copies: list[list[int]],  # [N][<=L] each row's run copied from its text (lookup.py, or
     # an earlier request's, shared_lookup.py, which may end sooner)
     step: int = 0,
-    trees: bool = False,  # verify them as chains of sure nodes among trees (tree.sure_chain)
+    trees: list[DraftTree] | None = None,  # [N] of one size: verify these instead (below)
 ) -> list[Outcome]:
     """A cycle without a drafter pass: every row's block is a run copied from its own text,
     proposed surely (a point mass, as a placeholder draft is), so verification stays exact.
-    `trees`: verified as a sampled row verifies its copy in a cycle of trees, so that its
-    draws are the same either way. The drafter reads the accepted tokens the next time it
+    `trees`: sure nodes verified as token trees, each holding its row's copy first: a
+    sampled row's copy alone (tree.sure_chain), as it verifies its copy in a cycle of trees,
+    so that its draws are the same either way; a greedy row's with other texts' guesses
+    beside it (tree.sure_trie). The drafter reads the accepted tokens the next time it
     drafts."""
     t0 = time.perf_counter()
-    width = max(map(len, copies))
+    width = max(t.size for t in trees) if trees else max(map(len, copies))
     times = CycleTimes(step=step, batch=len(rows), block=width + 1)
-    shapes = [pad(sure_chain(c), width) for c in copies] if trees else None
     copies = copies if trees else [padded(c, width) for c in copies]
-    sent = [list(t.tokens) for t in shapes] if shapes else copies
+    sent = [list(t.tokens) for t in trees] if trees else copies
     tokens = torch.tensor([[r.last_token, *c] for r, c in zip(rows, sent)], dtype=torch.int64)
     times.draft_end = times.verify_start = time.perf_counter() - t0
     none = [None] * len(rows)
-    verdicts = verify_fn(rows, tokens, none, shapes) if shapes else verify_fn(rows, tokens, none)
+    verdicts = verify_fn(rows, tokens, none, trees) if trees else verify_fn(rows, tokens, none)
     times.verify_end = time.perf_counter() - t0
     for r, c, v in zip(rows, copies, verdicts, strict=True):
         if v.error is None:
-            drafting.skip(drafting.states[r.slot], [*c[: v.accepted], v.token])
+            done = list(v.path) if v.path is not None else c[: v.accepted]
+            drafting.skip(drafting.states[r.slot], [*done, v.token])
     times.end = time.perf_counter() - t0
     return [_outcome(c, v, None, 0, t, times, copied=True)
-            for c, v, t in zip(copies, verdicts, shapes or [None] * len(rows), strict=True)]
+            for c, v, t in zip(copies, verdicts, trees or [None] * len(rows), strict=True)]
 
 
 def padded(run: list[int], width: int) -> list[int]:

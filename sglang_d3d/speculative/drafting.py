@@ -245,6 +245,18 @@ class Drafting:
         return []
 
     @staticmethod
+    def copy_guesses(s: DraftState, copy: list[int], length: int,
+                     elsewhere: Sequence[CopySource], nodes: int) -> list[list[int]]:
+        """A greedy row's copy (`copy_of`) first, then every other text's guesses of what
+        follows it (at most `length` deep, about `nodes` from each source), for a cycle of
+        copies that verifies them as one tree (tree.sure_trie): where the texts disagree, the
+        target keeps whichever it would have said. Its own text gives one copy, the latest."""
+        paths = [copy]
+        for source in elsewhere if nodes > 0 else ():
+            paths += source.guesses(s.tokens, length, nodes)
+        return paths
+
+    @staticmethod
     def copies(rows: list[DraftState], length: int, min_ngram: int,
                elsewhere: Sequence[CopySource] = ()) -> list[list[int]] | None:
         """Every row's copy (`copy_of`, `elsewhere` where its own text has none) for a cycle

@@ -27,6 +27,11 @@ class CopySource(Protocol):
         """Up to `length` guesses of what follows `tokens`; [] if it has none."""
         ...
 
+    def guesses(self, tokens: Sequence[int], length: int, nodes: int) -> list[list[int]]:
+        """Paths (at most `length` deep) to at most about `nodes` guessed tokens after `tokens`,
+        likeliest first, for a tree of copies beside another copy; [] if it has none."""
+        ...
+
 
 def lookup_continuation(tokens: Sequence[int], length: int, max_ngram: int = 4,
                         min_ngram: int = 2) -> list[int]:

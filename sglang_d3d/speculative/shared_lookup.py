@@ -61,13 +61,25 @@ class TextIndex:
         if length <= 0 or len(tokens) < self.ngram:
             return []
         self.lookups += 1
+        out = self._after(tokens, length)
+        self.found += bool(out)
+        return out
+
+    def guesses(self, tokens: Sequence[int], length: int, nodes: int) -> list[list[int]]:
+        """The continuation as the one path of a tree's guesses (lookup.CopySource), beside
+        another text's copy; not counted as a lookup."""
+        if length <= 0 or nodes <= 0 or len(tokens) < self.ngram:
+            return []
+        out = self._after(tokens, length)
+        return [out] if out else []
+
+    def _after(self, tokens: Sequence[int], length: int) -> list[int]:
         at = self.after.get(tuple(tokens[-self.ngram :]))
         out = []
         for t in self.text[at - self.base : at - self.base + length] if at is not None else ():
             if t == END:
                 break
             out.append(t)
-        self.found += bool(out)
         return out
 
     def _index(self, start: int) -> None:

@@ -120,6 +120,29 @@ def sure_chain(tokens: list[int]) -> DraftTree:
     return DraftTree(tuple(tokens), tuple(range(n)), tuple(range(1, n + 1)), (True,) * n)
 
 
+def sure_trie(paths: list[list[int]], max_nodes: int) -> DraftTree:
+    """Runs copied from several texts as one tree of sure nodes: the paths' common prefixes
+    merged, paths taken in order (the likeliest first) until `max_nodes` nodes, the last one
+    cut short where it does not fit. Greedy verification follows whichever path the target
+    agrees with; the tree is prefix-closed, parents before children."""
+    tokens: list[int] = []
+    parents: list[int] = []
+    depths: list[int] = []
+    index: dict[tuple[int, int], int] = {}  # (parent node, token) -> node
+    for path in paths:
+        node = 0
+        for token in path:
+            if (node, token) not in index:
+                if len(tokens) >= max_nodes:
+                    break
+                tokens.append(token)
+                parents.append(node)
+                depths.append(depths[node - 1] + 1 if node else 1)
+                index[(node, token)] = len(tokens)
+            node = index[(node, token)]
+    return DraftTree(tuple(tokens), tuple(parents), tuple(depths), (True,) * len(tokens))
+
+
 def pad(tree: DraftTree, size: int) -> DraftTree:
     """The tree with its last node repeated up to `size` nodes, so that rows of unequal trees
     share one verify pass. A repeat is its original's later sibling with the same token: greedy

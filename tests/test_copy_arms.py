@@ -1,0 +1,86 @@
+"""Whether cycles of copies verify other texts' guesses beside them, by measurement
+(engine/copy_arms.py), alone and in the engine."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import reference_greedy
+from engine_helpers import make_engine
+
+from sglang_d3d.config import Mode, SamplingParams
+from sglang_d3d.engine.copy_arms import ArmsConfig, CopyArms, Rate
+from sglang_d3d.engine.offline import generate
+
+FAST, SLOW = (30, 1.0), (30, 2.0)  # (tokens, seconds) of one cycle
+
+
+def _serve(arms: CopyArms, batch: int, cycles: int, on=FAST, off=SLOW) -> list[bool]:
+    chosen = []
+    for _ in range(cycles):
+        guesses = arms.choose(batch)
+        arms.observe(batch, guesses, *(on if guesses else off))
+        chosen.append(guesses)
+    return chosen
+
+
+def test_both_ways_alternate_until_each_has_its_warmup():
+    chosen = _serve(CopyArms(ArmsConfig(warmup=3)), batch=1, cycles=6)
+    assert chosen == [True, False] * 3
+
+
+@pytest.mark.parametrize("faster", [True, False])
+def test_then_the_faster_way_serves_and_the_other_is_tried_now_and_then(faster):
+    arms = CopyArms(ArmsConfig(warmup=2, explore_every=4))
+    on, off = (FAST, SLOW) if faster else (SLOW, FAST)
+    after = _serve(arms, 1, 4 + 16, on, off)[4:]
+    assert after.count(faster) == 12 and after.count(not faster) == 4  # every 4th the other
+
+
+def test_a_way_that_slows_down_loses_its_place():
+    arms = CopyArms(ArmsConfig(warmup=2, explore_every=4, decay=0.5))
+    _serve(arms, 1, 20)  # guesses faster
+    chosen = _serve(arms, 1, 40, on=(30, 4.0))  # then slower than the copies alone
+    assert chosen[-8:].count(False) == 6
+
+
+def test_each_batch_size_keeps_its_own_measure():
+    arms = CopyArms(ArmsConfig(warmup=2, explore_every=4))
+    _serve(arms, 1, 20)  # at batch 1 the guesses are faster
+    _serve(arms, 4, 20, on=SLOW, off=FAST)  # at batch 4 the copies alone
+    assert arms.rate(1, True).per_second > arms.rate(1, False).per_second
+    assert arms.rate(4, True).per_second < arms.rate(4, False).per_second
+    assert _serve(arms, 1, 3)[1:] == [True, True] and _serve(arms, 4, 3)[1:] == [False, False]
+
+
+def test_a_rate_weighs_recent_cycles_more():
+    r = Rate()
+    assert r.per_second == 0.0
+    r.add(10, 1.0, decay=0.5)
+    r.add(10, 3.0, decay=0.5)
+    assert r.per_second == pytest.approx(15 / 3.5) and r.cycles == 2
+
+
+@pytest.mark.parametrize("bad", [{"warmup": 0}, {"explore_every": 1}, {"decay": 0.0}])
+def test_bad_settings_are_refused(bad):
+    with pytest.raises(ValueError):
+        ArmsConfig(**bad)
+
+
+def test_the_engine_tries_both_ways_and_keeps_the_targets_output(tiny_models):
+    """Greedy requests that repeat themselves (random tiny models loop) make many cycles of
+    copies: both ways run, trees with guesses and chains alone, and outputs stay the target's."""
+    prompts = [[5, 6, 7, 5, 6, 7, 5], [12, 40, 13, 50, 14, 60, 15]]
+    eng = make_engine(tiny_models, Mode.SYNC, block=4, batch=1)
+    stats = []
+    eng.cycle_listeners.append(lambda rid, c: stats.append(c))
+    out = generate(eng, prompts, SamplingParams(max_new_tokens=60))
+    for p, o in zip(prompts, out):
+        assert o.token_ids == reference_greedy(tiny_models[0], p, 60)
+    assert eng.copy_arms.rate(1, True).cycles and eng.copy_arms.rate(1, False).cycles
+    copied = [c for c in stats if c.copied]
+    assert any(c.tree_nodes for c in copied) and any(not c.tree_nodes for c in copied)
+
+
+def test_no_arms_without_guesses_or_copies(tiny_models):
+    assert make_engine(tiny_models, Mode.SYNC, copy_guesses=0).copy_arms is None
+    assert make_engine(tiny_models, Mode.SYNC, copy_ngram=0).copy_arms is None

@@ -24,32 +24,57 @@ def _serve(arms: CopyArms, batch: int, cycles: int, on=FAST, off=SLOW) -> list[b
 
 
 def test_both_ways_alternate_until_each_has_its_warmup():
-    chosen = _serve(CopyArms(ArmsConfig(warmup=3)), batch=1, cycles=6)
+    chosen = _serve(CopyArms(cfg=ArmsConfig(warmup=3)), batch=1, cycles=6)
     assert chosen == [True, False] * 3
 
 
 @pytest.mark.parametrize("faster", [True, False])
 def test_then_the_faster_way_serves_and_the_other_is_tried_now_and_then(faster):
-    arms = CopyArms(ArmsConfig(warmup=2, explore_every=4))
+    arms = CopyArms(cfg=ArmsConfig(warmup=2, explore_every=4))
     on, off = (FAST, SLOW) if faster else (SLOW, FAST)
     after = _serve(arms, 1, 4 + 16, on, off)[4:]
     assert after.count(faster) == 12 and after.count(not faster) == 4  # every 4th the other
 
 
 def test_a_way_that_slows_down_loses_its_place():
-    arms = CopyArms(ArmsConfig(warmup=2, explore_every=4, decay=0.5))
+    arms = CopyArms(cfg=ArmsConfig(warmup=2, explore_every=4, decay=0.5))
     _serve(arms, 1, 20)  # guesses faster
     chosen = _serve(arms, 1, 40, on=(30, 4.0))  # then slower than the copies alone
     assert chosen[-8:].count(False) == 6
 
 
 def test_each_batch_size_keeps_its_own_measure():
-    arms = CopyArms(ArmsConfig(warmup=2, explore_every=4))
+    arms = CopyArms(cfg=ArmsConfig(warmup=2, explore_every=4))
     _serve(arms, 1, 20)  # at batch 1 the guesses are faster
     _serve(arms, 4, 20, on=SLOW, off=FAST)  # at batch 4 the copies alone
     assert arms.rate(1, True).per_second > arms.rate(1, False).per_second
     assert arms.rate(4, True).per_second < arms.rate(4, False).per_second
     assert _serve(arms, 1, 3)[1:] == [True, True] and _serve(arms, 4, 3)[1:] == [False, False]
+
+
+def _serve_against(arms: CopyArms, plan_rate: float, cycles: int, on=FAST, off=SLOW) -> list:
+    chosen = []
+    for _ in range(cycles):
+        way = arms.choose(1, plan_rate)
+        if way is not None:
+            arms.observe(1, way, *(on if way else off))
+        chosen.append(way)
+    return chosen
+
+
+def test_the_plan_runs_where_the_controller_expects_more_of_it_than_copies_gave():
+    """Copies at 30 tokens a second at best, the plan expected at 40: after the warm-up the
+    plan runs, and every 4th such cycle tries a way of copying, the faster first."""
+    arms = CopyArms(cfg=ArmsConfig(warmup=2, explore_every=4))
+    after = _serve_against(arms, 40.0, 4 + 16)[4:]
+    assert after.count(None) == 12 and after.count(True) == 2 and after.count(False) == 2
+    assert _serve_against(CopyArms(cfg=ArmsConfig(warmup=2)), 20.0, 12)[4:].count(None) == 0
+
+
+def test_without_guesses_there_is_one_way_of_copying():
+    arms = CopyArms(guesses=False, cfg=ArmsConfig(warmup=2, explore_every=4))
+    assert set(_serve(arms, 1, 12)) == {False}
+    assert _serve_against(arms, 100.0, 8).count(None) == 6  # ... or the plan
 
 
 def test_a_rate_weighs_recent_cycles_more():
@@ -81,6 +106,24 @@ def test_the_engine_tries_both_ways_and_keeps_the_targets_output(tiny_models):
     assert any(c.tree_nodes for c in copied) and any(not c.tree_nodes for c in copied)
 
 
-def test_no_arms_without_guesses_or_copies(tiny_models):
-    assert make_engine(tiny_models, Mode.SYNC, copy_guesses=0).copy_arms is None
+def test_no_guesses_or_no_copies(tiny_models):
+    assert make_engine(tiny_models, Mode.SYNC, copy_guesses=0).copy_arms.ways == (False,)
     assert make_engine(tiny_models, Mode.SYNC, copy_ngram=0).copy_arms is None
+    assert make_engine(tiny_models, Mode.AR).copy_arms is None
+
+
+def test_the_engine_runs_its_plan_where_copies_measured_slower(tiny_models):
+    """Once copies have measured slower than the controller expects its plan to be, cycles
+    whose rows all found copies mostly run the plan; outputs stay the target's."""
+    prompt = [5, 6, 7, 5, 6, 7, 5]
+    eng = make_engine(tiny_models, Mode.SYNC, block=4, batch=1, adaptive=True)
+    eng.copy_arms = CopyArms(cfg=ArmsConfig(warmup=2, explore_every=4))
+    eng.controller.score = lambda batch, plan: 1e9  # the plan expected faster than anything
+    stats, ways, real = [], [], eng.copy_arms.choose
+    eng.cycle_listeners.append(lambda rid, c: stats.append(c))
+    eng.copy_arms.choose = lambda *a: (ways.append(real(*a)), ways[-1])[1]
+    out = generate(eng, [prompt], SamplingParams(max_new_tokens=60))
+    assert out[0].token_ids == reference_greedy(tiny_models[0], prompt, 60)
+    assert ways[:4] == [True, False, True, False]  # both ways of copying measured first ...
+    assert len(ways) > 8 and ways[4:].count(None) >= 3 * len(ways[4:]) // 4  # ... then the plan
+    assert sum(c.copied for c in stats) == len(ways) - ways.count(None)

@@ -1,13 +1,17 @@
-"""Whether a cycle of copies verifies other texts' guesses beside its copies (`copy_guesses`),
-chosen by what each way measures on this machine, per batch size.
+"""Whether a cycle whose rows all found copies verifies them, with other texts' guesses beside
+them (`copy_guesses`) or alone, or runs the controller's plan instead: chosen by what each
+way measures on this machine, per batch size.
 
 The guesses add tokens a cycle and cost verify width, and what a token of width costs depends
 on the hardware: offline on one CPU of this project's (a 16-token verify 18% dearer than a
 1-token one) they paid 9% on GSM8K; on a faster one (56% dearer) they ran level, a few per
-cent either way in three runs (benchmarks/results/README.md, sitting 19). So both ways run,
-alternating, until each has `warmup` cycles of a batch size; then the faster (tokens emitted a
-second, over recent cycles) serves, and every `explore_every`-th cycle tries the other, so a
-change of load or text is seen. Outputs are the same either way (the target verifies both).
+cent either way in three runs (benchmarks/results/README.md, sitting 19). And a cycle of
+copies at batch 4 costs about two plain steps there, so its rows must keep more than a token
+each beyond plain decoding's to pay. So the ways of copying run, alternating, until each has
+`warmup` cycles of a batch size; then the fastest (tokens emitted a second, over recent
+cycles) serves, or the plan where the controller expects more of it, and every
+`explore_every`-th such cycle tries another way, so a change of load or text is seen.
+Outputs are the same whichever way runs (the target verifies them all).
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class ArmsConfig:
-    warmup: int = 16  # cycles each way gets, alternating, before either is preferred
+    warmup: int = 8  # cycles each way gets, alternating, before another is preferred
     explore_every: int = 8  # then every this many cycles of copies, one tries the other way
     decay: float = 0.98  # the weight of a way's past cycles at each new cycle of it
 
@@ -45,20 +49,27 @@ class Rate:
 
 
 class CopyArms:
-    def __init__(self, cfg: ArmsConfig = ArmsConfig()) -> None:
+    def __init__(self, guesses: bool = True, cfg: ArmsConfig = ArmsConfig()) -> None:
         self.cfg = cfg
+        self.ways = (True, False) if guesses else (False,)  # guesses beside the copies or not
         self.rates: dict[tuple[int, bool], Rate] = {}  # (batch, guesses on) -> its cycles
-        self.turns: dict[int, int] = {}  # batch -> cycles of copies chosen so far
+        self.turns: dict[int, int] = {}  # batch -> cycles whose rows all had copies
 
-    def choose(self, batch: int) -> bool:
-        """Whether this batch's next cycle of copies verifies guesses beside its copies."""
-        on, off = self.rate(batch, True), self.rate(batch, False)
+    def choose(self, batch: int, plan_rate: float | None = None) -> bool | None:
+        """For a cycle at `batch` whose rows all found copies: verify them with guesses beside
+        (True) or alone (False), or None: run the plan, which the controller expects to
+        emit `plan_rate` tokens a second (None: no controller, copies always)."""
         turn = self.turns.get(batch, 0)
         self.turns[batch] = turn + 1
-        if min(on.cycles, off.cycles) < self.cfg.warmup:
-            return on.cycles <= off.cycles  # alternate, guesses first
-        faster = on.per_second >= off.per_second
-        return faster != (turn % self.cfg.explore_every == 0)
+        young = [w for w in self.ways if self.rate(batch, w).cycles < self.cfg.warmup]
+        if young:  # alternate, guesses first
+            return min(young, key=lambda w: self.rate(batch, w).cycles)
+        options: list[bool | None] = sorted(self.ways, key=lambda w: -self.rate(batch, w).per_second)
+        if plan_rate is not None and self.rate(batch, options[0]).per_second < plan_rate:
+            options.insert(0, None)
+        if len(options) > 1 and turn % self.cfg.explore_every == 0:
+            return options[1 + (turn // self.cfg.explore_every) % (len(options) - 1)]
+        return options[0]
 
     def observe(self, batch: int, guesses: bool, tokens: int, seconds: float) -> None:
         """A cycle of copies at `batch` emitted `tokens` in all in `seconds`."""

@@ -17,7 +17,7 @@ import torch
 
 from sglang_d3d.api import GenerationRequest, RequestTooLongError, TokenEvent
 from sglang_d3d.config import EngineConfig, Mode
-from sglang_d3d.engine.adaptive import BlockController
+from sglang_d3d.engine.adaptive import BlockController, bucket
 from sglang_d3d.engine.copy_arms import CopyArms
 from sglang_d3d.engine.proposals import Proposals
 from sglang_d3d.engine.scheduler import Scheduler, plan_chunks
@@ -106,8 +106,10 @@ class SpecEngine:
         # The target's answers in the drafter's corpus, for greedy rows' copies after those
         # (corpus_lookup.py); None: off, or a drafter without one.
         self.corpus = self._corpus(drafter)
-        # Whether cycles of copies verify other texts' guesses beside them; None: never.
-        self.copy_arms = CopyArms() if self.proposals.copy_ngram and cfg.copy_guesses else None
+        # How cycles whose rows all found copies run (copy_arms.py); None: no copies.
+        self.copy_arms = (CopyArms(guesses=cfg.copy_guesses > 0)
+                          if isinstance(self.drafting, Drafting) and self.proposals.copy_ngram
+                          else None)
         self.controller = None
         if cfg.adaptive:
             # Fused drafts are two-ahead predictions: the drafter's held-out rates are not theirs.
@@ -280,9 +282,10 @@ class SpecEngine:
         self._steps += 1
         alone = self._alone_threads
         copies = self._copies(rows, plan)
-        copy_cycle = bool(copies) and all(copies)
+        way = self._copy_way(len(rows), plan) if copies and all(copies) else None
+        copy_cycle = way is not None
         if copy_cycle:  # no drafter pass: the controller's plan waits for the next cycle
-            outcomes = self._copy_cycle(rows, copies)
+            outcomes = self._copy_cycle(rows, copies, way)
         elif isinstance(self.drafting, FusedDrafting):
             with intra_op_threads(alone):
                 outcomes = self.drafting.cycle(rows, self._accept, plan, self._steps)
@@ -299,16 +302,25 @@ class SpecEngine:
             self._observe(rows, plan, outcomes)
         return [self._settle(s, o) for s, o in zip(rows, outcomes, strict=True)]
 
-    def _copy_cycle(self, rows: list[Sequence], copies: list[list[int]]) -> list[Outcome]:
-        """A cycle of copies, with the other texts' guesses beside them or not, as measured
-        faster at this batch size (copy_arms.py)."""
-        guesses = self.copy_arms is not None and self.copy_arms.choose(len(rows))
+    def _copy_way(self, batch: int, plan: Plan) -> bool | None:
+        """How a cycle whose rows all found copies runs (copy_arms.py): with other texts'
+        guesses beside them (True), alone (False), or None: the plan, where the controller
+        expects more of it than copies have measured at this batch size."""
+        plan_rate = None
+        if self.controller is not None:
+            try:  # (its estimate is for its bucket's batch size: per row, then this batch)
+                plan_rate = self.controller.score(batch, plan) * batch / bucket(batch)
+            except KeyError:  # the plan not timed at any batch yet: copy
+                plan_rate = None
+        return self.copy_arms.choose(batch, plan_rate)
+
+    def _copy_cycle(self, rows: list[Sequence], copies: list[list[int]],
+                    guesses: bool) -> list[Outcome]:
         verify = partial(self._verify, threads=self._alone_threads)
         outcomes = run_copy_cycle(rows, self.drafting, verify, copies, self._steps,
                                   self._copy_trees(rows, copies, guesses))
-        if self.copy_arms is not None:
-            self.copy_arms.observe(len(rows), guesses, sum(len(o.tokens) for o in outcomes),
-                                   outcomes[0].times.end)
+        self.copy_arms.observe(len(rows), guesses, sum(len(o.tokens) for o in outcomes),
+                               outcomes[0].times.end)
         return outcomes
 
     def _observe(self, rows: list[Sequence], plan: Plan, outcomes: list[Outcome]) -> None:

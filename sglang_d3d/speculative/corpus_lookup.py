@@ -34,7 +34,7 @@ from sglang_d3d.models.corpus import first_tokens
 
 MASK = (1 << 64) - 1
 MUL = 0x9E3779B97F4A7C15  # odd: the rolling hash of n tokens is h = h * MUL + (token + 1)
-TOP = 3  # next tokens kept per context: a tree's siblings (a 4th was rarely right, offline)
+TOP = 3  # next tokens kept per context: a node's children in a tree of guesses
 
 
 @dataclass(frozen=True)

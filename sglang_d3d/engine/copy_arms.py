@@ -3,9 +3,9 @@ them (`copy_guesses`) or alone, or runs the controller's plan instead: chosen by
 way measures on this machine, per batch size.
 
 The guesses add tokens a cycle and cost verify width, and what a token of width costs depends
-on the hardware: offline on one CPU of this project's (a 16-token verify 18% dearer than a
-1-token one) they paid 9% on GSM8K; on a faster one (56% dearer) they ran level, a few per
-cent either way in three runs (benchmarks/results/README.md, sitting 19). And a cycle of
+on the hardware: simulated offline with a token at 1.2% of a plain step they paid 9% on GSM8K;
+on this project's CPU in sitting 19 (3-4% a token: a 16-token verify 1.4-1.6 plain steps) they
+ran level, -3% to +6% in eight side-by-side runs (benchmarks/results/README.md). And a cycle of
 copies at batch 4 costs about two plain steps there, so its rows must keep more than a token
 each beyond plain decoding's to pay. So the ways of copying run, alternating, until each has
 `warmup` cycles of a batch size; then the fastest (tokens emitted a second, over recent

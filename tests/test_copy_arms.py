@@ -3,11 +3,14 @@
 
 from __future__ import annotations
 
+import argparse
+
 import pytest
 from conftest import reference_greedy
 from engine_helpers import make_engine
 
-from sglang_d3d.config import Mode, SamplingParams
+from sglang_d3d.cli_args import add_engine_args, engine_config
+from sglang_d3d.config import EngineConfig, Mode, SamplingParams
 from sglang_d3d.engine.copy_arms import ArmsConfig, CopyArms, Rate
 from sglang_d3d.engine.offline import generate
 
@@ -89,6 +92,17 @@ def test_a_rate_weighs_recent_cycles_more():
 def test_bad_settings_are_refused(bad):
     with pytest.raises(ValueError):
         ArmsConfig(**bad)
+
+
+def test_a_negative_number_of_guesses_is_refused(capsys):
+    with pytest.raises(ValueError, match="copy_guesses -1"):
+        EngineConfig(copy_guesses=-1)
+    p = argparse.ArgumentParser()
+    add_engine_args(p)
+    with pytest.raises(SystemExit):
+        p.parse_args(["--copy-guesses", "-1"])
+    assert "--copy-guesses" in capsys.readouterr().err
+    assert engine_config(p.parse_args(["--copy-guesses", "3"])).copy_guesses == 3
 
 
 def test_the_engine_tries_both_ways_and_keeps_the_targets_output(tiny_models):

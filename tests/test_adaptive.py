@@ -472,3 +472,14 @@ def test_the_tree_factor_starts_at_the_chains_and_follows_the_traffic():
     for _ in range(500):
         c.observe_trees(Plan(4), [(2, 2)])  # trees now yield what chains do
     assert c.tree_factor(Plan(4)) == pytest.approx(1.0, abs=0.02)
+
+
+def test_choose_says_how_fast_it_expects_its_plan_per_row():
+    """What the engine weighs a cycle of copies against: nothing before any estimate, then
+    the chosen plan's tokens a second per row (plain decoding at 0.10 s: 10)."""
+    one = Plan(1)
+    c = BlockController(candidates=(one,), warmup=1)
+    c.choose(2)
+    assert c.expected is None
+    c.observe(2, one, 0.10, [(0, 0), (0, 0)])
+    assert c.choose(2) == one and c.expected == pytest.approx(10.0)

@@ -132,7 +132,14 @@ def test_the_engine_runs_its_plan_where_copies_measured_slower(tiny_models):
     prompt = [5, 6, 7, 5, 6, 7, 5]
     eng = make_engine(tiny_models, Mode.SYNC, block=4, batch=1, adaptive=True)
     eng.copy_arms = CopyArms(cfg=ArmsConfig(warmup=2, explore_every=4))
-    eng.controller.score = lambda batch, plan: 1e9  # the plan expected faster than anything
+    real_plan = eng.controller.choose
+
+    def plan_expected_fast(*a, **kw):  # the plan expected faster than anything
+        chosen = real_plan(*a, **kw)
+        eng.controller.expected = 1e9
+        return chosen
+
+    eng.controller.choose = plan_expected_fast
     stats, ways, real = [], [], eng.copy_arms.choose
     eng.cycle_listeners.append(lambda rid, c: stats.append(c))
     eng.copy_arms.choose = lambda *a: (ways.append(real(*a)), ways[-1])[1]

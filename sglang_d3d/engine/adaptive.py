@@ -176,6 +176,9 @@ class BlockController:
     # served right after GSM8K ran block 4 at 0.87x of plain decoding on GSM8K's rates).
     row_weight: float = 8.0
     last: Plan | None = None  # the last plan chosen on the estimates (not warm-up, not re-measuring)
+    # Tokens a second per row that `choose` expected of the plan it returned (None: not yet
+    # estimated): the engine weighs a cycle of copies against it (engine/copy_arms.py).
+    expected: float | None = None
     # Plans verified as token trees (speculative/tree.py) yield other than their chain: more
     # at a block of 4 (second guesses), less at 8 (a tree of 5 drafts rarely reaches past
     # depth 4, where the chain of 7 would go on). The rates above stay the chain's, so each
@@ -212,10 +215,13 @@ class BlockController:
         est = self._estimates(batch, allowed, rows, evidence)
         young = [p for p in allowed if self._warming(batch, p, est)]
         if young:
-            return young[0]
-        ranked = sorted(allowed, key=lambda p: -est[p][1])  # all estimated now
-        current = self._keep(ranked, est)
-        return self._explore(batch, current, [p for p in ranked if p != current], est) or current
+            chosen = young[0]
+        else:
+            ranked = sorted(allowed, key=lambda p: -est[p][1])  # all estimated now
+            current = self._keep(ranked, est)
+            chosen = self._explore(batch, current, [p for p in ranked if p != current], est) or current
+        self.expected = est[chosen][1] / rows if chosen in est else None
+        return chosen
 
     def tree_factor(self, plan: Plan) -> float:
         """Tokens a cycle of `plan` yields over what its chains would have (1 until trees of

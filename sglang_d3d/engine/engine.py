@@ -17,7 +17,7 @@ import torch
 
 from sglang_d3d.api import GenerationRequest, RequestTooLongError, TokenEvent
 from sglang_d3d.config import EngineConfig, Mode
-from sglang_d3d.engine.adaptive import BlockController, bucket
+from sglang_d3d.engine.adaptive import BlockController
 from sglang_d3d.engine.copy_arms import CopyArms
 from sglang_d3d.engine.proposals import Proposals
 from sglang_d3d.engine.scheduler import Scheduler, plan_chunks
@@ -282,7 +282,7 @@ class SpecEngine:
         self._steps += 1
         alone = self._alone_threads
         copies = self._copies(rows, plan)
-        way = self._copy_way(len(rows), plan) if copies and all(copies) else None
+        way = self._copy_way(len(rows)) if copies and all(copies) else None
         copy_cycle = way is not None
         if copy_cycle:  # no drafter pass: the controller's plan waits for the next cycle
             outcomes = self._copy_cycle(rows, copies, way)
@@ -302,17 +302,12 @@ class SpecEngine:
             self._observe(rows, plan, outcomes)
         return [self._settle(s, o) for s, o in zip(rows, outcomes, strict=True)]
 
-    def _copy_way(self, batch: int, plan: Plan) -> bool | None:
+    def _copy_way(self, batch: int) -> bool | None:
         """How a cycle whose rows all found copies runs (copy_arms.py): with other texts'
         guesses beside them (True), alone (False), or None: the plan, where the controller
-        expects more of it than copies have measured at this batch size."""
-        plan_rate = None
-        if self.controller is not None:
-            try:  # (its estimate is for its bucket's batch size: per row, then this batch)
-                plan_rate = self.controller.score(batch, plan) * batch / bucket(batch)
-            except KeyError:  # the plan not timed at any batch yet: copy
-                plan_rate = None
-        return self.copy_arms.choose(batch, plan_rate)
+        expected more of it, for this cycle's `batch` rows, than copies have measured."""
+        per_row = self.controller.expected if self.controller is not None else None
+        return self.copy_arms.choose(batch, None if per_row is None else per_row * batch)
 
     def _copy_cycle(self, rows: list[Sequence], copies: list[list[int]],
                     guesses: bool) -> list[Outcome]:
@@ -377,7 +372,7 @@ class SpecEngine:
         trees = [sure_chain(c) if not s.params.greedy else
                  sure_trie(Drafting.copy_guesses(self.drafting.states[s.slot], c, length,
                                                  elsewhere, extra),
-                           max(len(c), min(room, len(c) + extra)))
+                           min(room, len(c) + extra))  # a copy fits in `room` already
                  for s, c in zip(rows, copies, strict=True)]
         return [pad(t, max(t.size for t in trees)) for t in trees]
 

@@ -132,28 +132,26 @@ class CorpusIndex:
             if path:
                 out.append(list(path))
             if len(path) < length:
-                for token, share in self._options(ctx + list(path)):
+                for token, share in self._longest(ctx + list(path))[1]:
                     heapq.heappush(heap, (score * share, next(tie), (*path, token)))
         return out
 
-    def _options(self, ctx: list[int]) -> list[tuple[int, float]]:
-        """What followed the longest context of `ctx`'s tail that occurred."""
+    def _longest(self, ctx: list[int]) -> tuple[int, list[tuple[int, float]]]:
+        """(n, what followed) for the longest context of `ctx`'s tail that occurred, n tokens
+        long; (0, []) where none did."""
         for n in self.setting.orders:
             if n <= len(ctx) and (found := self.tables[n].options(hash_tokens(ctx[-n:]))):
-                return found
-        return []
+                return n, found
+        return 0, []
 
     def _next(self, ctx: list[int], min_order: int, min_share: float) -> int | None:
         """The guess of the longest context of `ctx`'s tail that occurred, if that context is
         at least `min_order` long and its guess's share at least `min_share`."""
-        for n in self.setting.orders:
-            if n > len(ctx):
-                continue
-            hit = self.tables[n].find(hash_tokens(ctx[-n:]))
-            if hit is not None:
-                token, share = hit
-                return token if n >= min_order and share >= min_share else None
-        return None
+        n, found = self._longest(ctx)
+        if not found:
+            return None
+        token, share = found[0]
+        return token if n >= min_order and share >= min_share else None
 
 
 def corpus_index(drafter, max_tokens: int) -> CorpusIndex | None:

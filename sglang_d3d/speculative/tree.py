@@ -76,6 +76,32 @@ def build_tree(
     return DraftTree(tuple(tokens), tuple(parents), tuple(depths))
 
 
+class _Builder:
+    """A tree grown node by node, parents before children; a (parent, token) already present
+    is found again where merging is asked for."""
+
+    def __init__(self) -> None:
+        self.tokens: list[int] = []
+        self.parents: list[int] = []
+        self.depths: list[int] = []
+        self.marks: list[bool] = []
+        self.index: dict[tuple[int, int], int] = {}  # (parent node, token) -> its first node
+
+    def add(self, parent: int, token: int, mark: bool = True, merge: bool = True) -> int:
+        if merge and (parent, token) in self.index:
+            return self.index[(parent, token)]
+        self.tokens.append(token)
+        self.parents.append(parent)
+        self.depths.append(self.depths[parent - 1] + 1 if parent else 1)
+        self.marks.append(mark)
+        self.index.setdefault((parent, token), len(self.tokens))
+        return len(self.tokens)
+
+    def tree(self, sure: bool) -> DraftTree:
+        marks = tuple(self.marks) if sure else ()
+        return DraftTree(tuple(self.tokens), tuple(self.parents), tuple(self.depths), marks)
+
+
 def graft(tree: DraftTree, chain: list[int], nodes: int, sure: bool = False) -> DraftTree:
     """A tree of at most `nodes` drafts: `chain` under the tree's node 1 (the drafter's first
     draft), then the tree's own nodes in their order until `nodes`. `tree` is best-first
@@ -87,29 +113,18 @@ def graft(tree: DraftTree, chain: list[int], nodes: int, sure: bool = False) -> 
     cannot be both, and every draw must stay in its sibling slot."""
     if tree.size == 0:
         return tree
-    tokens, parents, depths, marks = [tree.tokens[0]], [0], [1], [tree.is_sure(1)]
-    index = {(0, tree.tokens[0]): 1}  # (parent node, token) -> node, for merging
-
-    def add(parent: int, token: int, mark: bool, merge: bool) -> int:
-        if merge and (parent, token) in index:
-            return index[(parent, token)]
-        tokens.append(token)
-        parents.append(parent)
-        depths.append(depths[parent - 1] + 1 if parent else 1)
-        marks.append(mark)
-        index.setdefault((parent, token), len(tokens))
-        return len(tokens)
-
+    b = _Builder()
+    b.add(0, tree.tokens[0], tree.is_sure(1))
     node = 1
     for token in chain[: nodes - 1]:
-        node = add(node, token, sure, not sure)
+        node = b.add(node, token, sure, not sure)
     mapped = {0: 0, 1: 1}  # the tree's node -> the result's
     for i, (token, parent) in enumerate(zip(tree.tokens[1:], tree.parents[1:]), start=2):
-        merges = not sure and (mapped[parent], token) in index
-        if len(tokens) >= nodes and not merges:
+        merges = not sure and (mapped[parent], token) in b.index
+        if len(b.tokens) >= nodes and not merges:
             break
-        mapped[i] = add(mapped[parent], token, tree.is_sure(i), not sure)
-    return DraftTree(tuple(tokens), tuple(parents), tuple(depths), tuple(marks) if sure else ())
+        mapped[i] = b.add(mapped[parent], token, tree.is_sure(i), not sure)
+    return b.tree(sure)
 
 
 def sure_chain(tokens: list[int]) -> DraftTree:
@@ -125,22 +140,14 @@ def sure_trie(paths: list[list[int]], max_nodes: int) -> DraftTree:
     merged, paths taken in order (the likeliest first) until `max_nodes` nodes, the last one
     cut short where it does not fit. Greedy verification follows whichever path the target
     agrees with; the tree is prefix-closed, parents before children."""
-    tokens: list[int] = []
-    parents: list[int] = []
-    depths: list[int] = []
-    index: dict[tuple[int, int], int] = {}  # (parent node, token) -> node
+    b = _Builder()
     for path in paths:
         node = 0
         for token in path:
-            if (node, token) not in index:
-                if len(tokens) >= max_nodes:
-                    break
-                tokens.append(token)
-                parents.append(node)
-                depths.append(depths[node - 1] + 1 if node else 1)
-                index[(node, token)] = len(tokens)
-            node = index[(node, token)]
-    return DraftTree(tuple(tokens), tuple(parents), tuple(depths), (True,) * len(tokens))
+            if (node, token) not in b.index and len(b.tokens) >= max_nodes:
+                break
+            node = b.add(node, token)
+    return b.tree(sure=True)
 
 
 def pad(tree: DraftTree, size: int) -> DraftTree:

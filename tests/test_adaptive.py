@@ -262,6 +262,22 @@ def test_plain_decodings_calibrated_time_gives_way_only_to_a_faster_served_step(
     assert c.times[(8, one)] == pytest.approx(0.8 * 0.060 + 0.2 * 0.090)
 
 
+def test_plain_decoding_is_served_once_per_bucket_before_its_calibrated_time_is_trusted():
+    """Calibrated at twice its served cost, plain decoding would lose to speculation until
+    re-measured: it runs first at each bucket, and its served step then decides."""
+    one, four = Plan(1), Plan(4)
+    c = BlockController(candidates=(one, four), prior=(0.6, 0.3, 0.1), margin=0.0)
+    for b in (1, 4):
+        c.seed_time(b, one, 0.100, 3)  # served: 0.050
+        c.seed_time(b, four, 0.120, 3)  # 1.96 tokens a row: ahead of the calibrated plain step
+    assert c.choose(4) == one and c.choose(1) == one
+    c.observe_time(4, one, 0.050)
+    assert c.times[(4, one)] == pytest.approx(0.050) and c.choose(4) == one  # now it wins
+    assert c.choose(1) == one  # bucket 1 has still not served one
+    c.observe_time(1, one, 0.100)  # served as calibrated: speculation wins there
+    assert c.choose(1) == four
+
+
 def test_served_first_off_averages_calibrated_times_like_any_other():
     four = Plan(4)
     c = BlockController(candidates=(Plan(1), four), decay=0.8, served_first=False)

@@ -298,7 +298,13 @@ class BlockController:
         """A plan is measured `warmup` times, except that one sample suffices for a plan whose
         score is under `dominated` times the best measured one: re-sampling a plan that lost by
         that much costs slow cycles at every batch size (the server warms up each bucket) and
-        re-measurement catches the rare unlucky sample."""
+        re-measurement catches the rare unlucky sample. Plain decoding's calibrated time is
+        served once at each bucket before it is trusted: a plain step is the cheapest cycle
+        there is, and a calibration that timed it slow would otherwise stand until
+        re-measurement reached it (measured in sitting 19: plain at batch 4 calibrated at
+        twice its served cost, and the engine speculated through a whole load)."""
+        if plan == PLAIN and (batch, plan) in self.calibrated:
+            return True
         if self.samples.get((batch, plan), 0) >= self.warmup:
             return False
         if plan not in est:

@@ -1,16 +1,26 @@
 """Whether a cycle whose rows all found copies verifies them, with other texts' guesses beside
 them (`copy_guesses`) or alone, or runs the controller's plan instead: chosen by what each
-way measures on this machine, per batch size.
+way measures on this machine, per batch bucket (1, 2-3, 4-7, ... as the controller's).
 
 The guesses add tokens a cycle and cost verify width, and what a token of width costs depends
 on the hardware: simulated offline with a token at 1.2% of a plain step they paid 9% on GSM8K;
 on this project's CPU in sitting 19 (3-4% a token: a 16-token verify 1.4-1.6 plain steps) they
 ran level, -3% to +6% in eight side-by-side runs (benchmarks/results/README.md). And a cycle of
 copies at batch 4 costs about two plain steps there, so its rows must keep more than a token
-each beyond plain decoding's to pay. So the ways of copying run, alternating, until each has
-`warmup` cycles of a batch size; then the fastest (tokens emitted a second, over recent
-cycles) serves, or the plan where the controller expects more of it, and every
-`explore_every`-th such cycle tries another way, so a change of load or text is seen.
+each beyond plain decoding's to pay.
+
+So each way of copying first runs `probe` cycles of a bucket, alternating; where the
+controller then expects more of its plan than the best way measured, the plan runs; else the
+ways go on alternating until each has `warmup` cycles (the two are close, and telling them
+apart takes more samples than telling copies from a plan that beats them by half), and then
+the fastest serves. Rates are tokens a second per row, so sizes within a bucket compare.
+
+The others are re-tried now and then, so a change of load or text is seen: the first after
+`explore_every` cycles of the bucket's leader, and each further one after twice as many as the
+last, up to `max_interval`, while the leader stays; a new leader starts over. Measured before
+(sitting 19): with 8 warm-up cycles a way for every exact batch size and a fixed re-try every
+8th cycle, a load at concurrency 4 made about 15 cycles of copies and so ran almost all of them
+in warm-up, copies at twice a plain step's cost (code through the server: 0.86x-0.99x of ar).
 Outputs are the same whichever way runs (the target verifies them all).
 """
 
@@ -18,27 +28,35 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from sglang_d3d.engine.adaptive import bucket
+
+PLAN = None  # `choose`'s answer for "run the controller's plan"
+
 
 @dataclass(frozen=True)
 class ArmsConfig:
-    warmup: int = 8  # cycles each way gets, alternating, before another is preferred
-    explore_every: int = 8  # then every this many cycles of copies, one tries the other way
+    probe: int = 2  # cycles each way gets, alternating, before the plan may be preferred
+    warmup: int = 8  # cycles each way gets before one way of copying is preferred to another
+    explore_every: int = 8  # cycles of a new leader before another way is re-tried
+    max_interval: int = 64  # the re-tries' interval doubles up to this while the leader stays
     decay: float = 0.98  # the weight of a way's past cycles at each new cycle of it
 
     def __post_init__(self) -> None:
-        if self.warmup < 1 or self.explore_every < 2 or not 0.0 < self.decay <= 1.0:
-            raise ValueError(f"need warmup >= 1, explore_every >= 2, decay in (0, 1]: {self}")
+        if not 1 <= self.probe <= self.warmup or self.explore_every < 2 \
+                or self.max_interval < self.explore_every or not 0.0 < self.decay <= 1.0:
+            raise ValueError("need 1 <= probe <= warmup, 2 <= explore_every <= max_interval, "
+                             f"decay in (0, 1]: {self}")
 
 
 @dataclass
 class Rate:
-    """Tokens and seconds of one way's cycles, older ones weighed down by `decay`."""
+    """Tokens (per row) and seconds of one way's cycles, older ones weighed down by `decay`."""
 
     tokens: float = 0.0
     seconds: float = 0.0
     cycles: int = 0
 
-    def add(self, tokens: int, seconds: float, decay: float) -> None:
+    def add(self, tokens: float, seconds: float, decay: float) -> None:
         self.tokens = self.tokens * decay + tokens
         self.seconds = self.seconds * decay + seconds
         self.cycles += 1
@@ -48,32 +66,52 @@ class Rate:
         return self.tokens / self.seconds if self.seconds > 0 else 0.0
 
 
+@dataclass
+class Retries:
+    """One bucket's re-tries of the ways that are not its leader."""
+
+    leader: object = "none yet"  # the way that served last (True, False or PLAN)
+    since: int = 0  # the leader's cycles since it led or since the last re-try
+    interval: int = 0  # cycles of the leader before the next re-try
+    made: int = 0  # re-tries so far, to take the other ways in turn
+
+    def pick(self, ranked: list, cfg: ArmsConfig):
+        """The way to run, `ranked` best first: the leader, or now and then another."""
+        if ranked[0] != self.leader:
+            self.leader, self.since, self.interval = ranked[0], 0, cfg.explore_every
+        self.since += 1
+        if len(ranked) < 2 or self.since <= self.interval:
+            return ranked[0]
+        self.since, self.interval = 0, min(2 * self.interval, cfg.max_interval)
+        self.made += 1
+        return ranked[1 + (self.made - 1) % (len(ranked) - 1)]
+
+
 class CopyArms:
     def __init__(self, guesses: bool = True, cfg: ArmsConfig = ArmsConfig()) -> None:
         self.cfg = cfg
         self.ways = (True, False) if guesses else (False,)  # guesses beside the copies or not
-        self.rates: dict[tuple[int, bool], Rate] = {}  # (batch, guesses on) -> its cycles
-        self.turns: dict[int, int] = {}  # batch -> cycles whose rows all had copies
+        self.rates: dict[tuple[int, bool], Rate] = {}  # (bucket, guesses on) -> its cycles
+        self.retries: dict[int, Retries] = {}  # bucket -> its re-tries
 
     def choose(self, batch: int, plan_rate: float | None = None) -> bool | None:
-        """For a cycle at `batch` whose rows all found copies: verify them with guesses beside
-        (True) or alone (False), or None: run the plan, which the controller expects to
-        emit `plan_rate` tokens a second (None: no controller, copies always)."""
-        turn = self.turns.get(batch, 0)
-        self.turns[batch] = turn + 1
-        young = [w for w in self.ways if self.rate(batch, w).cycles < self.cfg.warmup]
-        if young:  # alternate, guesses first
-            return min(young, key=lambda w: self.rate(batch, w).cycles)
-        options: list[bool | None] = sorted(self.ways, key=lambda w: -self.rate(batch, w).per_second)
-        if plan_rate is not None and self.rate(batch, options[0]).per_second < plan_rate:
-            options.insert(0, None)
-        if len(options) > 1 and turn % self.cfg.explore_every == 0:
-            return options[1 + (turn // self.cfg.explore_every) % (len(options) - 1)]
-        return options[0]
+        """For a cycle of `batch` rows that all found copies: verify them with guesses beside
+        (True) or alone (False), or PLAN (None): run the plan, which the controller expects
+        to emit `plan_rate` tokens a second per row (None: no controller, copies always)."""
+        fewest = min(self.ways, key=lambda w: self.rate(batch, w).cycles)
+        if self.rate(batch, fewest).cycles < self.cfg.probe:
+            return fewest  # alternates, guesses first
+        ranked: list = sorted(self.ways, key=lambda w: -self.rate(batch, w).per_second)
+        if plan_rate is not None and self.rate(batch, ranked[0]).per_second < plan_rate:
+            ranked.insert(0, PLAN)
+        elif self.rate(batch, fewest).cycles < self.cfg.warmup:
+            return fewest
+        return self.retries.setdefault(bucket(batch), Retries()).pick(ranked, self.cfg)
 
     def observe(self, batch: int, guesses: bool, tokens: int, seconds: float) -> None:
-        """A cycle of copies at `batch` emitted `tokens` in all in `seconds`."""
-        self.rate(batch, guesses).add(tokens, seconds, self.cfg.decay)
+        """A cycle of copies of `batch` rows emitted `tokens` in all in `seconds`."""
+        self.rate(batch, guesses).add(tokens / max(1, batch), seconds, self.cfg.decay)
 
     def rate(self, batch: int, guesses: bool) -> Rate:
-        return self.rates.setdefault((batch, guesses), Rate())
+        """The measure of a way at `batch`'s bucket (per row)."""
+        return self.rates.setdefault((bucket(batch), guesses), Rate())

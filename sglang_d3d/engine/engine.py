@@ -305,9 +305,9 @@ class SpecEngine:
     def _copy_way(self, batch: int) -> bool | None:
         """How a cycle whose rows all found copies runs (copy_arms.py): with other texts'
         guesses beside them (True), alone (False), or None: the plan, where the controller
-        expected more of it, for this cycle's `batch` rows, than copies have measured."""
-        per_row = self.controller.expected if self.controller is not None else None
-        return self.copy_arms.choose(batch, None if per_row is None else per_row * batch)
+        expects more tokens a second per row of it than copies have measured."""
+        expected = self.controller.expected if self.controller is not None else None
+        return self.copy_arms.choose(batch, expected)
 
     def _copy_cycle(self, rows: list[Sequence], copies: list[list[int]],
                     guesses: bool) -> list[Outcome]:

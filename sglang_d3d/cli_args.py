@@ -87,7 +87,8 @@ def add_engine_args(
                    "requests' continuations and the corpus's likeliest other guesses, each "
                    "request's as one token tree, at most N guessed tokens a pass shared among "
                    f"its requests (0: copies alone; default {EngineConfig.copy_guesses}); "
-                   "outputs do not change")
+                   "each batch size measures that against copies cut to half their length, "
+                   "alone, and keeps the faster; outputs do not change")
     g.add_argument("--threads", type=int, default=None, help="CPU threads in all (default: all cores)")
 
 

@@ -165,10 +165,10 @@ class EngineConfig:
     # guesses beside it: earlier requests' continuation and the corpus's likeliest
     # (corpus_lookup.py `guesses`), at most this many guessed tokens a pass beyond the rows'
     # copies, shared out among its rows (a row's share is copy_guesses // batch, within the
-    # verify token budget); 0: copies alone, as chains. Whether a cycle does, each batch bucket
-    # measures both ways and keeps the faster, or the controller's plan where it expects more
-    # of that (engine/copy_arms.py): a token of verify width costs more on some machines than
-    # the guesses bring. Exact either way.
+    # verify token budget); 0: copies alone, as chains. Whether a cycle does, or verifies
+    # copies cut to half their length alone, each batch bucket measures and keeps the faster,
+    # or the controller's plan where it expects more of that (engine/copy_arms.py): a token of
+    # verify width costs more on some machines than the guesses bring. Exact either way.
     copy_guesses: int = 8
 
     def __post_init__(self) -> None:

@@ -11,24 +11,25 @@ from engine_helpers import make_engine
 
 from sglang_d3d.cli_args import add_engine_args, engine_config
 from sglang_d3d.config import EngineConfig, Mode, SamplingParams
-from sglang_d3d.engine.copy_arms import ArmsConfig, CopyArms, Rate
+from sglang_d3d.engine.copy_arms import ALONE, SHORT, WIDE, ArmsConfig, CopyArms, Rate
 from sglang_d3d.engine.offline import generate
 
 FAST, SLOW = (30, 1.0), (30, 2.0)  # (tokens, seconds) of one cycle
 
 
-def _serve(arms: CopyArms, batch: int, cycles: int, on=FAST, off=SLOW) -> list[bool]:
+def _serve(arms: CopyArms, batch: int, cycles: int, on=FAST, off=SLOW) -> list:
+    """`on`: what a cycle of the first way (wide, or alone) gives; `off`: of the short way."""
     chosen = []
     for _ in range(cycles):
-        guesses = arms.choose(batch)
-        arms.observe(batch, guesses, *(on if guesses else off))
-        chosen.append(guesses)
+        way = arms.choose(batch)
+        arms.observe(batch, way, *(off if way.short else on))
+        chosen.append(way)
     return chosen
 
 
 def test_both_ways_alternate_until_each_has_its_warmup():
     chosen = _serve(CopyArms(cfg=ArmsConfig(probe=1, warmup=3)), batch=1, cycles=6)
-    assert chosen == [True, False] * 3
+    assert chosen == [WIDE, SHORT] * 3
 
 
 def _retries(chosen: list, leader) -> list[int]:
@@ -42,36 +43,36 @@ def test_then_the_faster_way_serves_and_the_other_is_retried_ever_more_rarely(fa
     arms = CopyArms(cfg=ArmsConfig(warmup=2, explore_every=4, max_interval=8))
     on, off = (FAST, SLOW) if faster else (SLOW, FAST)
     after = _serve(arms, 1, 4 + 32, on, off)[4:]
-    assert _retries(after, faster) == [4, 13, 22, 31]  # after 4, then 8, 8, 8 cycles
+    assert _retries(after, WIDE if faster else SHORT) == [4, 13, 22, 31]  # after 4, then 8 ...
 
 
 def test_a_way_that_slows_down_loses_its_place():
     arms = CopyArms(cfg=ArmsConfig(warmup=2, explore_every=4, decay=0.5))
-    _serve(arms, 1, 20)  # guesses faster
-    chosen = _serve(arms, 1, 40, on=(30, 4.0))  # then slower than the copies alone
-    assert chosen[-8:].count(False) >= 7
+    _serve(arms, 1, 20)  # the wide way faster
+    chosen = _serve(arms, 1, 40, on=(30, 4.0))  # then slower than the short copies
+    assert chosen[-8:].count(SHORT) >= 7
 
 
 def test_a_new_leader_is_retried_against_from_the_shortest_interval():
     arms = CopyArms(cfg=ArmsConfig(warmup=2, explore_every=4, max_interval=64))
-    _serve(arms, 1, 4 + 40)  # guesses lead; re-tries after 4, 8, 16 cycles, then 32
+    _serve(arms, 1, 4 + 40)  # the wide way leads; re-tries after 4, 8, 16 cycles, then 32
     assert arms.retries[1].interval == 32
-    chosen = _serve(arms, 1, 60, on=(30, 8.0))  # now alone is faster
-    assert arms.retries[1].leader is False and _retries(chosen[-30:], False) != []
+    chosen = _serve(arms, 1, 60, on=(30, 8.0))  # now the short way is faster
+    assert arms.retries[1].leader == SHORT and _retries(chosen[-30:], SHORT) != []
 
 
 def test_batch_sizes_share_a_measure_by_bucket_and_rates_are_per_row():
     arms = CopyArms(cfg=ArmsConfig(warmup=2, explore_every=4))
-    _serve(arms, 1, 20)  # at batch 1 the guesses are faster
-    _serve(arms, 4, 10, on=SLOW, off=FAST)  # at 4 to 7 the copies alone
+    _serve(arms, 1, 20)  # at batch 1 the wide way is faster
+    _serve(arms, 4, 10, on=SLOW, off=FAST)  # at 4 to 7 the short one
     _serve(arms, 6, 10, on=SLOW, off=FAST)
-    assert arms.rate(1, True).per_second > arms.rate(1, False).per_second
-    assert arms.rate(5, True) is arms.rate(4, True)
-    assert arms.rate(4, True).cycles + arms.rate(7, False).cycles == 20
-    assert _serve(arms, 1, 3)[1:] == [True, True] and _serve(arms, 5, 3)[1:] == [False, False]
+    assert arms.rate(1, WIDE).per_second > arms.rate(1, SHORT).per_second
+    assert arms.rate(5, WIDE) is arms.rate(4, WIDE)
+    assert arms.rate(4, WIDE).cycles + arms.rate(7, SHORT).cycles == 20
+    assert _serve(arms, 1, 3)[1:] == [WIDE, WIDE] and _serve(arms, 5, 3)[1:] == [SHORT, SHORT]
     one = CopyArms()
-    one.observe(4, True, 40, 2.0)  # 4 rows, 10 tokens each in 2 s
-    assert one.rate(4, True).per_second == pytest.approx(5.0)
+    one.observe(4, WIDE, 40, 2.0)  # 4 rows, 10 tokens each in 2 s
+    assert one.rate(4, WIDE).per_second == pytest.approx(5.0)
 
 
 def _serve_against(arms: CopyArms, plan_rate: float, cycles: int, on=FAST, off=SLOW) -> list:
@@ -79,7 +80,7 @@ def _serve_against(arms: CopyArms, plan_rate: float, cycles: int, on=FAST, off=S
     for _ in range(cycles):
         way = arms.choose(1, plan_rate)
         if way is not None:
-            arms.observe(1, way, *(on if way else off))
+            arms.observe(1, way, *(off if way.short else on))
         chosen.append(way)
     return chosen
 
@@ -90,17 +91,17 @@ def test_the_plan_runs_once_each_way_has_probed_where_the_controller_expects_mor
     first; where the plan is expected slower, copies go on to their full warm-up."""
     arms = CopyArms(cfg=ArmsConfig(probe=2, warmup=8, explore_every=4, max_interval=8))
     chosen = _serve_against(arms, 40.0, 4 + 23)
-    assert chosen[:4] == [True, False, True, False]
+    assert chosen[:4] == [WIDE, SHORT, WIDE, SHORT]
     after = chosen[4:]
-    assert _retries(after, None) == [4, 13, 22] and [after[i] for i in (4, 13)] == [True, False]
+    assert _retries(after, None) == [4, 13, 22] and [after[i] for i in (4, 13)] == [WIDE, SHORT]
     slow_plan = _serve_against(CopyArms(cfg=ArmsConfig(probe=2, warmup=4)), 20.0, 12)
-    assert slow_plan.count(None) == 0 and slow_plan[:8] == [True, False] * 4
+    assert slow_plan.count(None) == 0 and slow_plan[:8] == [WIDE, SHORT] * 4
 
 
-def test_without_guesses_there_is_one_way_of_copying():
+def test_without_guesses_the_wide_way_is_the_whole_copy_alone():
     arms = CopyArms(guesses=False, cfg=ArmsConfig(warmup=2, explore_every=4))
-    assert set(_serve(arms, 1, 12)) == {False}
-    assert _serve_against(arms, 100.0, 10).count(None) == 9  # ... or the plan, re-trying it once
+    assert arms.ways == (ALONE, SHORT) and set(_serve(arms, 1, 12)) == {ALONE, SHORT}
+    assert not ALONE.guesses and not ALONE.short and WIDE.guesses and SHORT.short
 
 
 def test_a_rate_weighs_recent_cycles_more():
@@ -140,13 +141,16 @@ def test_the_engine_tries_both_ways_and_keeps_the_targets_output(tiny_models):
     out = generate(eng, prompts, SamplingParams(max_new_tokens=60))
     for p, o in zip(prompts, out):
         assert o.token_ids == reference_greedy(tiny_models[0], p, 60)
-    assert eng.copy_arms.rate(1, True).cycles and eng.copy_arms.rate(1, False).cycles
+    assert eng.copy_arms.rate(1, WIDE).cycles and eng.copy_arms.rate(1, SHORT).cycles
     copied = [c for c in stats if c.copied]
     assert any(c.tree_nodes for c in copied) and any(not c.tree_nodes for c in copied)
+    short = eng.cfg.lookup_tokens // 2  # the short way's copies: half the length, as chains
+    assert all(c.num_drafts <= short for c in copied if not c.tree_nodes)
+    assert any(c.num_drafts > short for c in copied if c.tree_nodes)
 
 
 def test_no_guesses_or_no_copies(tiny_models):
-    assert make_engine(tiny_models, Mode.SYNC, copy_guesses=0).copy_arms.ways == (False,)
+    assert make_engine(tiny_models, Mode.SYNC, copy_guesses=0).copy_arms.ways == (ALONE, SHORT)
     assert make_engine(tiny_models, Mode.SYNC, copy_ngram=0).copy_arms is None
     assert make_engine(tiny_models, Mode.AR).copy_arms is None
 
@@ -170,6 +174,6 @@ def test_the_engine_runs_its_plan_where_copies_measured_slower(tiny_models):
     eng.copy_arms.choose = lambda *a: (ways.append(real(*a)), ways[-1])[1]
     out = generate(eng, [prompt], SamplingParams(max_new_tokens=60))
     assert out[0].token_ids == reference_greedy(tiny_models[0], prompt, 60)
-    assert ways[:4] == [True, False, True, False]  # both ways of copying measured first ...
+    assert ways[:4] == [WIDE, SHORT, WIDE, SHORT]  # both ways of copying measured first ...
     assert len(ways) >= 8 and ways[4:].count(None) >= 3 * len(ways[4:]) // 4  # ... then the plan
     assert sum(c.copied for c in stats) == len(ways) - ways.count(None)

@@ -84,7 +84,8 @@ def test_clear_and_bad_sizes():
 @pytest.mark.parametrize("mode", [Mode.SYNC, Mode.ASYNC])
 def test_a_repeated_greedy_request_copies_the_earlier_answer(tiny_models, mode):
     """Served twice, a prompt's second answer starts as a copy of its first (which the index
-    holds): the first cycle copies 8 tokens and all are accepted. Outputs stay the target's."""
+    holds): the first cycle copies 8 tokens (4, where the cycle runs the short way,
+    engine/copy_arms.py) and all are accepted. Outputs stay the target's."""
     params = SamplingParams(max_new_tokens=30)
     ref = reference_greedy(tiny_models[0], WANDERS, 30)
     eng = make_engine(tiny_models, mode, block=4, batch=1)
@@ -92,7 +93,8 @@ def test_a_repeated_greedy_request_copies_the_earlier_answer(tiny_models, mode):
     second, after = first_cycle(eng, WANDERS, params)
     assert first.token_ids == second.token_ids == ref
     assert not before.copied  # nothing to copy from yet
-    assert after.copied and after.num_drafts == after.num_accepted == 8
+    assert after.copied and after.num_drafts == after.num_accepted
+    assert after.num_drafts in (eng.cfg.lookup_tokens, eng.cfg.lookup_tokens // 2)
 
 
 def test_off_means_no_copy_from_other_requests(tiny_models):

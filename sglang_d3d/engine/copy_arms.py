@@ -1,13 +1,17 @@
-"""Whether a cycle whose rows all found copies verifies them, with other texts' guesses beside
-them (`copy_guesses`) or alone, or runs the controller's plan instead: chosen by what each
-way measures on this machine, per batch bucket (1, 2-3, 4-7, ... as the controller's).
+"""How a cycle whose rows all found copies runs: its copies with other texts' guesses beside
+them (`copy_guesses`, WIDE), or cut to half their length and alone (SHORT), or the
+controller's plan instead: chosen by what each way measures on this machine, per batch bucket
+(1, 2-3, 4-7, ... as the controller's). Without guesses the wide way is the whole copy alone.
 
 The guesses add tokens a cycle and cost verify width, and what a token of width costs depends
 on the hardware: simulated offline with a token at 1.2% of a plain step they paid 9% on GSM8K;
 on this project's CPU in sitting 19 (3-4% a token: a 16-token verify 1.4-1.6 plain steps) they
-ran level, -3% to +6% in eight side-by-side runs (benchmarks/results/README.md). And a cycle of
-copies at batch 4 costs about two plain steps there, so its rows must keep more than a token
-each beyond plain decoding's to pay.
+ran level, -3% to +6% in eight side-by-side runs (benchmarks/results/README.md). And at batch 4
+a verify pass is compute there, not weights read: in sitting 20, GSM8K at concurrency 4 in one
+process, a plain step took 23 ms at batch 1 and at batch 4 alike, a cycle of 8-token copies at
+batch 4 51 ms for 2.51 tokens a row, and of 4-token copies 40 ms for 2.32
+(`benchmarks/bench_controller.py --also-engine lookup_tokens=4`): the shorter copy gives more
+tokens a second where rows are many, the longer where they are few.
 
 So each way of copying first runs `probe` cycles of a bucket, alternating; where the
 controller then expects more of its plan than the best way measured, the plan runs; else the
@@ -27,9 +31,19 @@ Outputs are the same whichever way runs (the target verifies them all).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from sglang_d3d.engine.adaptive import bucket
 
+
+class Way(NamedTuple):
+    """One way to run a cycle of copies."""
+
+    guesses: bool  # other texts' guesses beside each greedy row's copy, as one token tree
+    short: bool  # each copy cut to half the length the verify budget allows
+
+
+WIDE, ALONE, SHORT = Way(True, False), Way(False, False), Way(False, True)
 PLAN = None  # `choose`'s answer for "run the controller's plan"
 
 
@@ -70,7 +84,7 @@ class Rate:
 class Retries:
     """One bucket's re-tries of the ways that are not its leader."""
 
-    leader: object = "none yet"  # the way that served last (True, False or PLAN)
+    leader: object = "none yet"  # the way that served last (a Way or PLAN)
     since: int = 0  # the leader's cycles since it led or since the last re-try
     interval: int = 0  # cycles of the leader before the next re-try
     made: int = 0  # re-tries so far, to take the other ways in turn
@@ -90,17 +104,17 @@ class Retries:
 class CopyArms:
     def __init__(self, guesses: bool = True, cfg: ArmsConfig = ArmsConfig()) -> None:
         self.cfg = cfg
-        self.ways = (True, False) if guesses else (False,)  # guesses beside the copies or not
-        self.rates: dict[tuple[int, bool], Rate] = {}  # (bucket, guesses on) -> its cycles
+        self.ways = (WIDE if guesses else ALONE, SHORT)
+        self.rates: dict[tuple[int, Way], Rate] = {}  # (bucket, way) -> its cycles
         self.retries: dict[int, Retries] = {}  # bucket -> its re-tries
 
-    def choose(self, batch: int, plan_rate: float | None = None) -> bool | None:
-        """For a cycle of `batch` rows that all found copies: verify them with guesses beside
-        (True) or alone (False), or PLAN (None): run the plan, which the controller expects
-        to emit `plan_rate` tokens a second per row (None: no controller, copies always)."""
+    def choose(self, batch: int, plan_rate: float | None = None) -> Way | None:
+        """For a cycle of `batch` rows that all found copies: the way to verify them, or PLAN
+        (None): run the plan, which the controller expects to emit `plan_rate` tokens a
+        second per row (None: no controller, copies always)."""
         fewest = min(self.ways, key=lambda w: self.rate(batch, w).cycles)
         if self.rate(batch, fewest).cycles < self.cfg.probe:
-            return fewest  # alternates, guesses first
+            return fewest  # alternates, the wide way first
         ranked: list = sorted(self.ways, key=lambda w: -self.rate(batch, w).per_second)
         if plan_rate is not None and self.rate(batch, ranked[0]).per_second < plan_rate:
             ranked.insert(0, PLAN)
@@ -108,10 +122,10 @@ class CopyArms:
             return fewest
         return self.retries.setdefault(bucket(batch), Retries()).pick(ranked, self.cfg)
 
-    def observe(self, batch: int, guesses: bool, tokens: int, seconds: float) -> None:
-        """A cycle of copies of `batch` rows emitted `tokens` in all in `seconds`."""
-        self.rate(batch, guesses).add(tokens / max(1, batch), seconds, self.cfg.decay)
+    def observe(self, batch: int, way: Way, tokens: int, seconds: float) -> None:
+        """A cycle of copies of `batch` rows run `way` emitted `tokens` in all in `seconds`."""
+        self.rate(batch, way).add(tokens / max(1, batch), seconds, self.cfg.decay)
 
-    def rate(self, batch: int, guesses: bool) -> Rate:
+    def rate(self, batch: int, way: Way) -> Rate:
         """The measure of a way at `batch`'s bucket (per row)."""
-        return self.rates.setdefault((bucket(batch), guesses), Rate())
+        return self.rates.setdefault((bucket(batch), way), Rate())

@@ -18,7 +18,7 @@ import torch
 from sglang_d3d.api import GenerationRequest, RequestTooLongError, TokenEvent
 from sglang_d3d.config import EngineConfig, Mode
 from sglang_d3d.engine.adaptive import BlockController
-from sglang_d3d.engine.copy_arms import CopyArms
+from sglang_d3d.engine.copy_arms import CopyArms, Way
 from sglang_d3d.engine.proposals import Proposals
 from sglang_d3d.engine.scheduler import Scheduler, plan_chunks
 from sglang_d3d.engine.sequence import Sequence
@@ -302,19 +302,22 @@ class SpecEngine:
             self._observe(rows, plan, outcomes)
         return [self._settle(s, o) for s, o in zip(rows, outcomes, strict=True)]
 
-    def _copy_way(self, batch: int) -> bool | None:
-        """How a cycle whose rows all found copies runs (copy_arms.py): with other texts'
-        guesses beside them (True), alone (False), or None: the plan, where the controller
-        expects more tokens a second per row of it than copies have measured."""
+    def _copy_way(self, batch: int) -> Way | None:
+        """How a cycle whose rows all found copies runs (copy_arms.py), or None: the plan,
+        where the controller expects more tokens a second per row of it than copies have
+        measured."""
         expected = self.controller.expected if self.controller is not None else None
         return self.copy_arms.choose(batch, expected)
 
     def _copy_cycle(self, rows: list[Sequence], copies: list[list[int]],
-                    guesses: bool) -> list[Outcome]:
+                    way: Way) -> list[Outcome]:
         verify = partial(self._verify, threads=self._alone_threads)
+        if way.short:
+            keep = max(1, self._lookup(len(rows), beside=0) // 2)
+            copies = [c[:keep] for c in copies]
         outcomes = run_copy_cycle(rows, self.drafting, verify, copies, self._steps,
-                                  self._copy_trees(rows, copies, guesses))
-        self.copy_arms.observe(len(rows), guesses, sum(len(o.tokens) for o in outcomes),
+                                  self._copy_trees(rows, copies, way.guesses))
+        self.copy_arms.observe(len(rows), way, sum(len(o.tokens) for o in outcomes),
                                outcomes[0].times.end)
         return outcomes
 

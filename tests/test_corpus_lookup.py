@@ -140,6 +140,22 @@ def test_a_batch_copies_from_the_corpus_only_where_every_greedy_row_has_a_copy()
     assert Drafting.copies([row([9, 1, 2, 3], 0.7)], 3, 2, [idx]) is None  # sampled: never
 
 
+def test_row_copies_skip_greedy_rows_after_one_without_and_copy_sampled_rows_where_asked():
+    """The engine's per-row copies (`Drafting.row_copies`): a greedy row after one without a
+    copy is not looked up (its copy could serve no cycle of copies); a sampled row copies its
+    own text only where the host verifies it as a tree of sure nodes (`sampled_too`)."""
+    idx = CorpusIndex([[1, 2, 3, 4, 5, 6]])
+
+    def row(tokens, temperature=0.0):
+        return DraftState(0, SamplingParams(temperature=temperature, seed=1), None, tokens, [])
+
+    rows = [row([0, 0, 0, 5]), row([9, 1, 2, 3]), row([7, 8, 7, 8], 0.7)]
+    assert Drafting.row_copies(rows, 3, 2, [idx]) == [[], [], []]
+    assert Drafting.row_copies(rows, 3, 2, [idx], sampled_too=True) == [[], [], [7, 8, 7]]
+    assert Drafting.row_copies(rows[1:], 3, 2, [idx]) == [[4, 5, 6], []]
+    assert Drafting.row_copies([row([9, 1, 2, 3], 0.7)], 3, 2, [idx], True) == [[]]  # own text only
+
+
 def test_bad_settings_are_refused():
     with pytest.raises(ValueError, match="longest first"):
         CorpusSetting(orders=(2, 3))

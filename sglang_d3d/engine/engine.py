@@ -336,28 +336,19 @@ class SpecEngine:
         self.plan_listeners.notify(len(rows), plan, seconds)
 
     def _copies(self, rows: list[Sequence], plan: Plan) -> list[list[int]]:
-        """Per row, a run copied from its own text to verify without drafting (`copy_ngram`),
-        as long as the verify token budget allows ([]: none; [] for all: copies are off).
-        Where every row has one the cycle makes no drafter pass. Elsewhere a greedy row takes
-        its copy in the drafter's tree (`lookup_tokens`), and a sampled row still verifies
-        its copy alone, as a chain of sure nodes among the batch's trees, so that what it
-        draws never depends on its batch. So a sampled row copies only where the plan
-        verifies trees (trees on, no pre-drafting, whose cycles verify chains)."""
+        """Per row, a run copied from its own text (or others') to verify without drafting
+        (`copy_ngram`), as long as the verify token budget allows ([]: none; [] for all:
+        copies are off). Where every row has one the cycle makes no drafter pass. Elsewhere a
+        greedy row takes its copy in the drafter's tree (`lookup_tokens`), and a sampled row
+        still verifies its copy alone, so a sampled row copies only where the plan verifies
+        trees (trees on, no pre-drafting, whose cycles verify chains;
+        `Drafting.row_copies`)."""
         p = self.proposals
         if not isinstance(self.drafting, Drafting) or not p.copy_ngram:
             return []
-        length = self._lookup(len(rows), beside=0)
-        sampled_too = plan.verifies_trees(p.tree_nodes)
-        out, whole = [], True  # whole: every row so far has a copy
-        elsewhere = self._elsewhere()
-        for s in rows:
-            # a greedy row's copy serves only a cycle of copies: once a row has none, skip
-            # the lookup (O(context), every row, every cycle)
-            wanted = sampled_too if not s.params.greedy else whole
-            out.append(Drafting.copy_of(self.drafting.states[s.slot], length, p.copy_ngram,
-                                        elsewhere) if wanted else [])
-            whole = whole and bool(out[-1])
-        return out
+        return Drafting.row_copies([self.drafting.states[s.slot] for s in rows],
+                                   self._lookup(len(rows), beside=0), p.copy_ngram,
+                                   self._elsewhere(), plan.verifies_trees(p.tree_nodes))
 
     def _copy_trees(self, rows: list[Sequence], copies: list[list[int]],
                     guesses: bool) -> list[DraftTree] | None:

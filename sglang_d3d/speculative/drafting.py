@@ -265,13 +265,23 @@ class Drafting:
         a cycle copies would depend on every row of the batch, and a sampled row's draws must
         not (the engine verifies a sampled row's copies as a tree of sure nodes, alone or
         batched)."""
-        out = []
+        out = Drafting.row_copies(rows, length, min_ngram, elsewhere)
+        return out if out and all(out) else None
+
+    @staticmethod
+    def row_copies(rows: list[DraftState], length: int, min_ngram: int,
+                   elsewhere: Sequence[CopySource] = (), sampled_too: bool = False) -> list[list[int]]:
+        """Per row, its copy (`copy_of`; []: none). A greedy row's copy serves only a cycle of
+        copies, which needs every row to have one: once a row has none, the greedy rows after
+        it skip the lookup (O(context), every row, every cycle). A sampled row copies only
+        where `sampled_too`: the host verifies its copy alone, as a chain of sure nodes among
+        the batch's trees, so that what it draws never depends on its batch."""
+        out, whole = [], True  # whole: every row so far has a copy
         for s in rows:
-            copied = Drafting.copy_of(s, length, min_ngram, elsewhere) if s.params.greedy else []
-            if not copied:
-                return None
-            out.append(copied)
-        return out or None
+            wanted = sampled_too if not s.params.greedy else whole
+            out.append(Drafting.copy_of(s, length, min_ngram, elsewhere) if wanted else [])
+            whole = whole and bool(out[-1])
+        return out
 
     @staticmethod
     def _tree(s: DraftState, nodes: int, copied: list[int]) -> DraftTree:

@@ -28,8 +28,10 @@ $PY -m sglang_d3d.training.train --out-dir data/train_v2 --block-size 16 \
 # 2b. A second schedule from the step-600 drafter (sitting 20; v2's held-out accepted length
 #     had flattened at 2.94-2.98 over its last 200 steps, at a learning rate decayed to 6e-5,
 #     having seen 2,400 of the 5,376 sequences): warm restart at 3e-4, cosine over 400 steps, a
-#     new data order (seed 1); the same objective and format. Resumes like step 2; between
-#     sittings data/train_v3/{drafter,trainer_meta.json,history.jsonl} are committed.
+#     new data order (seed 1); the same objective and format. Resumes like step 2 where
+#     data/train_v3 is still on the machine; only its history.jsonl and trainer_meta.json are
+#     committed, not its weights: a further 19.6 MB checkpoint would take the packed repository
+#     over 100 MB (84.3 MiB in sitting 20).
 taskset -c 1 $PY -m sglang_d3d.training.train --init-from data/train_v2/drafter \
   --out-dir data/train_v3 --block-size 16 --min-block-size 4 --num-anchors 32 --rank 32 \
   --alpha 32 --loss kl --gamma 7 --batch-size 4 --lr 3e-4 --warmup-steps 10 --max-steps 400 \

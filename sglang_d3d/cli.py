@@ -1,4 +1,4 @@
-"""`d3d`: generate | bench | serve | bench-serving | datagen | train | prune | corpus."""
+"""`d3d`: generate | bench | serve | bench-serving | datagen | train | prune | corpus | compact."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ DELEGATED = {
     "train": ("sglang_d3d.training.train", "add_train_args", "run_train"),
     "prune": ("sglang_d3d.training.prune", "add_prune_args", "run_prune"),
     "corpus": ("sglang_d3d.training.corpus", "add_corpus_args", "run_corpus"),
+    "compact": ("sglang_d3d.training.compact", "add_compact_args", "run_compact"),
 }
 
 

@@ -74,11 +74,13 @@ def make_tiny_target(out_dir: str | Path, arch: str = "llama", seed: int = 0) ->
 def make_tiny_pair(
     tmp_dir: str | Path, arch: str = "llama", seed: int = 0, block_size: int = 4,
     layer_ids: tuple[int, ...] = (0, 3), delta_std: float = 0.02, min_block: int = 0,
+    store: str = "float",
 ) -> tuple[str, str]:
     """(target_dir, drafter_dir): a tiny random target and a drafter over two of its layers
     with small random deltas (so mask slots differ from the plain layers), agreeing with the
     target often enough to exercise every path. min_block > 0: marked as trained on mixed
-    blocks down to that size (as the shipped drafter: block 16, min_block_size 4)."""
+    blocks down to that size (as the shipped drafter: block 16, min_block_size 4). store: how
+    the checkpoint keeps the deltas (models/delta_store.py; the shipped one: int4)."""
     from sglang_d3d.models.drafter import D3DDrafter
     from sglang_d3d.models.loading import load_hf_model
 
@@ -94,5 +96,5 @@ def make_tiny_pair(
         for p in drafter.trainable_parameters():
             p.add_(torch.randn(p.shape, generator=gen) * delta_std)
     drafter_dir = root / "drafter"
-    drafter.save_pretrained(drafter_dir)
+    drafter.save_pretrained(drafter_dir, store=store)
     return target_dir, str(drafter_dir)

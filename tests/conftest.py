@@ -39,11 +39,12 @@ def tiny_prod_models(tmp_path_factory):
     """The shipped drafter's layout on the tiny llama target (same weights as tiny_models'):
     full depth (so its prefix cache is copied from the target's), trained at block 16 with
     mixed blocks down to 4 (assets/drafter/config.json), so an engine block below 4 still
-    drafts packs of 4 and pre-drafts 16-token branches."""
+    drafts packs of 4 and pre-drafts 16-token branches; its deltas stored in int4, as
+    shipped."""
     from sglang_d3d.testing import make_tiny_pair
 
     pair = make_tiny_pair(tmp_path_factory.mktemp("tinyprod"), block_size=16, min_block=4,
-                          layer_ids=(0, 1, 2, 3))
+                          layer_ids=(0, 1, 2, 3), store="int4")
     return _load(*pair)
 
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 
 import torch
@@ -33,6 +33,7 @@ from sglang_d3d.models.acceptance import read_accept_prior
 from sglang_d3d.models.adapters import Gate, GatedFused, adapted_layer, delta_modules
 from sglang_d3d.models.corpus import read_corpus
 from sglang_d3d.models.decoder import Batch, Decoder, run_layers
+from sglang_d3d.models.delta_store import FLOAT, STORES, decode_state, encode_state
 from sglang_d3d.models.int8_deltas import int8_layer
 from sglang_d3d.models.int8_linear import Int8Linear, Int8Setting
 from sglang_d3d.models.kv_cache import KVCache
@@ -72,6 +73,7 @@ class DrafterConfig:
     min_block_size: int = 0  # >0: trained on mixed block sizes down to this one
     block_layout: str = BLOCK_LAYOUT
     version: int = CHECKPOINT_VERSION
+    delta_store: str = FLOAT  # how model.safetensors keeps the deltas (models/delta_store.py)
 
     def __post_init__(self) -> None:
         if self.block_layout != BLOCK_LAYOUT or self.version != CHECKPOINT_VERSION:
@@ -80,6 +82,9 @@ class DrafterConfig:
                 f"{self.version}; this release reads only layout {BLOCK_LAYOUT!r}, version "
                 f"{CHECKPOINT_VERSION}. Retrain it with `d3d train` (recipes/default_drafter.sh)."
             )
+        if self.delta_store not in STORES:
+            raise DrafterFormatError(f"unknown delta_store {self.delta_store!r}; this release "
+                                     f"reads {sorted(STORES)}")
         if self.block_size < 2 or self.adapter_rank < 1 or not self.source_layers:
             raise DrafterFormatError("block_size >= 2, adapter_rank >= 1 and layers required")
 
@@ -152,7 +157,7 @@ class D3DDrafter(nn.Module):
                 f"{cfg.target_fingerprint}, this target {have})"
             )
         drafter = cls(cfg, target)
-        drafter.load_own_state(load_file(str(path / "model.safetensors")))
+        drafter.load_own_state(drafter.read_stored(path))
         drafter.accept_prior = read_accept_prior(path)
         drafter.corpus = read_corpus(path, cfg.target_fingerprint)
         return drafter.eval()
@@ -164,6 +169,11 @@ class D3DDrafter(nn.Module):
             out[f"delta.{name}.a"], out[f"delta.{name}.b"] = m.delta_a, m.delta_b
         return out
 
+    def read_stored(self, path: Path) -> dict[str, torch.Tensor]:
+        """The own state in the checkpoint folder `path`, decoded from its delta store."""
+        shapes = {k: v.shape for k, v in self.own_state().items()}
+        return decode_state(load_file(str(path / "model.safetensors")), self.cfg.delta_store, shapes)
+
     def load_own_state(self, state: dict[str, torch.Tensor]) -> None:
         mine = self.own_state()
         if set(state) != set(mine):
@@ -174,12 +184,14 @@ class D3DDrafter(nn.Module):
             for k, p in mine.items():
                 p.copy_(state[k].to(p.dtype))
 
-    def save_pretrained(self, path: str | Path, dtype: torch.dtype = torch.bfloat16) -> None:
+    def save_pretrained(self, path: str | Path, dtype: torch.dtype = torch.bfloat16,
+                        store: str = FLOAT) -> None:
+        """store: `float` keeps the deltas in `dtype` (what training resumes from); `int8` or
+        `int4` quantises them for shipping (models/delta_store.py)."""
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
-        state = {k: v.detach().to(dtype).contiguous() for k, v in self.own_state().items()}
-        save_file(state, str(path / "model.safetensors"))
-        cfg = asdict(self.cfg)
+        save_file(encode_state(self.own_state(), store, dtype), str(path / "model.safetensors"))
+        cfg = asdict(replace(self.cfg, delta_store=store))
         # SGLang parses --speculative-draft-model-path as a Hugging Face config before any
         # plugin code runs; with the target family's model_type it parses.
         cfg["model_type"] = self.cfg.base_model_type

@@ -1,0 +1,60 @@
+"""Write a trained drafter in a compact delta store (int8 or int4) for shipping.
+
+    d3d compact --src data/train_v3 --dst sglang_d3d/assets/drafter --store int4
+
+`--src` is a `d3d train` output folder (its fp32 deltas in trainer_state.pt are quantised
+where present, else the drafter/ folder's) or a drafter folder. No target is loaded: the
+deltas are quantised as stored (models/delta_store.py). The destination keeps files it already
+has (the corpus, corpus.npz); the held-out acceptance record comes along.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from sglang_d3d.models.acceptance import ACCEPTANCE
+from sglang_d3d.models.delta_store import FLOAT, STORES, encode_state
+from sglang_d3d.models.drafter import DrafterFormatError, read_config
+from sglang_d3d.training.checkpoint import DRAFTER, STATE
+
+
+def add_compact_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--src", required=True, help="a `d3d train` output folder or a drafter folder")
+    p.add_argument("--dst", required=True, help="the drafter folder to write")
+    p.add_argument("--store", default="int4", choices=sorted(STORES),
+                   help="int4 (5.5 MB at full depth), int8 (9.8 MB) or float (bf16, 19.6 MB)")
+
+
+def source_state(src: Path) -> tuple[Path, dict[str, torch.Tensor]]:
+    """(drafter folder, its own state at the best precision at hand)."""
+    folder = src / DRAFTER if (src / DRAFTER / "config.json").exists() else src
+    cfg = read_config(folder)
+    if cfg.delta_store != FLOAT:
+        raise DrafterFormatError(f"{folder} is stored as {cfg.delta_store} already; compact "
+                                 "from the training folder or a float checkpoint")
+    if (src / STATE).exists():
+        return folder, torch.load(src / STATE, weights_only=False)["model"]
+    return folder, load_file(str(folder / "model.safetensors"))
+
+
+def compact(src: Path, dst: Path, store: str) -> dict:
+    folder, state = source_state(src)
+    dst.mkdir(parents=True, exist_ok=True)
+    save_file(encode_state(state, store), str(dst / "model.safetensors"))
+    cfg = json.loads((folder / "config.json").read_text())
+    cfg["delta_store"] = store
+    (dst / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+    if (folder / ACCEPTANCE).exists():
+        shutil.copy2(folder / ACCEPTANCE, dst / ACCEPTANCE)
+    return {"store": store, "bytes": (dst / "model.safetensors").stat().st_size}
+
+
+def run_compact(args: argparse.Namespace) -> int:
+    print(json.dumps(compact(Path(args.src), Path(args.dst), args.store)))
+    return 0

@@ -27,8 +27,23 @@ def _serve(arms: CopyArms, batch: int, cycles: int, on=FAST, off=SLOW) -> list:
     return chosen
 
 
+def test_at_a_batch_of_one_the_whole_copy_alone_is_a_third_way():
+    arms = CopyArms(cfg=ArmsConfig(probe=1, warmup=2, explore_every=4))
+    assert arms.ways(1) == (WIDE, ALONE, SHORT) and arms.ways(2) == (WIDE, SHORT)
+    alone_best = {WIDE: (30, 2.0), ALONE: (30, 1.0), SHORT: (30, 3.0)}
+    chosen = []
+    for _ in range(6 + 12):
+        way = arms.choose(1)
+        arms.observe(1, way, *alone_best[way])
+        chosen.append(way)
+    assert chosen[:6] == [WIDE, ALONE, SHORT] * 2  # each way's warm-up, in turn ...
+    assert chosen[6:].count(ALONE) >= 10  # ... then the fastest, the others re-tried in turn
+    assert set(_serve(CopyArms(), 2, 20)) == {WIDE, SHORT}  # above one: two ways
+    assert CopyArms(cfg=ArmsConfig(alone_upto=0)).ways(1) == (WIDE, SHORT)
+
+
 def test_both_ways_alternate_until_each_has_its_warmup():
-    chosen = _serve(CopyArms(cfg=ArmsConfig(probe=1, warmup=3)), batch=1, cycles=6)
+    chosen = _serve(CopyArms(cfg=ArmsConfig(alone_upto=0, probe=1, warmup=3)), batch=1, cycles=6)
     assert chosen == [WIDE, SHORT] * 3
 
 
@@ -40,21 +55,21 @@ def _retries(chosen: list, leader) -> list[int]:
 def test_then_the_faster_way_serves_and_the_other_is_retried_ever_more_rarely(faster):
     """After its first `explore_every` cycles as leader the other way is re-tried, then after
     twice as many cycles each time, up to `max_interval`."""
-    arms = CopyArms(cfg=ArmsConfig(warmup=2, explore_every=4, max_interval=8))
+    arms = CopyArms(cfg=ArmsConfig(alone_upto=0, warmup=2, explore_every=4, max_interval=8))
     on, off = (FAST, SLOW) if faster else (SLOW, FAST)
     after = _serve(arms, 1, 4 + 32, on, off)[4:]
     assert _retries(after, WIDE if faster else SHORT) == [4, 13, 22, 31]  # after 4, then 8 ...
 
 
 def test_a_way_that_slows_down_loses_its_place():
-    arms = CopyArms(cfg=ArmsConfig(warmup=2, explore_every=4, decay=0.5))
+    arms = CopyArms(cfg=ArmsConfig(alone_upto=0, warmup=2, explore_every=4, decay=0.5))
     _serve(arms, 1, 20)  # the wide way faster
     chosen = _serve(arms, 1, 40, on=(30, 4.0))  # then slower than the short copies
     assert chosen[-8:].count(SHORT) >= 7
 
 
 def test_a_new_leader_is_retried_against_from_the_shortest_interval():
-    arms = CopyArms(cfg=ArmsConfig(warmup=2, explore_every=4, max_interval=64))
+    arms = CopyArms(cfg=ArmsConfig(alone_upto=0, warmup=2, explore_every=4, max_interval=64))
     _serve(arms, 1, 4 + 40)  # the wide way leads; re-tries after 4, 8, 16 cycles, then 32
     assert arms.retries[1].interval == 32
     chosen = _serve(arms, 1, 60, on=(30, 8.0))  # now the short way is faster
@@ -62,7 +77,7 @@ def test_a_new_leader_is_retried_against_from_the_shortest_interval():
 
 
 def test_batch_sizes_share_a_measure_by_bucket_and_rates_are_per_row():
-    arms = CopyArms(cfg=ArmsConfig(warmup=2, explore_every=4))
+    arms = CopyArms(cfg=ArmsConfig(alone_upto=0, warmup=2, explore_every=4))
     _serve(arms, 1, 20)  # at batch 1 the wide way is faster
     _serve(arms, 4, 10, on=SLOW, off=FAST)  # at 4 to 7 the short one
     _serve(arms, 6, 10, on=SLOW, off=FAST)
@@ -89,18 +104,18 @@ def test_the_plan_runs_once_each_way_has_probed_where_the_controller_expects_mor
     """Copies at 30 tokens a second at best, the plan expected at 40: after each way's 2
     probing cycles the plan runs, and a way of copying is re-tried now and then, the faster
     first; where the plan is expected slower, copies go on to their full warm-up."""
-    arms = CopyArms(cfg=ArmsConfig(probe=2, warmup=8, explore_every=4, max_interval=8))
+    arms = CopyArms(cfg=ArmsConfig(alone_upto=0, probe=2, warmup=8, explore_every=4, max_interval=8))
     chosen = _serve_against(arms, 40.0, 4 + 23)
     assert chosen[:4] == [WIDE, SHORT, WIDE, SHORT]
     after = chosen[4:]
     assert _retries(after, None) == [4, 13, 22] and [after[i] for i in (4, 13)] == [WIDE, SHORT]
-    slow_plan = _serve_against(CopyArms(cfg=ArmsConfig(probe=2, warmup=4)), 20.0, 12)
+    slow_plan = _serve_against(CopyArms(cfg=ArmsConfig(alone_upto=0, probe=2, warmup=4)), 20.0, 12)
     assert slow_plan.count(None) == 0 and slow_plan[:8] == [WIDE, SHORT] * 4
 
 
 def test_without_guesses_the_wide_way_is_the_whole_copy_alone():
     arms = CopyArms(guesses=False, cfg=ArmsConfig(warmup=2, explore_every=4))
-    assert arms.ways == (ALONE, SHORT) and set(_serve(arms, 1, 12)) == {ALONE, SHORT}
+    assert arms.ways(1) == (ALONE, SHORT) and set(_serve(arms, 1, 12)) == {ALONE, SHORT}
     assert not ALONE.guesses and not ALONE.short and WIDE.guesses and SHORT.short
 
 
@@ -114,7 +129,7 @@ def test_a_rate_weighs_recent_cycles_more():
 
 @pytest.mark.parametrize("bad", [{"warmup": 0}, {"probe": 0}, {"probe": 9, "warmup": 8},
                                  {"explore_every": 1}, {"explore_every": 8, "max_interval": 4},
-                                 {"decay": 0.0}])
+                                 {"decay": 0.0}, {"alone_upto": -1}])
 def test_bad_settings_are_refused(bad):
     with pytest.raises(ValueError):
         ArmsConfig(**bad)
@@ -136,6 +151,7 @@ def test_the_engine_tries_both_ways_and_keeps_the_targets_output(tiny_models):
     copies: both ways run, trees with guesses and chains alone, and outputs stay the target's."""
     prompts = [[5, 6, 7, 5, 6, 7, 5], [12, 40, 13, 50, 14, 60, 15]]
     eng = make_engine(tiny_models, Mode.SYNC, block=4, batch=1)
+    eng.copy_arms = CopyArms(cfg=ArmsConfig(alone_upto=0))  # as at batches above one
     stats = []
     eng.cycle_listeners.append(lambda rid, c: stats.append(c))
     out = generate(eng, prompts, SamplingParams(max_new_tokens=60))
@@ -149,8 +165,17 @@ def test_the_engine_tries_both_ways_and_keeps_the_targets_output(tiny_models):
     assert any(c.num_drafts > short for c in copied if c.tree_nodes)
 
 
+def test_the_engine_runs_all_three_ways_at_a_batch_of_one(tiny_models):
+    prompts = [[5, 6, 7, 5, 6, 7, 5], [12, 40, 13, 50, 14, 60, 15]]
+    eng = make_engine(tiny_models, Mode.SYNC, block=4, batch=1)
+    out = generate(eng, prompts, SamplingParams(max_new_tokens=60))
+    for p, o in zip(prompts, out):
+        assert o.token_ids == reference_greedy(tiny_models[0], p, 60)
+    assert all(eng.copy_arms.rate(1, w).cycles for w in (WIDE, ALONE, SHORT))
+
+
 def test_no_guesses_or_no_copies(tiny_models):
-    assert make_engine(tiny_models, Mode.SYNC, copy_guesses=0).copy_arms.ways == (ALONE, SHORT)
+    assert make_engine(tiny_models, Mode.SYNC, copy_guesses=0).copy_arms.ways(1) == (ALONE, SHORT)
     assert make_engine(tiny_models, Mode.SYNC, copy_ngram=0).copy_arms is None
     assert make_engine(tiny_models, Mode.AR).copy_arms is None
 
@@ -160,7 +185,7 @@ def test_the_engine_runs_its_plan_where_copies_measured_slower(tiny_models):
     whose rows all found copies mostly run the plan; outputs stay the target's."""
     prompt = [5, 6, 7, 5, 6, 7, 5]
     eng = make_engine(tiny_models, Mode.SYNC, block=4, batch=1, adaptive=True)
-    eng.copy_arms = CopyArms(cfg=ArmsConfig(warmup=2, explore_every=4))
+    eng.copy_arms = CopyArms(cfg=ArmsConfig(alone_upto=0, warmup=2, explore_every=4))
     real_plan = eng.controller.choose
 
     def plan_expected_fast(*a, **kw):  # the plan expected faster than anything

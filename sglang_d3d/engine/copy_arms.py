@@ -1,7 +1,8 @@
 """How a cycle whose rows all found copies runs: its copies with other texts' guesses beside
 them (`copy_guesses`, WIDE), or cut to half their length and alone (SHORT), or the
 controller's plan instead: chosen by what each way measures on this machine, per batch bucket
-(1, 2-3, 4-7, ... as the controller's). Without guesses the wide way is the whole copy alone.
+(1, 2-3, 4-7, ... as the controller's). Without guesses the wide way is the whole copy alone;
+with them, a batch of one also tries the whole copy alone (ALONE).
 
 The guesses add tokens a cycle and cost verify width, and what a token of width costs depends
 on the hardware: simulated offline with a token at 1.2% of a plain step they paid 9% on GSM8K;
@@ -25,6 +26,13 @@ last, up to `max_interval`, while the leader stays; a new leader starts over. Me
 (sitting 19): with 8 warm-up cycles a way for every exact batch size and a fixed re-try every
 8th cycle, a load at concurrency 4 made about 15 cycles of copies and so ran almost all of them
 in warm-up, copies at twice a plain step's cost (code through the server: 0.86x-0.99x of ar).
+At a batch of one (`alone_upto`) the whole copy alone is a third way beside the guesses: there
+a verify pass reads weights, so width costs what it is worth only where guesses are often
+right. Sitting 21, `d3d bench` at batch 1, each against no guesses at all in the same run:
+the two ways ran 2.2-5.7% behind on GSM8K in three runs out of three (a copy alone was not
+among them), the three ways 0.9% and 3.5% ahead on GSM8K, and +5.5% and -4.1% on MT-Bench.
+Above a batch of one the two ways stay (a third way's warm-up cycles are what short loads at 4
+pay for).
 Outputs are the same whichever way runs (the target verifies them all).
 """
 
@@ -54,12 +62,14 @@ class ArmsConfig:
     explore_every: int = 8  # cycles of a new leader before another way is re-tried
     max_interval: int = 64  # the re-tries' interval doubles up to this while the leader stays
     decay: float = 0.98  # the weight of a way's past cycles at each new cycle of it
+    alone_upto: int = 1  # batches up to this also try the whole copy alone (0: never)
 
     def __post_init__(self) -> None:
         if not 1 <= self.probe <= self.warmup or self.explore_every < 2 \
-                or self.max_interval < self.explore_every or not 0.0 < self.decay <= 1.0:
+                or self.max_interval < self.explore_every or not 0.0 < self.decay <= 1.0 \
+                or self.alone_upto < 0:
             raise ValueError("need 1 <= probe <= warmup, 2 <= explore_every <= max_interval, "
-                             f"decay in (0, 1]: {self}")
+                             f"decay in (0, 1], alone_upto >= 0: {self}")
 
 
 @dataclass
@@ -103,8 +113,7 @@ class Retries:
 
 class CopyArms:
     def __init__(self, guesses: bool = True, cfg: ArmsConfig = ArmsConfig()) -> None:
-        self.cfg = cfg
-        self.ways = (WIDE if guesses else ALONE, SHORT)
+        self.cfg, self.guesses = cfg, guesses
         self.rates: dict[tuple[int, Way], Rate] = {}  # (bucket, way) -> its cycles
         self.retries: dict[int, Retries] = {}  # bucket -> its re-tries
 
@@ -112,15 +121,23 @@ class CopyArms:
         """For a cycle of `batch` rows that all found copies: the way to verify them, or PLAN
         (None): run the plan, which the controller expects to emit `plan_rate` tokens a
         second per row (None: no controller, copies always)."""
-        fewest = min(self.ways, key=lambda w: self.rate(batch, w).cycles)
+        ways = self.ways(batch)
+        fewest = min(ways, key=lambda w: self.rate(batch, w).cycles)
         if self.rate(batch, fewest).cycles < self.cfg.probe:
             return fewest  # alternates, the wide way first
-        ranked: list = sorted(self.ways, key=lambda w: -self.rate(batch, w).per_second)
+        ranked: list = sorted(ways, key=lambda w: -self.rate(batch, w).per_second)
         if plan_rate is not None and self.rate(batch, ranked[0]).per_second < plan_rate:
             ranked.insert(0, PLAN)
         elif self.rate(batch, fewest).cycles < self.cfg.warmup:
             return fewest
         return self.retries.setdefault(bucket(batch), Retries()).pick(ranked, self.cfg)
+
+    def ways(self, batch: int) -> tuple[Way, ...]:
+        """The ways a cycle of `batch` rows may run, the wide one first: with guesses, at a
+        batch of one also the whole copy alone (see the module's note)."""
+        if not self.guesses:
+            return ALONE, SHORT
+        return (WIDE, ALONE, SHORT) if batch <= self.cfg.alone_upto else (WIDE, SHORT)
 
     def observe(self, batch: int, way: Way, tokens: int, seconds: float) -> None:
         """A cycle of copies of `batch` rows run `way` emitted `tokens` in all in `seconds`."""

@@ -88,7 +88,8 @@ def add_engine_args(
                    "request's as one token tree, at most N guessed tokens a pass shared among "
                    f"its requests (0: copies alone; default {EngineConfig.copy_guesses}); "
                    "each batch size measures that against copies cut to half their length, "
-                   "alone, and keeps the faster; outputs do not change")
+                   "alone (and at batch 1 whole copies alone), and keeps the fastest; outputs "
+                   "do not change")
     g.add_argument("--threads", type=int, default=None, help="CPU threads in all (default: all cores)")
 
 

@@ -166,7 +166,8 @@ class EngineConfig:
     # (corpus_lookup.py `guesses`), at most this many guessed tokens a pass beyond the rows'
     # copies, shared out among its rows (a row's share is copy_guesses // batch, within the
     # verify token budget); 0: copies alone, as chains. Whether a cycle does, or verifies
-    # copies cut to half their length alone, each batch bucket measures and keeps the faster,
+    # copies cut to half their length alone (or, at batch 1, whole copies alone), each batch
+    # bucket measures and keeps the fastest,
     # or the controller's plan where it expects more of that (engine/copy_arms.py): a token of
     # verify width costs more on some machines than the guesses bring. Exact either way.
     copy_guesses: int = 8

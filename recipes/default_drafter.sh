@@ -37,6 +37,15 @@ taskset -c 1 $PY -m sglang_d3d.training.train --init-from data/train_v2/drafter 
   --alpha 32 --loss kl --gamma 7 --batch-size 4 --lr 3e-4 --warmup-steps 10 --max-steps 400 \
   --eval-every 100 --eval-samples 40 --ckpt-minutes 10 --no-initial-eval --threads 1 --seed 1
 
+# 2c. A third schedule from the step-2b drafter (sitting 21): level at its first evaluation
+#     (held-out 3.0875 at step 100 against 3.078) and stopped there; not shipped. Kept as a
+#     record (commented out): only data/train_v4/history.jsonl and trainer_meta.json are
+#     committed; it resumes where data/train_v4 is still on the machine.
+# taskset -c 1 $PY -m sglang_d3d.training.train --init-from data/train_v3/drafter \
+#   --out-dir data/train_v4 --block-size 16 --min-block-size 4 --num-anchors 32 --rank 32 \
+#   --alpha 32 --loss kl --gamma 7 --batch-size 4 --lr 2e-4 --warmup-steps 10 --max-steps 400 \
+#   --eval-every 100 --eval-samples 40 --ckpt-minutes 10 --no-initial-eval --threads 1 --seed 2
+
 # 3. Pruning by acceptance length, 4 layers per round (one layer per round re-scores 30
 #    candidates 12 times: too slow on one core), re-distilled from the full drafter; the table
 #    (accepted length per position, draft-pass time, ar/sync/async tokens/s per depth) goes to

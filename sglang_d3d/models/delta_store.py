@@ -89,16 +89,11 @@ def decode_state(stored: dict[str, torch.Tensor], store: str,
     bits = _bits(store)
     if not bits:
         return dict(stored)
-    out = {}
-    for k, v in stored.items():
-        if k.endswith(".scale") and k[: -len(".scale")] + ".q" in stored:
-            continue
-        name = k[: -len(".q")] if k.endswith(".q") else k
-        if name == k or name not in shapes or name + ".scale" not in stored:
-            out[k] = v
-            continue
-        q = unpack_int4(v, shapes[name][1]) if bits == 4 else v
-        out[name] = dequantize(q, stored[name + ".scale"])
+    names = {n for n in shapes if f"{n}.q" in stored and f"{n}.scale" in stored}
+    out = {k: v for k, v in stored.items() if k.rsplit(".", 1)[0] not in names}
+    for n in names:
+        q = unpack_int4(stored[f"{n}.q"], shapes[n][1]) if bits == 4 else stored[f"{n}.q"]
+        out[n] = dequantize(q, stored[f"{n}.scale"])
     return out
 
 

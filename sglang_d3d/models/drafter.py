@@ -188,14 +188,7 @@ class D3DDrafter(nn.Module):
                         store: str = FLOAT) -> None:
         """store: `float` keeps the deltas in `dtype` (what training resumes from); `int8` or
         `int4` quantises them for shipping (models/delta_store.py)."""
-        path = Path(path)
-        path.mkdir(parents=True, exist_ok=True)
-        save_file(encode_state(self.own_state(), store, dtype), str(path / "model.safetensors"))
-        cfg = asdict(replace(self.cfg, delta_store=store))
-        # SGLang parses --speculative-draft-model-path as a Hugging Face config before any
-        # plugin code runs; with the target family's model_type it parses.
-        cfg["model_type"] = self.cfg.base_model_type
-        (path / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+        write_checkpoint(path, self.cfg, self.own_state(), store, dtype)
 
     def place(self, device: str | torch.device) -> D3DDrafter:
         """On the target's device the drafter shares its weights. On another device (a second
@@ -325,6 +318,20 @@ class D3DDrafter(nn.Module):
             head = self._shared["head"]
             self._head_int8 = Int8Linear(head.weight, head.bias, self.int8_setting)
         return self._head_int8
+
+
+def write_checkpoint(path: str | Path, cfg: DrafterConfig, state: dict[str, torch.Tensor],
+                     store: str = FLOAT, dtype: torch.dtype = torch.bfloat16) -> None:
+    """A drafter folder (config.json + model.safetensors) from its config and own state: what
+    `save_pretrained` writes, and `d3d compact` without building the drafter."""
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    save_file(encode_state(state, store, dtype), str(path / "model.safetensors"))
+    raw = asdict(replace(cfg, delta_store=store))
+    # SGLang parses --speculative-draft-model-path as a Hugging Face config before any
+    # plugin code runs; with the target family's model_type it parses.
+    raw["model_type"] = cfg.base_model_type
+    (path / "config.json").write_text(json.dumps(raw, indent=2) + "\n")
 
 
 def read_config(path: Path) -> DrafterConfig:

@@ -16,11 +16,11 @@ import shutil
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
 from sglang_d3d.models.acceptance import ACCEPTANCE
-from sglang_d3d.models.delta_store import FLOAT, STORES, encode_state
-from sglang_d3d.models.drafter import DrafterFormatError, read_config
+from sglang_d3d.models.delta_store import FLOAT, STORES
+from sglang_d3d.models.drafter import DrafterFormatError, read_config, write_checkpoint
 from sglang_d3d.training.checkpoint import DRAFTER, STATE
 
 
@@ -45,11 +45,7 @@ def source_state(src: Path) -> tuple[Path, dict[str, torch.Tensor]]:
 
 def compact(src: Path, dst: Path, store: str) -> dict:
     folder, state = source_state(src)
-    dst.mkdir(parents=True, exist_ok=True)
-    save_file(encode_state(state, store), str(dst / "model.safetensors"))
-    cfg = json.loads((folder / "config.json").read_text())
-    cfg["delta_store"] = store
-    (dst / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+    write_checkpoint(dst, read_config(folder), state, store)
     if (folder / ACCEPTANCE).exists():
         shutil.copy2(folder / ACCEPTANCE, dst / ACCEPTANCE)
     return {"store": store, "bytes": (dst / "model.safetensors").stat().st_size}

@@ -7,6 +7,7 @@ import json
 import pytest
 import torch
 
+from sglang_d3d.cli import main
 from sglang_d3d.models.decoder import Decoder
 from sglang_d3d.models.delta_store import (
     decode_state,
@@ -114,3 +115,9 @@ def test_unknown_store_in_a_config_is_refused(target, tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({**cfg, "delta_store": "int2"}))
     with pytest.raises(DrafterFormatError, match="unknown delta_store 'int2'"):
         D3DDrafter.from_pretrained(tmp_path, target)
+
+
+def test_compact_without_a_drafter_says_so_and_writes_nothing(tmp_path, capsys):
+    assert main(["compact", "--src", str(tmp_path / "none"), "--dst", str(tmp_path / "out")]) == 2
+    assert "holds no drafter" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
+import sys
 from pathlib import Path
 
 import torch
@@ -34,6 +35,9 @@ def add_compact_args(p: argparse.ArgumentParser) -> None:
 def source_state(src: Path) -> tuple[Path, dict[str, torch.Tensor]]:
     """(drafter folder, its own state at the best precision at hand)."""
     folder = src / DRAFTER if (src / DRAFTER / "config.json").exists() else src
+    if not (folder / "config.json").exists():
+        raise DrafterFormatError(f"{src} holds no drafter (no config.json in it or in its "
+                                 f"{DRAFTER}/)")
     cfg = read_config(folder)
     if cfg.delta_store != FLOAT:
         raise DrafterFormatError(f"{folder} is stored as {cfg.delta_store} already; compact "
@@ -52,5 +56,9 @@ def compact(src: Path, dst: Path, store: str) -> dict:
 
 
 def run_compact(args: argparse.Namespace) -> int:
-    print(json.dumps(compact(Path(args.src), Path(args.dst), args.store)))
+    try:
+        print(json.dumps(compact(Path(args.src), Path(args.dst), args.store)))
+    except DrafterFormatError as e:  # before anything is written
+        print(f"d3d compact: error: {e}", file=sys.stderr)
+        return 2
     return 0

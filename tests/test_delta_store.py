@@ -21,7 +21,7 @@ from sglang_d3d.models.delta_store import (
 from sglang_d3d.models.drafter import D3DDrafter, DrafterFormatError
 from sglang_d3d.testing import tiny_hf_model
 from sglang_d3d.training.compact import compact
-from tests.test_drafter import IDS, _noisy, _run
+from tests.drafter_helpers import IDS, noisy, run_block
 
 
 @pytest.mark.parametrize("cols", [7, 8, 64, 128])
@@ -73,7 +73,7 @@ def target():
 
 @pytest.mark.parametrize("store", ["int8", "int4"])
 def test_quantised_drafter_loads_its_quantised_deltas_exactly(target, tmp_path, store):
-    d = _noisy(D3DDrafter.init_from_target(target, [0, 2, 3], 4, rank=4))
+    d = noisy(D3DDrafter.init_from_target(target, [0, 2, 3], 4, rank=4))
     d.save_pretrained(tmp_path, store=store)
     again = D3DDrafter.from_pretrained(tmp_path, target)
     assert again.cfg.delta_store == store
@@ -85,19 +85,19 @@ def test_quantised_drafter_loads_its_quantised_deltas_exactly(target, tmp_path, 
 
 
 def test_int8_drafts_closer_to_the_float_drafter_than_int4(target, tmp_path):
-    d = _noisy(D3DDrafter.init_from_target(target, [0, 2, 3], 4, rank=4))
+    d = noisy(D3DDrafter.init_from_target(target, [0, 2, 3], 4, rank=4))
     with torch.no_grad():
-        want = _run(d, IDS)
+        want = run_block(d, IDS)
         err = {}
         for store in ("int8", "int4"):
             d.save_pretrained(tmp_path / store, store=store)
-            err[store] = (_run(D3DDrafter.from_pretrained(tmp_path / store, target), IDS) - want)
+            err[store] = (run_block(D3DDrafter.from_pretrained(tmp_path / store, target), IDS) - want)
     assert torch.equal(err["int8"][:, :4], torch.zeros_like(err["int8"][:, :4]))  # clean tokens
     assert 0 < err["int8"].abs().max() < 0.05 * want.abs().max() < err["int4"].abs().max()
 
 
 def test_compact_writes_a_loadable_smaller_drafter(target, tmp_path):
-    d = _noisy(D3DDrafter.init_from_target(target, [0, 2, 3], 4, rank=4))
+    d = noisy(D3DDrafter.init_from_target(target, [0, 2, 3], 4, rank=4))
     d.save_pretrained(tmp_path / "float", dtype=torch.float32)
     (tmp_path / "ship").mkdir()
     (tmp_path / "ship" / "README").write_bytes(b"kept")

@@ -8,8 +8,9 @@ import pytest
 import torch
 
 from sglang_d3d.models.decoder import Batch, Decoder
-from sglang_d3d.models.drafter import MASK_ID, D3DDrafter, DrafterFormatError, target_fingerprint
+from sglang_d3d.models.drafter import D3DDrafter, DrafterFormatError, target_fingerprint
 from sglang_d3d.testing import tiny_hf_model
+from tests.drafter_helpers import IDS, noisy, run_block
 
 
 @pytest.fixture()
@@ -17,26 +18,10 @@ def target():
     return Decoder.from_hf(tiny_hf_model())
 
 
-def _noisy(drafter, std=0.05, seed=0):
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in drafter.trainable_parameters():
-            p.add_(torch.randn(p.shape, generator=gen) * std)
-    return drafter
-
-
-def _run(drafter, ids):
-    t = ids.shape[1]
-    mask = torch.ones(t, t, dtype=torch.bool).tril().unsqueeze(0)
-    mask[:, -2:, -2:] = True  # the last two are a bidirectional mask block
-    return drafter.hidden(ids, torch.arange(t).unsqueeze(0), mask)
-
-
-IDS = torch.tensor([[5, 9, 7, 3, MASK_ID, MASK_ID]])
 
 
 def test_fresh_full_depth_drafter_is_the_target_on_clean_tokens(target):
-    d = _noisy(D3DDrafter.init_from_target(target, None, 4, rank=4))
+    d = noisy(D3DDrafter.init_from_target(target, None, 4, rank=4))
     t = 4
     b = Batch(torch.arange(t).unsqueeze(0), torch.ones(t, t, dtype=torch.bool).tril().unsqueeze(0))
     with torch.no_grad():
@@ -47,26 +32,26 @@ def test_fresh_full_depth_drafter_is_the_target_on_clean_tokens(target):
 
 def test_deltas_change_only_mask_slots(target):
     zero = D3DDrafter.init_from_target(target, None, 4, rank=4)
-    noisy = _noisy(D3DDrafter.init_from_target(target, None, 4, rank=4))
+    trained = noisy(D3DDrafter.init_from_target(target, None, 4, rank=4))
     with torch.no_grad():
-        a, b = _run(zero, IDS), _run(noisy, IDS)
+        a, b = run_block(zero, IDS), run_block(trained, IDS)
     assert torch.allclose(a[:, :4], b[:, :4])
     assert not torch.allclose(a[:, 4:], b[:, 4:])
 
 
 def test_drafter_shares_and_never_changes_the_target_weights(target):
     before = {k: v.clone() for k, v in target.state_dict().items()}
-    d = _noisy(D3DDrafter.init_from_target(target, [0, 3], 4, rank=4))
+    d = noisy(D3DDrafter.init_from_target(target, [0, 3], 4, rank=4))
     assert d.layers[1].self_attn.q_proj.base.weight is target.layers[3].self_attn.q_proj.weight
     assert not hasattr(target.layers[3].self_attn.q_proj, "delta_a")
     with torch.no_grad():
-        _run(d, IDS)
+        run_block(d, IDS)
     assert all(torch.equal(v, target.state_dict()[k]) for k, v in before.items())
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_delta_format_rebuilds_the_drafter_exactly(target, tmp_path, dtype):
-    d = _noisy(D3DDrafter.init_from_target(target, [0, 2, 3], 4, rank=4))
+    d = noisy(D3DDrafter.init_from_target(target, [0, 2, 3], 4, rank=4))
     d.save_pretrained(tmp_path, dtype=dtype)
     with torch.no_grad():  # what the stored precision keeps
         for p in d.trainable_parameters():
@@ -74,7 +59,7 @@ def test_delta_format_rebuilds_the_drafter_exactly(target, tmp_path, dtype):
     again = D3DDrafter.from_pretrained(tmp_path, target)
     assert again.cfg == d.cfg
     with torch.no_grad():
-        assert torch.equal(_run(again, IDS), _run(d, IDS))
+        assert torch.equal(run_block(again, IDS), run_block(d, IDS))
     stored = json.loads((tmp_path / "config.json").read_text())
     assert stored["block_layout"] == "anchor" and stored["source_layers"] == [0, 2, 3]
 
@@ -117,7 +102,7 @@ def test_fingerprint_ignores_the_target_dtype(target):
 
 
 def test_prune_keeps_the_deltas_of_kept_layers(target):
-    d = _noisy(D3DDrafter.init_from_target(target, [0, 1, 2, 3], 4, rank=4))
+    d = noisy(D3DDrafter.init_from_target(target, [0, 1, 2, 3], 4, rank=4))
     p = d.prune([1, 3])
     assert p.cfg.source_layers == (1, 3) and not p.is_full_depth and d.is_full_depth
     assert torch.equal(p.layers[0].mlp.up_proj.delta_b, d.layers[1].mlp.up_proj.delta_b)

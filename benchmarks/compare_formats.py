@@ -1,10 +1,13 @@
-"""Issue 9's comparisons from `recipes/compare_formats.sh`: KL against CE, and the shipped
-rank-32 delta format against full-rank deltas (a full fine-tune of the mask path), each arm
-trained the same number of steps over the same schedule and data, evaluated on the same
+"""Issue 9's comparisons from `recipes/compare_formats.sh`: KL against CE, the shipped
+rank-32 delta format against full-rank deltas (a full fine-tune of the mask path), and which
+slots enter the loss (by position, or by the target's confidence in the earlier drafts), each
+arm trained the same number of steps over the same schedule and data, evaluated on the same
 held-out blocks. Prints a markdown table and writes it (and the JSON behind it).
 
     .venv/bin/python benchmarks/compare_formats.py --runs runs/compare \
         --out benchmarks/results/compare_formats
+    .venv/bin/python benchmarks/compare_formats.py --runs runs/compare \
+        --arms weights_position,weights_confidence --out benchmarks/results/compare_weights
 """
 
 from __future__ import annotations
@@ -14,7 +17,10 @@ import json
 from pathlib import Path
 
 ARMS = {"kl": "rank 32, KL to the target", "ce": "rank 32, CE on greedy tokens",
-        "full": "full rank (576), KL to the target"}
+        "full": "full rank (576), KL to the target",
+        "weights_position": "rank 32, KL, draft d in the loss w.p. exp(-(d-1)/7) (default)",
+        "weights_confidence": "rank 32, KL, slots in the loss w.p. the target's confidence "
+                              "in the block's earlier drafts"}
 
 
 def arm_summary(history: list[dict]) -> dict:
@@ -51,9 +57,10 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--runs", default="runs/compare")
     p.add_argument("--out", default="benchmarks/results/compare_formats")
+    p.add_argument("--arms", default="kl,ce,full", help="comma-separated arm folders")
     a = p.parse_args(argv)
     rows = {}
-    for name in ARMS:
+    for name in a.arms.split(","):
         d = Path(a.runs) / name
         if not (d / "history.jsonl").exists():
             continue

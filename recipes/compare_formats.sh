@@ -6,6 +6,11 @@
 #   ce   rank-32 deltas, cross-entropy on the target's greedy tokens
 #   full full-rank deltas (rank 576 = hidden size: every projection free on mask slots, i.e. a
 #        full fine-tune of the mask path; not shippable, its checkpoint is ~0.5 GB)
+# and, with WEIGHTS=1 (sitting 22, over the data folder as it then stood: 66 shards), which
+# slots enter the loss:
+#   weights_position    draft d with probability exp(-(d-1)/7) (the default)
+#   weights_confidence  each slot with the target's confidence in its block's earlier drafts
+#                       (`--slot-weights confidence`, after PARD-2)
 # Rerunning resumes an unfinished arm. Results: runs/compare/<arm>/history.jsonl;
 # benchmarks/results/compare_formats.md is written by benchmarks/compare_formats.py.
 set -euo pipefail
@@ -19,6 +24,11 @@ arm() {  # name, extra flags
     --max-steps 600 --stop-at-step $STOP --eval-every $STOP --eval-samples 40 --ckpt-minutes 5 \
     --threads 1 "$@"
 }
+if [ "${WEIGHTS:-0}" = 1 ]; then
+  arm weights_position --rank 32 --alpha 32 --loss kl
+  arm weights_confidence --rank 32 --alpha 32 --loss kl --slot-weights confidence --no-initial-eval
+  exit 0
+fi
 # The arms share their untrained start, so only the first evaluates it (step 0: 2.11).
 arm kl --rank 32 --alpha 32 --loss kl
 arm ce --rank 32 --alpha 32 --loss ce

@@ -19,11 +19,18 @@ from sglang_d3d.training.forward import (
     target_hidden,
     teacher_source,
 )
-from sglang_d3d.training.losses import accuracy_by_draft, hard_ce, kl_to_teacher, slot_loss
+from sglang_d3d.training.losses import (
+    accuracy_by_draft,
+    hard_ce,
+    kl_to_teacher,
+    label_probs,
+    slot_loss,
+)
 from sglang_d3d.training.objective import (
     IGNORE,
     block_mask,
     build_example,
+    chain_weights,
     collate,
     draft_weights,
     sample_anchors,
@@ -76,6 +83,25 @@ def test_draft_weights_decay_and_skip_index_zero():
     assert w[0] == 0 and w[1] == 1.0
     assert torch.allclose(w[2:], torch.exp(-torch.tensor([1.0, 2.0, 3.0])))
     assert draft_weights(4, None)[1:].tolist() == [1.0] * 4
+
+
+def test_chain_weights_multiply_the_targets_confidence_in_the_earlier_drafts_of_a_block():
+    # one row: a block of drafts 2..4, a block of drafts 2..3, then a padding slot
+    conf = torch.tensor([[0.5, 0.8, 0.9, 0.4, 0.7, 1.0]])
+    draft = torch.tensor([[2, 3, 4, 2, 3, 1]])
+    w = chain_weights(conf, draft)
+    assert torch.allclose(w[0, :5], torch.tensor([1.0, 0.5, 0.4, 1.0, 0.4]))
+    # a certain target keeps every slot; a token it never predicts cuts the rest of the block
+    assert torch.allclose(chain_weights(torch.ones(1, 3), torch.tensor([[2, 3, 4]])), torch.ones(1, 3))
+    cut = chain_weights(torch.tensor([[1.0, 0.0, 1.0, 1.0]]), torch.tensor([[2, 3, 4, 2]]))
+    assert cut[0].tolist() == pytest.approx([1.0, 1.0, 0.0, 1.0], abs=1e-9)
+
+
+def test_label_probs_are_the_softmax_at_the_label():
+    logits = torch.randn(5, 11, generator=torch.Generator().manual_seed(0))
+    labels = torch.tensor([0, 3, 10, 3, 7])
+    want = logits.softmax(-1)[torch.arange(5), labels]
+    assert torch.allclose(label_probs(logits, labels), want)
 
 
 def test_collate_pads_slots_without_labels_and_keeps_clean_causal():

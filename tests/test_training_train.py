@@ -14,6 +14,8 @@ from sglang_d3d.models.loading import load_hf_model
 from sglang_d3d.testing import make_tiny_target
 from sglang_d3d.training.datagen import DatagenConfig, run_datagen_config
 from sglang_d3d.training.evaluate import accepted_lengths
+from sglang_d3d.training.forward import clean_pass
+from sglang_d3d.training.objective import IGNORE
 from sglang_d3d.training.train import TrainConfig, Trainer, lr_at
 
 
@@ -59,6 +61,25 @@ def test_train_checkpoints_load_in_the_engine_loader(tiny_data):
     assert loaded.cfg.block_size == 4 and loaded.is_full_depth
     # the last held-out evaluation travels with the weights: the controller's prior
     assert loaded.accept_prior == conditional_rates(final["by_position"], final["num_blocks"])
+
+
+def test_confidence_weights_keep_every_first_slot_and_score_the_kept_rows(tiny_data):
+    root, target = tiny_data
+    tr = Trainer(_cfg(root, target, out="conf", slot_weights="confidence"))
+    batch = next(tr._micro_batches())
+    past, clean_h = clean_pass(tr.drafter, batch)
+    sel, teacher = tr.loss_rows(batch, clean_h)
+    labelled = batch["labels"] != IGNORE
+    first = labelled & (batch["slot_draft"] == 2)
+    assert first.any() and sel[first].all()  # draft 2 weighs 1: nothing before it can miss
+    assert torch.equal(teacher, tr.teacher_logits(batch, clean_h, sel))
+    final = tr.run()
+    assert final["step"] == 4 and 1.0 <= final["accept_len"] <= 4.0
+
+
+def test_an_unknown_slot_weighting_is_refused():
+    with pytest.raises(ValueError, match="--slot-weights must be one of position, confidence"):
+        TrainConfig(slot_weights="uniform")
 
 
 def _own(trainer):

@@ -1,8 +1,9 @@
 """Losses of the mask slots. Pure functions over logits, each tested alone.
 
-Rows arrive already sampled with probability proportional to their draft weight
-(training/objective.py draft_weights), so every loss here is a plain mean: sampling instead of
-weighting spends the (full-vocabulary) LM head only on the rows that matter.
+Rows arrive already sampled with probability proportional to their weight (training/objective.py:
+draft_weights by position, or chain_weights by the target's confidence), so every loss here is a
+plain mean: sampling instead of weighting spends the (full-vocabulary) LM head only on the rows
+that matter.
 """
 
 from __future__ import annotations
@@ -16,6 +17,13 @@ def kl_to_teacher(student: torch.Tensor, teacher: torch.Tensor) -> torch.Tensor:
     log_s = F.log_softmax(student.float(), -1)
     log_t = F.log_softmax(teacher.float(), -1)
     return (log_t.exp() * (log_t - log_s)).sum(-1).mean()
+
+
+def label_probs(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """[M] probability each row of logits [M, V] gives its label [M]."""
+    logits = logits.float()
+    picked = logits.gather(1, labels.unsqueeze(1)).squeeze(1)
+    return (picked - logits.logsumexp(-1)).exp()
 
 
 def hard_ce(student: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:

@@ -115,3 +115,23 @@ def draft_weights(block: int, gamma: float | None) -> torch.Tensor:
     w = torch.ones(block + 1) if gamma is None or gamma <= 0 else torch.exp(-(d - 1) / gamma)
     w[0] = 0.0
     return w
+
+
+SLOT_WEIGHTS = ("position", "confidence")
+
+
+def chain_weights(conf: torch.Tensor, slot_draft: torch.Tensor) -> torch.Tensor:
+    """[N, S] weight of each slot: the product of `conf` over the earlier slots of its block.
+
+    conf [N, S]: the target's probability of each slot's own label (how sure the target was of
+    the token that slot drafts). slot_draft [N, S]: draft index; each block's slots run 2..B in
+    order. A draft counts only if every earlier draft of its block was accepted, and the drafter
+    seldom gets right a token the target itself was unsure of, so a slot after such a token is
+    worth little (the confidence-adaptive weighting of PARD-2). Draft 1 is the target's own
+    prediction at full depth, always accepted, so it brings no factor: draft 2 weighs 1.
+    """
+    log_c = conf.clamp_min(1e-12).log()
+    before = log_c.cumsum(-1) - log_c  # [N, S] sum of log conf over all earlier slots of the row
+    idx = torch.arange(conf.shape[-1]).expand_as(slot_draft)
+    start = torch.where(slot_draft == 2, idx, 0).cummax(-1).values  # [N, S] first slot of block
+    return (before - before.gather(-1, start)).exp()

@@ -31,8 +31,8 @@ from sglang_d3d.training.build import build_drafter, load_target, parse_layers
 from sglang_d3d.training.checkpoint import DRAFTER, export, load_state, save_checkpoint
 from sglang_d3d.training.evaluate import acceptance_length
 from sglang_d3d.training.forward import block_hidden, clean_pass, pick_rows, teacher_source
-from sglang_d3d.training.losses import accuracy_by_draft, slot_loss
-from sglang_d3d.training.objective import IGNORE, draft_weights
+from sglang_d3d.training.losses import accuracy_by_draft, label_probs, slot_loss
+from sglang_d3d.training.objective import IGNORE, SLOT_WEIGHTS, chain_weights, draft_weights
 from sglang_d3d.training.shards import load_samples
 
 
@@ -50,6 +50,9 @@ class TrainConfig:
     alpha: float = 32.0
     loss: str = "kl"  # kl: KL to the target's distribution; ce: its greedy tokens
     gamma: float = 7.0  # draft d is trained with probability exp(-(d-1)/gamma)
+    # which slots enter the loss: "position" keeps draft d with probability exp(-(d-1)/gamma);
+    # "confidence" with the target's confidence in its block's earlier drafts (chain_weights)
+    slot_weights: str = "position"
     batch_size: int = 4
     grad_accum: int = 1
     lr: float = 5e-4
@@ -77,6 +80,9 @@ class TrainConfig:
             raise ValueError("block_size >= 2, batch_size >= 1 and grad_accum >= 1 required")
         if self.loss not in ("kl", "ce"):
             raise ValueError(f"--loss must be kl or ce, not {self.loss!r}")
+        if self.slot_weights not in SLOT_WEIGHTS:
+            raise ValueError(f"--slot-weights must be one of {', '.join(SLOT_WEIGHTS)}, "
+                             f"not {self.slot_weights!r}")
 
     @property
     def batch_spec(self) -> BatchSpec:
@@ -130,21 +136,36 @@ class Trainer:
         self.gen.set_state(state["rng"])
 
     # ---- one step --------------------------------------------------------------------------
-    def loss_rows(self, batch: dict) -> torch.Tensor:
-        """[N, KM] bool: slots with a label, kept with probability weight(draft index)."""
-        keep_p = self.weights[batch["slot_draft"]]
-        return (batch["labels"] != IGNORE) & (torch.rand(keep_p.shape, generator=self.gen) < keep_p)
+    def keep(self, labelled: torch.Tensor, keep_p: torch.Tensor) -> torch.Tensor:
+        """[N, KM] bool: labelled slots, each kept in the loss with probability keep_p."""
+        draw = torch.rand(keep_p.shape, generator=self.gen).to(keep_p.device)
+        return labelled & (draw < keep_p)
+
+    @torch.no_grad()
+    def teacher_logits(self, batch: dict, clean_h: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        """[M, V] the target's logits at the slots picked by rows [N, KM] bool."""
+        t_h = teacher_source(self.drafter, self.target, batch, clean_h)
+        return self.drafter.logits(pick_rows(t_h, batch["slot_pos"], rows))
+
+    def loss_rows(self, batch: dict, clean_h: torch.Tensor):
+        """-> (sel [N, KM] bool: the slots in this step's loss, teacher [M, V] at them or None)."""
+        labelled = batch["labels"] != IGNORE
+        if self.cfg.slot_weights == "position":
+            sel = self.keep(labelled, self.weights.to(labelled.device)[batch["slot_draft"]])
+            kl = self.cfg.loss == "kl"
+            return sel, self.teacher_logits(batch, clean_h, sel) if kl else None
+        # confidence: the teacher at every labelled slot first, to weigh the chains
+        scored = self.teacher_logits(batch, clean_h, labelled)  # [L, V]
+        conf = torch.ones(labelled.shape, device=scored.device)
+        conf[labelled] = label_probs(scored, batch["labels"][labelled])
+        sel = self.keep(labelled, chain_weights(conf, batch["slot_draft"]))
+        return sel, scored[sel[labelled]]
 
     def micro_step(self, batch: dict) -> dict:
         d, dev = self.drafter, self.cfg.device
         batch = {k: v.to(dev) for k, v in batch.items()}
         past, clean_h = clean_pass(d, batch)
-        sel = self.loss_rows(batch).to(dev)
-        teacher = None
-        if self.cfg.loss == "kl":
-            with torch.no_grad():
-                t_h = teacher_source(d, self.target, batch, clean_h)
-                teacher = d.logits(pick_rows(t_h, batch["slot_pos"], sel))  # [M, V]
+        sel, teacher = self.loss_rows(batch, clean_h)
         student = d.logits(block_hidden(d, batch, past)[sel])  # [M, V]
         loss = slot_loss(student, teacher, batch["labels"][sel], self.cfg.loss)
         acc = accuracy_by_draft(student.cpu(), batch["labels"][sel].cpu(),
@@ -269,6 +290,10 @@ def stop_requests():
             signal.signal(sig, handler)
 
 
+CHOICES = {"loss": ("kl", "ce"), "dtype": ("auto", "float32", "bfloat16"),
+           "slot_weights": SLOT_WEIGHTS}
+
+
 def add_train_args(p: argparse.ArgumentParser) -> None:
     d = TrainConfig()
     for f in fields(TrainConfig):
@@ -276,9 +301,8 @@ def add_train_args(p: argparse.ArgumentParser) -> None:
         default = getattr(d, f.name)
         if f.name == "layers":
             p.add_argument(flag, type=parse_layers, default=None, help="e.g. 0,1,2,29 (default: all)")
-        elif f.name in ("loss", "dtype"):
-            choices = ["kl", "ce"] if f.name == "loss" else ["auto", "float32", "bfloat16"]
-            p.add_argument(flag, choices=choices, default=default)
+        elif f.name in CHOICES:
+            p.add_argument(flag, choices=CHOICES[f.name], default=default)
         elif isinstance(default, bool):
             p.add_argument(flag, action=argparse.BooleanOptionalAction, default=default)
         elif default is None:

@@ -47,7 +47,7 @@ def target_samples(target, tok, dataset: str, n: int, max_new: int) -> list[Samp
 def add_sample_args(p: argparse.ArgumentParser, anchors: int, threads: int) -> None:
     """The options of a benchmark that drafts on the target's answers (this one and
     bench_int8_accuracy.py)."""
-    p.add_argument("--dataset", default="gsm8k", help="gsm8k | mt_bench | FILE.jsonl")
+    p.add_argument("--dataset", default="gsm8k", help="gsm8k | mt_bench | mbpp (code, bundled) | FILE.jsonl")
     p.add_argument("--num-prompts", type=int, default=30)
     p.add_argument("--max-new-tokens", type=int, default=256)
     p.add_argument("--anchors", type=int, default=anchors, help="blocks drafted per response")

@@ -64,7 +64,7 @@ from sglang_d3d.benchmarks.paired import paired_ratios, print_paired
 import sglang_d3d
 from sglang_d3d.cli_args import count
 from sglang_d3d.interleave import rotated
-from sglang_d3d.prompts import NAMED, datasets_dir, question_text
+from sglang_d3d.prompts import BUNDLED, NAMED, dataset_path, question_text
 from sglang_d3d.speculative.cycle import Plan
 
 DATASETS = tuple(NAMED)  # gsm8k (test split), mt_bench
@@ -73,11 +73,6 @@ VARIANTS = ("plain", "logprobs", "n")
 
 
 # ---- prompts ----------------------------------------------------------------------------------
-
-
-def dataset_path(name: str) -> Path:
-    """A named set (gsm8k, mt_bench) in the datasets folder, or any JSONL file."""
-    return Path(name) if name.endswith(".jsonl") else datasets_dir() / NAMED[name]
 
 
 def prompt_texts(path: Path, seed: int = 0) -> list[str]:
@@ -511,9 +506,10 @@ async def run_load_once(url: str, body: dict, headers: dict) -> None:
 
 
 def _dataset(name: str) -> str:
-    if name in DATASETS or (name.endswith(".jsonl") and Path(name).is_file()):
+    if name in DATASETS or name in BUNDLED or (name.endswith(".jsonl") and Path(name).is_file()):
         return name
-    raise argparse.ArgumentTypeError(f"{name!r}: use {', '.join(DATASETS)} or an existing .jsonl file")
+    known = ", ".join([*DATASETS, *BUNDLED])
+    raise argparse.ArgumentTypeError(f"{name!r}: use {known} or an existing .jsonl file")
 
 
 def _positive(text: str) -> int:
@@ -528,7 +524,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--url", help="benchmark this running server (its mode) instead of --modes")
     p.add_argument("--modes", nargs="+", default=["ar", "async"], choices=["ar", "sync", "async", "fused"])
     p.add_argument("--datasets", nargs="+", default=list(DATASETS), type=_dataset,
-                   help=f"{', '.join(DATASETS)}, or a JSONL file of prompts (e.g. code tasks)")
+                   help=f"{', '.join([*DATASETS, *BUNDLED])} (code tasks), or a JSONL file of prompts")
     p.add_argument("--concurrency", nargs="+", type=int, default=[1, 4, 16])
     p.add_argument("--num-prompts", type=int, default=32, help="per dataset and concurrency")
     p.add_argument("--max-tokens", type=int, default=128)

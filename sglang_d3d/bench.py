@@ -26,7 +26,7 @@ from sglang_d3d.prompts import chat_ids, load_questions
 def add_bench_args(p: argparse.ArgumentParser) -> None:
     add_engine_args(p, modes=True)
     p.set_defaults(calibrate=True)  # adaptive modes start calibrated, as the server's does
-    p.add_argument("--dataset", default="gsm8k", help="gsm8k | mt_bench | FILE.jsonl")
+    p.add_argument("--dataset", default="gsm8k", help="gsm8k | mt_bench | mbpp (code, bundled) | FILE.jsonl")
     p.add_argument("--num-prompts", type=int, default=20)
     p.add_argument("--modes", type=mode_list, default="ar,sync,async",
                    help="comma-separated: ar, sync, async, fused; an '@B' suffix sets the block "

@@ -1,4 +1,4 @@
-"""Evaluation prompt sets: GSM8K test, MT-Bench first turns, or any JSONL file."""
+"""Evaluation prompt sets: GSM8K test, MT-Bench first turns, MBPP code tasks, or any JSONL file."""
 
 from __future__ import annotations
 
@@ -7,6 +7,9 @@ import os
 from pathlib import Path
 
 NAMED = {"gsm8k": "gsm8k/test.jsonl", "mt_bench": "mt_bench/question.jsonl"}
+# Shipped with the package (assets/prompts/README.md: source and licence), so the code prompt
+# kind needs no download.
+BUNDLED = {"mbpp": Path(__file__).resolve().parent / "assets" / "prompts" / "mbpp_1_20.jsonl"}
 
 
 def datasets_dir() -> Path:
@@ -22,7 +25,7 @@ def datasets_dir() -> Path:
 
 
 def load_questions(dataset: str, limit: int | None = None) -> list[str]:
-    path = Path(dataset) if dataset.endswith(".jsonl") else datasets_dir() / NAMED[dataset]
+    path = dataset_path(dataset)
     out = []
     with open(path) as f:
         for line in f:
@@ -31,6 +34,17 @@ def load_questions(dataset: str, limit: int | None = None) -> list[str]:
             if limit and len(out) >= limit:
                 break
     return out
+
+
+def dataset_path(dataset: str) -> Path:
+    if dataset.endswith(".jsonl"):
+        return Path(dataset)
+    if dataset in BUNDLED:
+        return BUNDLED[dataset]
+    if dataset in NAMED:
+        return datasets_dir() / NAMED[dataset]
+    known = ", ".join(sorted([*NAMED, *BUNDLED]))
+    raise ValueError(f"unknown dataset {dataset!r}: one of {known}, or a FILE.jsonl")
 
 
 def question_text(row: dict) -> str:

@@ -85,8 +85,9 @@ def test_warm_up_sends_other_prompts_unmeasured(tmp_path, monkeypatch):
 def test_datasets_are_named_sets_or_jsonl_files(tmp_path, capsys):
     code = tmp_path / "code.jsonl"
     code.write_text('{"prompt": "Write a function."}\n{"prompt": "Sort a list."}\n')
-    args = bench.build_parser().parse_args(["--datasets", "gsm8k", str(code)])
-    assert args.datasets == ["gsm8k", str(code)]
+    args = bench.build_parser().parse_args(["--datasets", "gsm8k", "mbpp", str(code)])
+    assert args.datasets == ["gsm8k", "mbpp", str(code)]
+    assert len(bench.load_prompts(bench.dataset_path("mbpp"), 20)) == 20  # bundled code tasks
     assert sorted(bench.load_prompts(code, 2)) == ["Sort a list.", "Write a function."]
     with pytest.raises(SystemExit):
         bench.build_parser().parse_args(["--datasets", str(tmp_path / "missing.jsonl")])

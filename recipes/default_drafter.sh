@@ -37,6 +37,17 @@ taskset -c 1 $PY -m sglang_d3d.training.train --init-from data/train_v2/drafter 
   --alpha 32 --loss kl --gamma 7 --batch-size 4 --lr 3e-4 --warmup-steps 10 --max-steps 400 \
   --eval-every 100 --eval-samples 40 --ckpt-minutes 10 --no-initial-eval --threads 1 --seed 1
 
+# 2d. A fourth schedule from the shipped (step-2b, int4) drafter (sitting 22), over the data
+#     folder as it stood at its start (datagen was adding shards meanwhile): lr 3e-4, 10 warm-up steps, cosine
+#     over 360 steps, data order seed 3. Held-out accepted length at block 16 (40 samples x 8
+#     blocks): 3.103 (step 120), 3.197 (240), 3.209 (360), against 3.078 for step 2b. Its
+#     deltas are committed in int4 (data/train_v5/drafter_int4, `d3d compact`); not yet
+#     benchmarked end to end, so not yet shipped.
+#   taskset -c 1 $PY -m sglang_d3d.training.train --init-from sglang_d3d/assets/drafter \
+#     --out-dir data/train_v5 --block-size 16 --min-block-size 4 --num-anchors 32 --rank 32 \
+#     --alpha 32 --loss kl --gamma 7 --batch-size 4 --lr 3e-4 --warmup-steps 10 --max-steps 360 \
+#     --eval-every 120 --eval-samples 40 --ckpt-minutes 10 --no-initial-eval --threads 1 --seed 3
+#   $PY -m sglang_d3d.cli compact --src data/train_v5 --dst data/train_v5/drafter_int4 --store int4
 # 2c. A third schedule from the step-2b drafter (sitting 21): level at its first evaluation
 #     (held-out 3.0875 at step 100 against 3.078) and stopped there; not shipped. Kept as a
 #     record (commented out): only data/train_v4/history.jsonl and trainer_meta.json are

@@ -506,10 +506,17 @@ async def run_load_once(url: str, body: dict, headers: dict) -> None:
 
 
 def _dataset(name: str) -> str:
-    if name in DATASETS or name in BUNDLED or (name.endswith(".jsonl") and Path(name).is_file()):
-        return name
-    known = ", ".join([*DATASETS, *BUNDLED])
-    raise argparse.ArgumentTypeError(f"{name!r}: use {known} or an existing .jsonl file")
+    """A set prompts.dataset_path knows, or an existing JSONL file (named sets are looked up in
+    the datasets folder only when loaded)."""
+    if name.endswith(".jsonl") and not Path(name).is_file():
+        known = ", ".join([*DATASETS, *BUNDLED])
+        raise argparse.ArgumentTypeError(f"{name!r}: use {known} or an existing .jsonl file")
+    if name not in NAMED:
+        try:
+            dataset_path(name)
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+    return name
 
 
 def _positive(text: str) -> int:

@@ -35,6 +35,9 @@ from sglang_d3d.training.losses import accuracy_by_draft, label_probs, slot_loss
 from sglang_d3d.training.objective import IGNORE, SLOT_WEIGHTS, chain_weights, draft_weights
 from sglang_d3d.training.shards import load_samples
 
+CHOICES = {"loss": ("kl", "ce"), "dtype": ("auto", "float32", "bfloat16"),
+           "slot_weights": SLOT_WEIGHTS}
+
 
 @dataclass(frozen=True)
 class TrainConfig:
@@ -78,7 +81,7 @@ class TrainConfig:
     def __post_init__(self) -> None:
         if self.block_size < 2 or self.batch_size < 1 or self.grad_accum < 1:
             raise ValueError("block_size >= 2, batch_size >= 1 and grad_accum >= 1 required")
-        if self.loss not in ("kl", "ce"):
+        if self.loss not in CHOICES["loss"]:
             raise ValueError(f"--loss must be kl or ce, not {self.loss!r}")
         if self.slot_weights not in SLOT_WEIGHTS:
             raise ValueError(f"--slot-weights must be one of {', '.join(SLOT_WEIGHTS)}, "
@@ -288,10 +291,6 @@ def stop_requests():
     finally:
         for sig, handler in old.items():
             signal.signal(sig, handler)
-
-
-CHOICES = {"loss": ("kl", "ce"), "dtype": ("auto", "float32", "bfloat16"),
-           "slot_weights": SLOT_WEIGHTS}
 
 
 def add_train_args(p: argparse.ArgumentParser) -> None:

@@ -57,6 +57,7 @@ def add_sample_args(p: argparse.ArgumentParser, anchors: int, threads: int) -> N
 
 def load_pair(a: argparse.Namespace, drafter_path) -> tuple[D3DDrafter, list[Sample]]:
     """The default target, the drafter at `drafter_path`, and the target's answers."""
+    load_questions(a.dataset, 1)  # a bad --dataset fails before the models load
     torch.set_num_threads(a.threads)
     torch.set_grad_enabled(False)
     target = load_target(None)

@@ -41,8 +41,8 @@ taskset -c 1 $PY -m sglang_d3d.training.train --init-from data/train_v2/drafter 
 #     folder as it stood at its start (datagen was adding shards meanwhile): lr 3e-4, 10 warm-up steps, cosine
 #     over 360 steps, data order seed 3. Held-out accepted length at block 16 (40 samples x 8
 #     blocks): 3.103 (step 120), 3.197 (240), 3.209 (360), against 3.078 for step 2b. Its
-#     deltas are committed in int4 (data/train_v5/drafter_int4, `d3d compact`); not yet
-#     benchmarked end to end, so not yet shipped.
+#     deltas are committed in int4 (data/train_v5/drafter_int4, `d3d compact`). Shipped since
+#     sitting 23 (step 4), after `d3d bench` ran it beside step 2b's drafter in one run.
 #   taskset -c 1 $PY -m sglang_d3d.training.train --init-from sglang_d3d/assets/drafter \
 #     --out-dir data/train_v5 --block-size 16 --min-block-size 4 --num-anchors 32 --rank 32 \
 #     --alpha 32 --loss kl --gamma 7 --batch-size 4 --lr 3e-4 --warmup-steps 10 --max-steps 360 \
@@ -78,9 +78,16 @@ $PY -m sglang_d3d.training.prune --drafter-path data/train_v2/drafter --out-dir 
 #    full depth), with its deltas quantised to int4 (5.4 MB against 19.6 MB in bf16; the
 #    repository keeps every shipped checkpoint and packs under 100 MB). `d3d compact` reads the
 #    fp32 deltas from trainer_state.pt where it is still on the machine. Shipped since sitting
-#    21: the second schedule's drafter (step 2b); before it, data/train_v2/drafter in bf16.
-$PY -m sglang_d3d.cli compact --src data/train_v3 --dst sglang_d3d/assets/drafter --store int4
+#    23: the fourth schedule's drafter (step 2d; its int4 deltas are data/train_v5/drafter_int4,
+#    the same bytes); in sitting 21-22 the second schedule's (step 2b); before it,
+#    data/train_v2/drafter in bf16.
+$PY -m sglang_d3d.cli compact --src data/train_v5 --dst sglang_d3d/assets/drafter --store int4
 
 # 5. The target's own answers beside it, for copies where a request's text has none
-#    (speculative/corpus_lookup.py, --corpus-tokens): 1.02M tokens, 0.6 MB compressed.
-$PY -m sglang_d3d.cli corpus --data data/distill --drafter sglang_d3d/assets/drafter
+#    (speculative/corpus_lookup.py, --corpus-tokens): the first 1.02M tokens (5,376 answers),
+#    0.6 MB. All 1.58M were measured in sitting 23 beside the first 1.02M, in one `d3d bench`
+#    run (-corpus<N> modes): no faster on GSM8K or MT-Bench, so they do not ship. The shipped
+#    file predates the xz format (models/corpus.py) and reads as before; this command writes
+#    the same tokens in xz.
+$PY -m sglang_d3d.cli corpus --data data/distill --drafter sglang_d3d/assets/drafter \
+  --max-tokens 1020917

@@ -20,6 +20,8 @@ from sglang_d3d.engine.engine import SpecEngine
 from sglang_d3d.engine.factory import load_models
 from sglang_d3d.engine.offline import generate
 from sglang_d3d.interleave import rotated
+from sglang_d3d.models.drafter import D3DDrafter
+from sglang_d3d.models.loading import resolve_drafter_path
 from sglang_d3d.prompts import chat_ids, load_questions
 
 
@@ -38,7 +40,11 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
                    "(sync-tree7@5) its --tree-nodes (tree0: chains); '-lookup<N>' (sync-lookup0) "
                    "its --lookup-tokens; '-copy<N>' (sync-copy0) its --copy-ngram; '-shared<N>' "
                    "(async-shared0) its --shared-lookup-tokens; '-corpus<N>' its --corpus-tokens; "
-                   "'-guesses<N>' (async-guesses0) its --copy-guesses")
+                   "'-guesses<N>' (async-guesses0) its --copy-guesses; '-alt' runs that mode "
+                   "with --alt-drafter in place of --drafter")
+    p.add_argument("--alt-drafter", default=None,
+                   help="a second drafter folder for the '-alt' modes, so that two drafters "
+                   "(their weights and corpora) run side by side on one target in one run")
     p.add_argument("--max-new-tokens", type=int, default=256)
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--out", default=None, help="save the results as JSON here")
@@ -47,11 +53,14 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
 
 def run_bench(args: argparse.Namespace) -> int:
     modes = args.modes
+    check_alt(args, modes)
     cfgs = {m: mode_config(args, m) for m in modes}
+    questions = load_questions(args.dataset, args.num_prompts)  # a bad --dataset fails before loading
     target, drafter, tok = load_models(cfgs[modes[-1]])
-    engines = {m: SpecEngine(c, target, drafter if c.mode is not Mode.AR else None)
+    drafters = {False: drafter, True: _alt_drafter(args, target, cfgs)}
+    engines = {m: SpecEngine(c, target, drafters[parse_mode(m).alt] if c.mode is not Mode.AR else None)
                for m, c in cfgs.items()}
-    prompts = [chat_ids(tok, q) for q in load_questions(args.dataset, args.num_prompts)]
+    prompts = [chat_ids(tok, q) for q in questions]
     params = SamplingParams(
         temperature=args.temperature, max_new_tokens=args.max_new_tokens,
         stop_token_ids=(tok.eos_token_id,), seed=0,
@@ -91,6 +100,7 @@ class ModeName:
     cutoff: float | None = None  # None: whatever --draft-cutoff says
     counts: tuple[tuple[str, int], ...] = ()  # (EngineConfig field, value) from COUNT_SUFFIXES
     block: int | None = None  # None: whatever --block-size says
+    alt: bool = False  # True: --alt-drafter in place of --drafter
 
 
 def parse_mode(name: str) -> ModeName:
@@ -101,7 +111,7 @@ def parse_mode(name: str) -> ModeName:
     copies without drafting ('copy0': never), '-shared<N>' the finished requests' tokens
     greedy rows copy from ('shared0': none), '-corpus<N>' the tokens of the drafter's corpus
     they copy from ('corpus0': none), '-guesses<N>' the other texts' guesses a cycle of copies
-    verifies beside them ('guesses0': copies alone); an '@B' suffix ('fused@4', 'sync-adaptive@8')
+    verifies beside them ('guesses0': copies alone); '-alt' runs it with --alt-drafter; an '@B' suffix ('fused@4', 'sync-adaptive@8')
     sets the block size, so modes run side by side each at its own best block or weights.
     Raises ValueError naming the accepted forms."""
     stem, _, block = name.partition("@")
@@ -112,18 +122,18 @@ def parse_mode(name: str) -> ModeName:
     rest = [x for x in suffixes if not x.startswith(("cut", *COUNT_SUFFIXES))]
     weights = [x for x in rest if x in ("int8", "full")]
     fields = [f for f, _ in counts]
-    if (base not in {m.value for m in Mode} or not set(rest) <= {"adaptive", "int8", "full"}
+    if (base not in {m.value for m in Mode} or not set(rest) <= {"adaptive", "int8", "full", "alt"}
             or len(weights) > 1 or None in cuts or len(cuts) > 1
             or len(set(fields)) < len(fields) or not all(v.isdigit() for _, v in counts)
             or (block and not (block.isdigit() and int(block) >= 1))):
         raise ValueError(f"unknown mode {name!r}: use ar, sync, async or fused, optionally "
-                         "with -adaptive, -int8 or -full, -cut<X>, -tree<N>, -lookup<N>, "
+                         "with -adaptive, -int8 or -full, -alt, -cut<X>, -tree<N>, -lookup<N>, "
                          "-copy<N>, -shared<N>, -corpus<N>, -guesses<N>, then @<block size>")
     if cuts and not 0.0 <= cuts[0] < 1.0:
         raise ValueError(f"mode {name!r}: the draft cutoff must be in [0, 1)")
     return ModeName(name, Mode(base), "adaptive" in rest, (weights or [None])[0],
                     cuts[0] if cuts else None, tuple((f, int(v)) for f, v in counts),
-                    int(block) if block else None)
+                    int(block) if block else None, "alt" in rest)
 
 
 def mode_list(text: str) -> list[str]:
@@ -153,6 +163,26 @@ def mode_config(args: argparse.Namespace, name: str):
     if m.counts:
         cfg = dataclasses.replace(cfg, **dict(m.counts))
     return dataclasses.replace(cfg, adaptive=True) if m.adaptive else cfg
+
+
+def check_alt(args: argparse.Namespace, modes: list[str]) -> None:
+    """'-alt' modes need --alt-drafter, and --alt-drafter needs a mode that uses it."""
+    alt = [m for m in modes if parse_mode(m).alt]
+    if alt and args.alt_drafter is None:
+        raise ValueError(f"modes {', '.join(alt)} run with --alt-drafter: give its folder")
+    if args.alt_drafter is not None and not alt:
+        raise ValueError("--alt-drafter is given but no mode runs with it: add '-alt' to one "
+                         "(async-adaptive-alt@8)")
+
+
+def _alt_drafter(args: argparse.Namespace, target, cfgs: dict):
+    """The '-alt' modes' drafter on the same target, placed as the main drafter is; None
+    where no mode asks for it."""
+    if args.alt_drafter is None:
+        return None
+    cfg = next(c for m, c in cfgs.items() if parse_mode(m).alt)
+    return D3DDrafter.from_pretrained(resolve_drafter_path(args.alt_drafter), target).place(
+        cfg.resolved_draft_device)
 
 
 def _cutoff(suffix: str) -> float | None:
@@ -229,7 +259,8 @@ def _report(args, runs: dict, greedy: bool) -> dict:
         "dataset": args.dataset, "num_prompts": args.num_prompts, "block_size": args.block_size,
         "branch_policy": args.branch_policy, "branch_budget": args.branch_budget,
         "max_new_tokens": args.max_new_tokens, "temperature": args.temperature,
-        "drafter": args.drafter or "default", "greedy_identical": identical, "modes": modes,
+        "drafter": args.drafter or "default", "alt_drafter": args.alt_drafter,
+        "greedy_identical": identical, "modes": modes,
     }
 
 

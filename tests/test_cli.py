@@ -134,3 +134,53 @@ def test_the_code_prompt_kind_ships_with_the_package_and_unknown_sets_are_named(
     assert load_questions("mbpp", 3) == tasks[:3]
     with pytest.raises(ValueError, match="one of gsm8k, mbpp, mt_bench, or a FILE.jsonl"):
         load_questions("humaneval")
+
+
+def test_bench_bad_dataset_fails_before_the_models_load(tiny_pair_dir, monkeypatch):
+    import sglang_d3d.bench as bench
+
+    def no_load(cfg):
+        raise AssertionError("models loaded before --dataset was checked")
+
+    monkeypatch.setattr(bench, "load_models", no_load)
+    with pytest.raises(ValueError, match="unknown dataset 'humaneval'"):
+        main(["bench", "--dataset", "humaneval", *_engine_flags(tiny_pair_dir)])
+
+
+def test_bench_runs_a_second_drafter_side_by_side(tiny_pair_dir, tmp_path, monkeypatch):
+    import shutil
+
+    import sglang_d3d.bench as bench
+
+    alt = tmp_path / "alt_drafter"
+    shutil.copytree(tiny_pair_dir[1], alt)
+    seen = {}
+    real = bench.SpecEngine
+
+    def recording(cfg, target, drafter, *rest):
+        seen[(cfg.mode.value, cfg.spec.block_size)] = drafter
+        return real(cfg, target, drafter, *rest)
+
+    monkeypatch.setattr(bench, "SpecEngine", recording)
+    data = tmp_path / "prompts.jsonl"
+    data.write_text(json.dumps({"prompt": "w5 w6"}) + "\n")
+    out = tmp_path / "bench.json"
+    rc = main(["bench", "--dataset", str(data), "--num-prompts", "1", "--max-new-tokens", "8",
+               "--modes", "ar,sync@4,sync-alt@3", "--alt-drafter", str(alt), "--out", str(out),
+               *_engine_flags(tiny_pair_dir)])
+    assert rc == 0
+    report = json.loads(out.read_text())
+    assert report["greedy_identical"] is True and report["alt_drafter"] == str(alt)
+    assert seen[("ar", 4)] is None
+    assert seen[("sync", 3)] is not None and seen[("sync", 3)] is not seen[("sync", 4)]
+
+
+def test_alt_modes_and_the_alt_drafter_need_each_other():
+    from sglang_d3d.bench import check_alt, parse_mode
+
+    assert parse_mode("async-adaptive-alt@8").alt and not parse_mode("async@8").alt
+    with pytest.raises(ValueError, match="run with --alt-drafter"):
+        check_alt(argparse.Namespace(alt_drafter=None), ["ar", "sync-alt"])
+    with pytest.raises(ValueError, match="no mode runs with it"):
+        check_alt(argparse.Namespace(alt_drafter="x"), ["ar", "sync"])
+    check_alt(argparse.Namespace(alt_drafter="x"), ["ar", "sync-alt"])

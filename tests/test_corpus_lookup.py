@@ -4,6 +4,7 @@ command, then in the engine."""
 
 from __future__ import annotations
 
+import lzma
 from pathlib import Path
 
 import numpy as np
@@ -14,7 +15,14 @@ from engine_helpers import WANDERS, first_cycle, make_engine
 from sglang_d3d.cli import main as d3d
 from sglang_d3d.config import EngineConfig, Mode, SamplingParams
 from sglang_d3d.engine.offline import generate
-from sglang_d3d.models.corpus import CorpusFormatError, first_tokens, read_corpus, write_corpus
+from sglang_d3d.models.corpus import (
+    CorpusFormatError,
+    first_tokens,
+    pack_tokens,
+    read_corpus,
+    unpack_tokens,
+    write_corpus,
+)
 from sglang_d3d.models.drafter import D3DDrafter, read_config
 from sglang_d3d.speculative.corpus_lookup import (
     CorpusIndex,
@@ -179,6 +187,26 @@ def test_another_targets_corpus_or_a_broken_file_is_refused(tmp_path):
     with pytest.raises(CorpusFormatError, match="another target's token ids"):
         read_corpus(tmp_path, "xyz")
     (tmp_path / "corpus.npz").write_bytes(b"not a zip")
+    with pytest.raises(CorpusFormatError, match="not a corpus"):
+        read_corpus(tmp_path, "abc")
+
+
+def test_small_ids_pack_in_two_bytes_and_unpack_exactly():
+    tokens = np.array([0, 1, 65_535, 49_151, 7])
+    blob = pack_tokens(tokens, np.uint16)
+    assert unpack_tokens(blob, "<u2").tolist() == tokens.tolist()
+    assert len(lzma.decompress(blob)) == 2 * len(tokens)
+
+
+def test_a_corpus_written_before_xz_still_reads(tmp_path):
+    np.savez_compressed(tmp_path / "corpus.npz", tokens=np.array([4, 5, 6], np.uint16),
+                        lengths=np.array([1, 2]), target_fingerprint=np.array("abc"))
+    assert [a.tolist() for a in read_corpus(tmp_path, "abc")] == [[4], [5, 6]]
+
+
+def test_a_corpus_with_a_broken_xz_payload_is_refused(tmp_path):
+    np.savez(tmp_path / "corpus.npz", tokens_xz=np.frombuffer(b"garbage!", np.uint8),
+             token_dtype=np.array("<u2"), lengths=np.array([4]), target_fingerprint=np.array("abc"))
     with pytest.raises(CorpusFormatError, match="not a corpus"):
         read_corpus(tmp_path, "abc")
 

@@ -2,8 +2,9 @@
 # The benchmark runs behind README's results (issue 9 goals), in the order they were run.
 # DRAFTER defaults to the shipped drafter; TAG names the result files. Each run prints its
 # table and saves JSON under benchmarks/results/. Pause background jobs first (kill -STOP).
-# Code prompts: MBPP tasks 1-20 (google-research/google-research mbpp/mbpp.jsonl, CC-BY-4.0),
-# their "text" field as {"prompt": ...} lines in runs/mbpp20.jsonl (not committed).
+# Code prompts: `--dataset mbpp`, the task texts of MBPP 1-64 bundled with the package
+# (sglang_d3d/assets/prompts/, CC-BY-4.0); the first 10 or 20 are the ones measured before
+# sitting 22 from an uncommitted runs/mbpp20.jsonl.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DRAFTER=${DRAFTER:-sglang_d3d/assets/drafter}
@@ -18,7 +19,7 @@ $PY benchmarks/bench_accept.py --drafter "$DRAFTER" --dataset gsm8k --num-prompt
   --blocks 16,8 --out $OUT/accept_gsm8k_${TAG}.json
 $PY benchmarks/bench_accept.py --drafter "$DRAFTER" --dataset mt_bench --num-prompts 20 \
   --blocks 16,8 --out $OUT/accept_mtbench_${TAG}.json
-$PY benchmarks/bench_accept.py --drafter "$DRAFTER" --dataset runs/mbpp20.jsonl --num-prompts 20 \
+$PY benchmarks/bench_accept.py --drafter "$DRAFTER" --dataset mbpp --num-prompts 20 \
   --blocks 16,8 --out $OUT/accept_mbpp_${TAG}.json
 
 # ar / sync / async interleaved prompt by prompt, batch 1, greedy (identity checked).
@@ -26,7 +27,7 @@ $D3D bench --dataset gsm8k --num-prompts 30 --max-new-tokens 128 --modes ar,sync
   --block-size $BLOCK --branch-budget 1 --drafter "$DRAFTER" --out $OUT/bench_gsm8k30_${TAG}.json
 $D3D bench --dataset mt_bench --num-prompts 20 --max-new-tokens 128 --modes ar,sync,async,async-adaptive \
   --block-size $BLOCK --branch-budget 1 --drafter "$DRAFTER" --out $OUT/bench_mtbench20_${TAG}.json
-$D3D bench --dataset runs/mbpp20.jsonl --num-prompts 10 --max-new-tokens 128 \
+$D3D bench --dataset mbpp --num-prompts 10 --max-new-tokens 128 \
   --modes ar,sync,async,async-adaptive --block-size $BLOCK --branch-budget 1 --drafter "$DRAFTER" \
   --out $OUT/bench_mbpp10_${TAG}.json
 
@@ -35,7 +36,7 @@ $PY benchmarks/bench_passes.py --block $BLOCK --drafter "$DRAFTER" --json $OUT/p
 
 # Through the server (its defaults: block 16, adaptive controller): ar vs async, concurrency
 # 1/4/16, streaming chat requests, one unmeasured warm-up round per concurrency.
-$D3D bench-serving --modes ar async --datasets gsm8k mt_bench runs/mbpp20.jsonl \
+$D3D bench-serving --modes ar async --datasets gsm8k mt_bench mbpp \
   --concurrency 1 4 16 --num-prompts 16 --max-tokens 64 --variants plain \
   --server-args "--drafter $DRAFTER" --out $OUT/bench_serving_${TAG}.json
 
@@ -46,7 +47,7 @@ $D3D bench --dataset gsm8k --num-prompts 30 --max-new-tokens 128 --branch-budget
   --block-size $BLOCK --modes $M --drafter "$DRAFTER" --out $OUT/bench_int8_gsm8k30_${TAG}.json
 $D3D bench --dataset mt_bench --num-prompts 20 --max-new-tokens 128 --branch-budget 1 \
   --block-size $BLOCK --modes $M --drafter "$DRAFTER" --out $OUT/bench_int8_mtbench20_${TAG}.json
-$D3D bench --dataset runs/mbpp20.jsonl --num-prompts 10 --max-new-tokens 128 --branch-budget 1 \
+$D3D bench --dataset mbpp --num-prompts 10 --max-new-tokens 128 --branch-budget 1 \
   --block-size $BLOCK --modes $M --drafter "$DRAFTER" --out $OUT/bench_int8_mbpp10_${TAG}.json
 
 # Sampled requests (temperature 0.7): token trees filled with draws, against chains (-tree0),

@@ -9,7 +9,7 @@ from pathlib import Path
 NAMED = {"gsm8k": "gsm8k/test.jsonl", "mt_bench": "mt_bench/question.jsonl"}
 # Shipped with the package (assets/prompts/README.md: source and licence), so the code prompt
 # kind needs no download.
-BUNDLED = {"mbpp": Path(__file__).resolve().parent / "assets" / "prompts" / "mbpp_1_20.jsonl"}
+BUNDLED = {"mbpp": Path(__file__).resolve().parent / "assets" / "prompts" / "mbpp_1_64.jsonl"}
 
 
 def datasets_dir() -> Path:

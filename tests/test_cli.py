@@ -130,7 +130,7 @@ def test_the_code_prompt_kind_ships_with_the_package_and_unknown_sets_are_named(
     from sglang_d3d.prompts import load_questions
 
     tasks = load_questions("mbpp")
-    assert len(tasks) == 20 and all(t.startswith("Write a") for t in tasks)
+    assert len(tasks) == 64 and all(t.startswith("Write a") for t in tasks)
     assert load_questions("mbpp", 3) == tasks[:3]
     with pytest.raises(ValueError, match="one of gsm8k, mbpp, mt_bench, or a FILE.jsonl"):
         load_questions("humaneval")

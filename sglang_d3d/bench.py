@@ -17,10 +17,9 @@ from sglang_d3d.cli_args import add_engine_args, engine_config
 from sglang_d3d.config import Mode, SamplingParams
 from sglang_d3d.engine.calibrate import CalibrationConfig, calibrate
 from sglang_d3d.engine.engine import SpecEngine
-from sglang_d3d.engine.factory import load_models
+from sglang_d3d.engine.factory import load_drafter, load_models
 from sglang_d3d.engine.offline import generate
 from sglang_d3d.interleave import rotated
-from sglang_d3d.models.drafter import D3DDrafter
 from sglang_d3d.models.loading import resolve_drafter_path
 from sglang_d3d.prompts import chat_ids, load_questions
 
@@ -53,12 +52,16 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
 
 def run_bench(args: argparse.Namespace) -> int:
     modes = args.modes
-    check_alt(args, modes)
+    alt = check_alt(args, modes)
+    if alt:  # a wrong folder fails before any model loads
+        resolve_drafter_path(args.alt_drafter)
     cfgs = {m: mode_config(args, m) for m in modes}
     questions = load_questions(args.dataset, args.num_prompts)  # a bad --dataset fails before loading
     target, drafter, tok = load_models(cfgs[modes[-1]])
-    drafters = {False: drafter, True: _alt_drafter(args, target, cfgs)}
-    engines = {m: SpecEngine(c, target, drafters[parse_mode(m).alt] if c.mode is not Mode.AR else None)
+    if alt:  # the '-alt' modes' drafter, on the same target
+        alt_drafter = load_drafter(args.alt_drafter, target, cfgs[alt[0]])
+    engines = {m: SpecEngine(c, target, None if c.mode is Mode.AR
+                             else alt_drafter if m in alt else drafter)
                for m, c in cfgs.items()}
     prompts = [chat_ids(tok, q) for q in questions]
     params = SamplingParams(
@@ -165,24 +168,16 @@ def mode_config(args: argparse.Namespace, name: str):
     return dataclasses.replace(cfg, adaptive=True) if m.adaptive else cfg
 
 
-def check_alt(args: argparse.Namespace, modes: list[str]) -> None:
-    """'-alt' modes need --alt-drafter, and --alt-drafter needs a mode that uses it."""
+def check_alt(args: argparse.Namespace, modes: list[str]) -> list[str]:
+    """The '-alt' modes. They need --alt-drafter, and --alt-drafter needs a mode that uses
+    it."""
     alt = [m for m in modes if parse_mode(m).alt]
     if alt and args.alt_drafter is None:
         raise ValueError(f"modes {', '.join(alt)} run with --alt-drafter: give its folder")
     if args.alt_drafter is not None and not alt:
         raise ValueError("--alt-drafter is given but no mode runs with it: add '-alt' to one "
                          "(async-adaptive-alt@8)")
-
-
-def _alt_drafter(args: argparse.Namespace, target, cfgs: dict):
-    """The '-alt' modes' drafter on the same target, placed as the main drafter is; None
-    where no mode asks for it."""
-    if args.alt_drafter is None:
-        return None
-    cfg = next(c for m, c in cfgs.items() if parse_mode(m).alt)
-    return D3DDrafter.from_pretrained(resolve_drafter_path(args.alt_drafter), target).place(
-        cfg.resolved_draft_device)
+    return alt
 
 
 def _cutoff(suffix: str) -> float | None:

@@ -184,3 +184,16 @@ def test_alt_modes_and_the_alt_drafter_need_each_other():
     with pytest.raises(ValueError, match="no mode runs with it"):
         check_alt(argparse.Namespace(alt_drafter="x"), ["ar", "sync"])
     check_alt(argparse.Namespace(alt_drafter="x"), ["ar", "sync-alt"])
+
+
+def test_bench_refuses_a_missing_alt_drafter_before_the_models_load(tiny_pair_dir, tmp_path,
+                                                                     monkeypatch):
+    import sglang_d3d.bench as bench
+
+    def no_load(cfg):
+        raise AssertionError("models loaded before --alt-drafter was checked")
+
+    monkeypatch.setattr(bench, "load_models", no_load)
+    with pytest.raises(FileNotFoundError, match="no D3D drafter checkpoint"):
+        main(["bench", "--modes", "ar,sync-alt", "--alt-drafter", str(tmp_path / "nowhere"),
+              *_engine_flags(tiny_pair_dir)])

@@ -23,9 +23,15 @@ def load_models(cfg: EngineConfig) -> tuple[Decoder, D3DDrafter | None, object]:
     target = Decoder.from_hf(load_hf_model(target_path, dtype).to(cfg.device))
     drafter = None
     if cfg.mode is not Mode.AR or cfg.drafter_path is not None:
-        path = resolve_drafter_path(cfg.drafter_path)
-        drafter = D3DDrafter.from_pretrained(path, target).place(cfg.resolved_draft_device)
+        drafter = load_drafter(cfg.drafter_path, target, cfg)
     return target, drafter, load_tokenizer(target_path)
+
+
+def load_drafter(path: str | None, target: Decoder, cfg: EngineConfig) -> D3DDrafter:
+    """The drafter folder at `path` (None: the shipped one) over `target`, on cfg's draft
+    device."""
+    return D3DDrafter.from_pretrained(resolve_drafter_path(path), target).place(
+        cfg.resolved_draft_device)
 
 
 def eos_token_ids(target: Decoder, tokenizer) -> tuple[int, ...]:

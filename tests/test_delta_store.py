@@ -121,3 +121,23 @@ def test_compact_without_a_drafter_says_so_and_writes_nothing(tmp_path, capsys):
     assert main(["compact", "--src", str(tmp_path / "none"), "--dst", str(tmp_path / "out")]) == 2
     assert "holds no drafter" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+def test_short_rows_are_stored_transposed_and_read_back():
+    b = torch.randn(128, 4)  # B at rank 4: [out, r]
+    stored = encode_state({"delta.0.q_proj.b": b}, "int4")
+    assert set(stored) == {"delta.0.q_proj.b.qt", "delta.0.q_proj.b.scale_t"}
+    assert stored["delta.0.q_proj.b.scale_t"].shape == (4, 2)  # a scale per 64 outputs
+    got = decode_state(stored, "int4", {"delta.0.q_proj.b": b.shape})["delta.0.q_proj.b"]
+    q, scale = quantize(b.T.contiguous(), 4)
+    assert torch.equal(got, dequantize(q, scale).T)
+
+
+@pytest.mark.parametrize("bits", [8, 4])
+def test_files_that_stored_every_matrix_by_rows_still_load(bits):
+    b = torch.randn(128, 4)
+    q, scale = quantize(b, bits)  # how sittings 21-23 wrote B
+    old = {"delta.0.q_proj.b.q": pack_int4(q) if bits == 4 else q, "delta.0.q_proj.b.scale": scale}
+    store = {8: "int8", 4: "int4"}[bits]
+    got = decode_state(old, store, {"delta.0.q_proj.b": b.shape})
+    assert set(got) == {"delta.0.q_proj.b"} and torch.equal(got["delta.0.q_proj.b"], dequantize(q, scale))

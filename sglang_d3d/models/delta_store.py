@@ -12,7 +12,12 @@ group; int4 packs two numbers a byte (low nibble first). Quantisation divides by
 numbers.
 
 Keys: a float store keeps the drafter's own names (`delta.<layer>.<proj>.a`); a quantised one
-stores `<name>.q` (int8, or uint8 for int4) and `<name>.scale` (bf16 [rows, groups]).
+stores `<name>.q` (int8, or uint8 for int4) and `<name>.scale` (bf16 [rows, groups]). A matrix
+whose rows are shorter than a group but whose columns divide into groups (B at rank 32 or
+less: [out, r]) is stored transposed, `<name>.qt` and `<name>.scale_t`: one scale per 64
+outputs of a rank instead of one per output's r numbers. At rank 4 a scale a row cost as
+many bytes as the numbers it scales (`d3d compact --rank`, models/delta_rank.py). Files
+written before keep `.q` for every matrix and load as they did.
 """
 
 from __future__ import annotations
@@ -64,6 +69,13 @@ def unpack_int4(packed: torch.Tensor, cols: int) -> torch.Tensor:
     return u.to(torch.int8) - 8
 
 
+def transposed(shape: torch.Size, group: int = GROUP) -> bool:
+    """Whether a [R, C] matrix is quantised as its transpose: rows too short for a group,
+    columns that divide into groups."""
+    rows, cols = shape
+    return cols < group and rows % group == 0
+
+
 def encode_state(state: dict[str, torch.Tensor], store: str,
                  dtype: torch.dtype = torch.bfloat16) -> dict[str, torch.Tensor]:
     """The drafter's own state (models/drafter.py own_state) as `store` keeps it; float
@@ -73,9 +85,10 @@ def encode_state(state: dict[str, torch.Tensor], store: str,
     for k, v in state.items():
         v = v.detach()
         if bits and k.startswith("delta."):
-            q, scale = quantize(v, bits)
-            out[f"{k}.q"] = pack_int4(q) if bits == 4 else q
-            out[f"{k}.scale"] = scale
+            t = "t" if transposed(v.shape) else ""
+            q, scale = quantize(v.T.contiguous() if t else v, bits)
+            out[f"{k}.q{t}"] = pack_int4(q) if bits == 4 else q
+            out[f"{k}.scale{'_t' if t else ''}"] = scale
         else:
             out[k] = v.to(dtype if not bits else torch.bfloat16).contiguous()
     return out
@@ -89,11 +102,15 @@ def decode_state(stored: dict[str, torch.Tensor], store: str,
     bits = _bits(store)
     if not bits:
         return dict(stored)
-    names = {n for n in shapes if f"{n}.q" in stored and f"{n}.scale" in stored}
-    out = {k: v for k, v in stored.items() if k.rsplit(".", 1)[0] not in names}
-    for n in names:
-        q = unpack_int4(stored[f"{n}.q"], shapes[n][1]) if bits == 4 else stored[f"{n}.q"]
-        out[n] = dequantize(q, stored[f"{n}.scale"])
+    out = dict(stored)
+    for n, shape in shapes.items():
+        for t in ("", "t"):
+            q_key, s_key = f"{n}.q{t}", f"{n}.scale{'_t' if t else ''}"
+            if q_key in stored and s_key in stored:
+                q = out.pop(q_key)
+                cols = shape[0] if t else shape[-1]
+                w = dequantize(unpack_int4(q, cols) if bits == 4 else q, out.pop(s_key))
+                out[n] = w.T.contiguous() if t else w
     return out
 
 

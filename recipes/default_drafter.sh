@@ -48,6 +48,16 @@ taskset -c 1 $PY -m sglang_d3d.training.train --init-from data/train_v2/drafter 
 #     --alpha 32 --loss kl --gamma 7 --batch-size 4 --lr 3e-4 --warmup-steps 10 --max-steps 360 \
 #     --eval-every 120 --eval-samples 40 --ckpt-minutes 10 --no-initial-eval --threads 1 --seed 3
 #   $PY -m sglang_d3d.cli compact --src data/train_v5 --dst data/train_v5/drafter_int4 --store int4
+# 2e. A fifth schedule from the step-2d drafter (sitting 24), over all 1.58M tokens in a new
+#     order (seed 4): lr 3e-4, 10 warm-up steps, cosine over 300 steps. Only its history.jsonl
+#     and trainer_meta.json are committed; it resumes where data/train_v6 is still on the
+#     machine. It started from step 2d's bf16 deltas (data/train_v5/drafter, not committed;
+#     a fresh clone has the int4 ones, data/train_v5/drafter_int4). Its deltas would ship cut
+#     to rank 4 (step 4).
+#   taskset -c 1 $PY -m sglang_d3d.training.train --init-from data/train_v5/drafter \
+#     --out-dir data/train_v6 --block-size 16 --min-block-size 4 --num-anchors 32 --rank 32 \
+#     --alpha 32 --loss kl --gamma 7 --batch-size 4 --lr 3e-4 --warmup-steps 10 --max-steps 300 \
+#     --eval-every 100 --eval-samples 40 --ckpt-minutes 10 --no-initial-eval --threads 1 --seed 4
 # 2c. A third schedule from the step-2b drafter (sitting 21): level at its first evaluation
 #     (held-out 3.0875 at step 100 against 3.078) and stopped there; not shipped. Kept as a
 #     record (commented out): only data/train_v4/history.jsonl and trainer_meta.json are

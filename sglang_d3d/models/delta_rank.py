@@ -21,7 +21,8 @@ DELTA_A = re.compile(r"^(delta\..+)\.a$")
 
 def singular_values(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """a [r, in], b [out, r] -> the singular values [r] of b @ a, largest first."""
-    return _core(a, b)[1][1]
+    _, _, (_, s, _) = _core(a, b)
+    return s
 
 
 def truncate(
@@ -35,7 +36,7 @@ def truncate(
     scale * b @ a. In a and b's dtype; computed in float64."""
     if not 1 <= k <= a.shape[0]:
         raise ValueError(f"rank {k}: must be 1 to the deltas' rank {a.shape[0]}")
-    (qa, qb), (u, s, vh) = _core(a, b)
+    qa, qb, (u, s, vh) = _core(a, b)
     root = (s[:k] * (scale / new_scale)).sqrt()  # [k]
     b2 = (qb @ u[:, :k]) * root  # [out, k]
     a2 = root.unsqueeze(1) * (vh[:k] @ qa.T)  # [k, in]
@@ -44,10 +45,11 @@ def truncate(
 
 def _core(a: torch.Tensor, b: torch.Tensor):
     """b @ a = qb @ (rb @ ra.T) @ qa.T with qa, qb orthonormal: the SVD of the small [r, r]
-    core is the product's, without forming the [out, in] matrix."""
+    core is the product's, without forming the [out, in] matrix. -> (qa [in, r], qb [out, r],
+    (u, s, vh) of the core), in float64."""
     qa, ra = torch.linalg.qr(a.double().T)  # [in, r], [r, r]
     qb, rb = torch.linalg.qr(b.double())  # [out, r], [r, r]
-    return (qa, qb), torch.linalg.svd(rb @ ra.T)
+    return qa, qb, torch.linalg.svd(rb @ ra.T)
 
 
 def truncate_state(

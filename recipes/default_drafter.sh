@@ -90,7 +90,10 @@ $PY -m sglang_d3d.training.prune --drafter-path data/train_v2/drafter --out-dir 
 #    fp32 deltas from trainer_state.pt where it is still on the machine. Shipped since sitting
 #    23: the fourth schedule's drafter (step 2d; its int4 deltas are data/train_v5/drafter_int4,
 #    the same bytes); in sitting 21-22 the second schedule's (step 2b); before it,
-#    data/train_v2/drafter in bf16.
+#    data/train_v2/drafter in bf16. Since sitting 24 `d3d compact` stores B by columns, so this
+#    command now writes 5.27 MB, not the shipped file's bytes (B by rows; both load). The pack
+#    has room for one more drafter: ship the next one cut to rank 4 (`--rank 4`, 0.72 MB),
+#    measured level with rank 32 end to end (benchmarks/results/README.md, sitting 24).
 $PY -m sglang_d3d.cli compact --src data/train_v5 --dst sglang_d3d/assets/drafter --store int4
 
 # 5. The target's own answers beside it, for copies where a request's text has none

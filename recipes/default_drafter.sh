@@ -93,14 +93,16 @@ $PY -m sglang_d3d.training.prune --drafter-path data/train_v2/drafter --out-dir 
 #    data/train_v2/drafter in bf16. Since sitting 24 `d3d compact` stores B by columns, so this
 #    command now writes 5.27 MB, not the shipped file's bytes (B by rows; both load). The pack
 #    has room for one more drafter: ship the next one cut to rank 4 (`--rank 4`, 0.72 MB),
-#    measured level with rank 32 end to end (benchmarks/results/README.md, sitting 24).
-$PY -m sglang_d3d.cli compact --src data/train_v5 --dst sglang_d3d/assets/drafter --store int4
+#    measured level with rank 32 end to end (benchmarks/results/README.md, sitting 24). Commented
+#    out for that reason: rerun, it would replace the shipped file with other bytes, and a
+#    commit of them would spend 4.9 MB of the pack's last 1.1 MB.
+#  $PY -m sglang_d3d.cli compact --src data/train_v5 --dst sglang_d3d/assets/drafter --store int4
 
 # 5. The target's own answers beside it, for copies where a request's text has none
 #    (speculative/corpus_lookup.py, --corpus-tokens): the first 1.02M tokens (5,376 answers),
 #    0.6 MB. All 1.58M were measured in sitting 23 beside the first 1.02M, in one `d3d bench`
 #    run (-corpus<N> modes): no faster on GSM8K or MT-Bench, so they do not ship. The shipped
 #    file predates the xz format (models/corpus.py) and reads as before; this command writes
-#    the same tokens in xz.
-$PY -m sglang_d3d.cli corpus --data data/distill --drafter sglang_d3d/assets/drafter \
-  --max-tokens 1020917
+#    the same tokens in xz, in other bytes: commented out, as step 4 is, for the pack's sake.
+#  $PY -m sglang_d3d.cli corpus --data data/distill --drafter sglang_d3d/assets/drafter \
+#    --max-tokens 1020917

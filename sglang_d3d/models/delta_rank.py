@@ -34,13 +34,18 @@ def truncate(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """-> (a2 [k, in], b2 [out, k]) with new_scale * b2 @ a2 the closest rank-k matrix to
     scale * b @ a. In a and b's dtype; computed in float64."""
-    if not 1 <= k <= a.shape[0]:
-        raise ValueError(f"rank {k}: must be 1 to the deltas' rank {a.shape[0]}")
-    qa, qb, (u, s, vh) = _core(a, b)
-    root = (s[:k] * (scale / new_scale)).sqrt()  # [k]
+    return _cut(_core(a, b), k, scale / new_scale, a.dtype)
+
+
+def _cut(core, k: int, factor: float, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """(a2 [k, in], b2 [out, k]) from `_core`'s parts, the product scaled by `factor`."""
+    qa, qb, (u, s, vh) = core
+    if not 1 <= k <= s.shape[0]:
+        raise ValueError(f"rank {k}: must be 1 to the deltas' rank {s.shape[0]}")
+    root = (s[:k] * factor).sqrt()  # [k]
     b2 = (qb @ u[:, :k]) * root  # [out, k]
     a2 = root.unsqueeze(1) * (vh[:k] @ qa.T)  # [k, in]
-    return a2.to(a.dtype), b2.to(b.dtype)
+    return a2.to(dtype), b2.to(dtype)
 
 
 def _core(a: torch.Tensor, b: torch.Tensor):
@@ -64,7 +69,8 @@ def truncate_state(
         if m is None:
             continue
         a, b = state[name], state[f"{m.group(1)}.b"]
-        s2 = singular_values(a, b).square()
+        core = _core(a, b)  # once per delta: its singular values and the cut share it
+        s2 = core[2][1].square()
         kept, total = kept + float(s2[:k].sum()), total + float(s2.sum())
-        out[name], out[f"{m.group(1)}.b"] = truncate(a, b, k, alpha / rank, alpha / k)
+        out[name], out[f"{m.group(1)}.b"] = _cut(core, k, k / rank, a.dtype)
     return out, (kept / total if total > 0 else 1.0)

@@ -76,6 +76,11 @@ def transposed(shape: torch.Size, group: int = GROUP) -> bool:
     return cols < group and rows % group == 0
 
 
+def stored_keys(name: str, t: bool) -> tuple[str, str]:
+    """(values key, scales key) of a quantised matrix, stored by rows or transposed (`t`)."""
+    return (f"{name}.qt", f"{name}.scale_t") if t else (f"{name}.q", f"{name}.scale")
+
+
 def encode_state(state: dict[str, torch.Tensor], store: str,
                  dtype: torch.dtype = torch.bfloat16) -> dict[str, torch.Tensor]:
     """The drafter's own state (models/drafter.py own_state) as `store` keeps it; float
@@ -85,10 +90,10 @@ def encode_state(state: dict[str, torch.Tensor], store: str,
     for k, v in state.items():
         v = v.detach()
         if bits and k.startswith("delta."):
-            t = "t" if transposed(v.shape) else ""
+            t = transposed(v.shape)
             q, scale = quantize(v.T.contiguous() if t else v, bits)
-            out[f"{k}.q{t}"] = pack_int4(q) if bits == 4 else q
-            out[f"{k}.scale{'_t' if t else ''}"] = scale
+            q_key, s_key = stored_keys(k, t)
+            out[q_key], out[s_key] = (pack_int4(q) if bits == 4 else q), scale
         else:
             out[k] = v.to(dtype if not bits else torch.bfloat16).contiguous()
     return out
@@ -104,8 +109,8 @@ def decode_state(stored: dict[str, torch.Tensor], store: str,
         return dict(stored)
     out = dict(stored)
     for n, shape in shapes.items():
-        for t in ("", "t"):
-            q_key, s_key = f"{n}.q{t}", f"{n}.scale{'_t' if t else ''}"
+        for t in (False, True):
+            q_key, s_key = stored_keys(n, t)
             if q_key in stored and s_key in stored:
                 q = out.pop(q_key)
                 cols = shape[0] if t else shape[-1]

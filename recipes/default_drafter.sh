@@ -52,8 +52,8 @@ taskset -c 1 $PY -m sglang_d3d.training.train --init-from data/train_v2/drafter 
 #     order (seed 4): lr 3e-4, 10 warm-up steps, cosine over 300 steps. Only its history.jsonl
 #     and trainer_meta.json are committed; it resumes where data/train_v6 is still on the
 #     machine. It started from step 2d's bf16 deltas (data/train_v5/drafter, not committed;
-#     a fresh clone has the int4 ones, data/train_v5/drafter_int4). Its deltas would ship cut
-#     to rank 4 (step 4).
+#     a fresh clone has the int4 ones, data/train_v5/drafter_int4). Its deltas ship cut to
+#     rank 4 (step 4) since sitting 25.
 #   taskset -c 1 $PY -m sglang_d3d.training.train --init-from data/train_v5/drafter \
 #     --out-dir data/train_v6 --block-size 16 --min-block-size 4 --num-anchors 32 --rank 32 \
 #     --alpha 32 --loss kl --gamma 7 --batch-size 4 --lr 3e-4 --warmup-steps 10 --max-steps 300 \
@@ -85,18 +85,17 @@ $PY -m sglang_d3d.training.prune --drafter-path data/train_v2/drafter --out-dir 
   --e2e-block 8 --remeasure
 
 # 4. Ship the depth with the highest measured end-to-end tokens/s (prune_table.md says which:
-#    full depth), with its deltas quantised to int4 (5.4 MB against 19.6 MB in bf16; the
-#    repository keeps every shipped checkpoint and packs under 100 MB). `d3d compact` reads the
-#    fp32 deltas from trainer_state.pt where it is still on the machine. Shipped since sitting
-#    23: the fourth schedule's drafter (step 2d; its int4 deltas are data/train_v5/drafter_int4,
-#    the same bytes); in sitting 21-22 the second schedule's (step 2b); before it,
-#    data/train_v2/drafter in bf16. Since sitting 24 `d3d compact` stores B by columns, so this
-#    command now writes 5.27 MB, not the shipped file's bytes (B by rows; both load). The pack
-#    has room for one more drafter: ship the next one cut to rank 4 (`--rank 4`, 0.72 MB),
-#    measured level with rank 32 end to end (benchmarks/results/README.md, sitting 24). Commented
-#    out for that reason: rerun, it would replace the shipped file with other bytes, and a
-#    commit of them would spend 4.9 MB of the pack's last 1.1 MB.
-#  $PY -m sglang_d3d.cli compact --src data/train_v5 --dst sglang_d3d/assets/drafter --store int4
+#    full depth), with its deltas quantised to int4 and cut to rank 4 (0.72 MB against 5.4 MB
+#    at rank 32; the repository keeps every shipped checkpoint and packs under 100 MB).
+#    `d3d compact` reads the fp32 deltas from trainer_state.pt where it is still on the
+#    machine. Shipped since sitting 25: the fifth schedule's drafter (step 2e) at rank 4, after
+#    six `d3d bench` runs beside the step-2d drafter had it ahead or level (docs/drafter.md,
+#    "Choosing the drafter to ship"); this command wrote the shipped bytes. In sittings 23-24
+#    the fourth schedule's (step 2d, rank 32, the bytes of data/train_v5/drafter_int4); in
+#    21-22 the second schedule's (step 2b); before it, data/train_v2/drafter in bf16. Commented
+#    out: a clean clone has no data/train_v6/trainer_state.pt, and the pack has no room for
+#    another drafter (about 0.4 MB left).
+#  $PY -m sglang_d3d.cli compact --src data/train_v6 --dst sglang_d3d/assets/drafter --store int4 --rank 4
 
 # 5. The target's own answers beside it, for copies where a request's text has none
 #    (speculative/corpus_lookup.py, --corpus-tokens): the first 1.02M tokens (5,376 answers),

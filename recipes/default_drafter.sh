@@ -94,7 +94,7 @@ $PY -m sglang_d3d.training.prune --drafter-path data/train_v2/drafter --out-dir 
 #    the fourth schedule's (step 2d, rank 32, the bytes of data/train_v5/drafter_int4); in
 #    21-22 the second schedule's (step 2b); before it, data/train_v2/drafter in bf16. Commented
 #    out: a clean clone has no data/train_v6/trainer_state.pt, and the pack has no room for
-#    another drafter (about 0.4 MB left).
+#    another drafter (about 0.5 MB left).
 #  $PY -m sglang_d3d.cli compact --src data/train_v6 --dst sglang_d3d/assets/drafter --store int4 --rank 4
 
 # 5. The target's own answers beside it, for copies where a request's text has none

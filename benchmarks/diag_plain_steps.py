@@ -21,6 +21,7 @@ from collections import defaultdict
 from sglang_d3d.cli_args import add_engine_args, engine_config
 from sglang_d3d.config import SamplingParams
 from sglang_d3d.engine.adaptive import PLAIN
+from sglang_d3d.engine.calibrate import calibrate
 from sglang_d3d.engine.engine import SpecEngine
 from sglang_d3d.engine.factory import load_models
 from sglang_d3d.engine.offline import generate
@@ -41,7 +42,9 @@ def engines(args: argparse.Namespace) -> tuple[dict[str, SpecEngine], object]:
     target, drafter, tok = load_models(engine_config(args, "async"))
     ar = SpecEngine(engine_config(args, "ar"), target, None)
     spec = SpecEngine(engine_config(args, "async"), target, drafter)
-    spec.plan = lambda *a, **k: PLAIN  # calibrated as served, then never speculates
+    if args.calibrate:  # as a server starts: the drafter's passes run before any request
+        calibrate(spec)
+    spec.plan = lambda *a, **k: PLAIN  # from here on it never speculates
     return {"ar": ar, "async": spec}, tok
 
 

@@ -6,6 +6,11 @@ starting with the next engine (sglang_d3d/interleave.py). Prints every engine's 
 for each async one, the cycles per (batch, block) with their mean time, and the controller's
 estimates per bucket. No timing is asserted; pause background jobs first.
 
+`--plain-after-calibration`: the async engines decode plainly once calibrated (cycles of copies
+still run), so that the cycles at each batch size compare what each engine adds to a plain
+step (sitting 25: through the server async's plain steps ran up to 25% slower than ar's in
+some rounds; in one process they were level).
+
     .venv/bin/python benchmarks/bench_controller.py --concurrency 4 --num-prompts 16
 """
 
@@ -18,6 +23,7 @@ import time
 
 from sglang_d3d.cli_args import add_engine_args, engine_config
 from sglang_d3d.config import DRAFT_WEIGHTS, SamplingParams
+from sglang_d3d.engine.adaptive import PLAIN
 from sglang_d3d.engine.calibrate import calibrate
 from sglang_d3d.engine.engine import SpecEngine
 from sglang_d3d.engine.factory import load_models
@@ -51,6 +57,8 @@ def main() -> None:
     p.add_argument("--also-engine", nargs="*", default=[], metavar="FIELD=VALUE",
                    help="more async engines, each with this EngineConfig field changed "
                         "(copy_ngram=0: no cycles of copies)")
+    p.add_argument("--plain-after-calibration", action="store_true",
+                   help="the async engines never speculate once calibrated (copies still run)")
     p.add_argument("--also-tree-nodes", type=int, nargs="*", default=[],
                    help="more async engines, each verifying token trees of this many drafts")
     a = p.parse_args()
@@ -89,6 +97,8 @@ def main() -> None:
         t0 = time.perf_counter()
         table = calibrate(engines[name])
         print(f"{name} calibrated in {time.perf_counter() - t0:.1f} s: {table}")
+    for name in [n for n in engines if n != "ar"] if a.plain_after_calibration else []:
+        engines[name].plan = lambda *_, **__: PLAIN
     yields = {n: _watch_yields(e) for n, e in engines.items() if n != "ar"}
     seconds, tokens = collections.Counter(), collections.Counter()
     for i in range(0, len(prompts), a.concurrency):

@@ -11,6 +11,7 @@ import argparse
 import dataclasses
 import json
 import time
+from collections import Counter
 from pathlib import Path
 
 from sglang_d3d.cli_args import add_engine_args, engine_config
@@ -22,6 +23,7 @@ from sglang_d3d.engine.offline import generate
 from sglang_d3d.interleave import rotated
 from sglang_d3d.models.loading import resolve_drafter_path
 from sglang_d3d.prompts import chat_ids, load_questions
+from sglang_d3d.speculative.stats import kind_summary
 
 
 def add_bench_args(p: argparse.ArgumentParser) -> None:
@@ -217,11 +219,12 @@ def _timed(engine: SpecEngine, ids: list[int], params: SamplingParams) -> dict:
         "draft_time": s.draft_time, "verify_time": s.verify_time,
         "cycle_time": s.cycle_time, "overlap_time": s.overlap_time,
         "prefill_time": s.prefill_time, "fallbacks": s.fallbacks, "copy_cycles": s.copy_cycles,
+        "kinds": (s.kind_cycles, s.kind_tokens, s.kind_seconds),
     }
 
 
 def _summary(rs: list[dict]) -> dict:
-    tot = {k: sum(r[k] for r in rs) for k in rs[0] if k != "token_ids"}
+    tot = {k: sum(r[k] for r in rs) for k in rs[0] if k not in ("token_ids", "kinds")}
     cycles = max(1, tot["cycles"])
     hits = tot["hits"] + tot["misses"]
     return {
@@ -238,7 +241,17 @@ def _summary(rs: list[dict]) -> dict:
         "fallbacks": tot["fallbacks"],
         # cycles that verified runs copied from the text, with no drafter pass (lookup.py)
         "copy_cycle_fraction": tot["copy_cycles"] / cycles,
+        # where the decoding time went, by cycle kind (plain / copy / draft)
+        "by_kind": kind_summary(*(_merged([r["kinds"][i] for r in rs]) for i in range(3))),
     }
+
+
+def _merged(tallies: list[dict]) -> dict:
+    """Sum per-request {kind: count} tallies."""
+    out: Counter = Counter()
+    for t in tallies:
+        out.update(t)  # adds values, keeping floats
+    return dict(out)
 
 
 def _report(args, runs: dict, greedy: bool) -> dict:
@@ -267,6 +280,11 @@ def _print(report: dict) -> None:
     for m, s in report["modes"].items():
         vals = [s[c] for c in cols]
         print(f"{m:<6} " + " ".join(f"{v:>14.3f}" if isinstance(v, float) else f"{str(v):>14}" for v in vals))
+    print("by cycle kind: share of cycles / of time, tokens a cycle, ms a cycle, tokens/s")
+    for m, s in report["modes"].items():
+        print(f"{m:<6} " + "  ".join(
+            f"{k} {v['cycle_share']:.0%} / {v['time_share']:.0%}, {v['tokens_per_cycle']:.2f}, "
+            f"{v['ms_per_cycle']:.1f} ms, {v['tokens_per_s']:.1f}" for k, v in s["by_kind"].items()))
     for m, table in report.get("calibration", {}).items():
         print(f"{m} calibrated (seconds per cycle by batch and plan): {table}")
     print(f"greedy outputs identical across modes: {report['greedy_identical']}")

@@ -52,7 +52,18 @@ def test_bench_saves_a_report(tiny_pair_dir, tmp_path, capsys):
     assert report["modes"]["ar"]["speedup_vs_ar"] == pytest.approx(1.0)
     assert report["modes"]["ar"]["copy_cycle_fraction"] == 0.0  # plain decoding copies nothing
     assert all(0.0 <= m["copy_cycle_fraction"] <= 1.0 for m in report["modes"].values())
-    assert "greedy outputs identical across modes: True" in capsys.readouterr().out
+    assert list(report["modes"]["ar"]["by_kind"]) == ["plain"]  # every ar cycle is plain
+    for m in report["modes"].values():  # the kinds split every cycle and every token
+        kinds = m["by_kind"].values()
+        assert sum(k["cycle_share"] for k in kinds) == pytest.approx(1.0)
+        assert sum(k["time_share"] for k in kinds) == pytest.approx(1.0)
+        assert sum(k["cycle_share"] * k["tokens_per_cycle"] for k in kinds) == pytest.approx(
+            m["mean_accepted_length"])
+        assert m["by_kind"].get("copy", {}).get("cycle_share", 0.0) == pytest.approx(m["copy_cycle_fraction"])
+    assert "draft" in report["modes"]["sync"]["by_kind"]
+    printed = capsys.readouterr().out
+    assert "greedy outputs identical across modes: True" in printed
+    assert "by cycle kind" in printed
 
 
 def test_bench_mode_names(tiny_pair_dir):

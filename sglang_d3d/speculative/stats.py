@@ -8,6 +8,11 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
+# What a cycle verified: nothing (target-only decoding), a run copied from text (no drafter
+# pass), or the drafter's block. Their yields and costs differ by kind (a cycle of copies skips
+# the drafter's pass), so the kinds are tallied apart to show where decoding time goes.
+KINDS = ("plain", "copy", "draft")
+
 
 @dataclass
 class CycleStats:
@@ -27,6 +32,13 @@ class CycleStats:
     def accepted_length(self) -> int:
         """Tokens gained this cycle: accepted drafts plus the target's own token."""
         return self.num_accepted + 1
+
+    @property
+    def kind(self) -> str:
+        """One of KINDS."""
+        if self.copied:
+            return "copy"
+        return "draft" if self.num_drafts else "plain"
 
 
 @dataclass
@@ -49,6 +61,10 @@ class RequestStats:
     queue_time: float = 0.0  # submit -> first scheduled (prefill start)
     fallbacks: int = 0  # cycles where the drafter failed and the engine carried on without it
     copy_cycles: int = 0  # cycles that verified a run copied from the text, no drafter pass
+    # per cycle kind (KINDS): cycles, tokens gained, and wall seconds
+    kind_cycles: dict[str, int] = field(default_factory=dict)
+    kind_tokens: dict[str, int] = field(default_factory=dict)
+    kind_seconds: dict[str, float] = field(default_factory=dict)
 
     def add_cycle(self, c: CycleStats) -> None:
         self.accepted_lengths.append(c.accepted_length)
@@ -63,6 +79,10 @@ class RequestStats:
         self.cycle_time += c.cycle_time
         self.overlap_time += c.overlap_time
         self.copy_cycles += c.copied
+        k = c.kind
+        self.kind_cycles[k] = self.kind_cycles.get(k, 0) + 1
+        self.kind_tokens[k] = self.kind_tokens.get(k, 0) + c.accepted_length
+        self.kind_seconds[k] = self.kind_seconds.get(k, 0.0) + c.cycle_time
 
     @property
     def num_cycles(self) -> int:
@@ -90,6 +110,28 @@ class RequestStats:
             overlap_fraction=self.overlap_fraction,
         )
         return d
+
+
+def kind_summary(cycles: dict[str, int], tokens: dict[str, int],
+                 seconds: dict[str, float]) -> dict[str, dict[str, float]]:
+    """Per cycle kind, from the tallies of any number of requests: its share of the cycles and
+    of the decoding time, tokens per cycle, ms per cycle and tokens per second of its cycles
+    (so a kind that yields more per cycle but costs more per cycle can be told from one that
+    pays). Kinds that never ran are left out."""
+    all_cycles, all_seconds = sum(cycles.values()), sum(seconds.values())
+    out = {}
+    for k in KINDS:
+        n, t = cycles.get(k, 0), seconds.get(k, 0.0)
+        if not n:
+            continue
+        out[k] = {
+            "cycle_share": n / all_cycles,
+            "time_share": t / all_seconds if all_seconds > 0 else 0.0,
+            "tokens_per_cycle": tokens.get(k, 0) / n,
+            "ms_per_cycle": 1e3 * t / n,
+            "tokens_per_s": tokens.get(k, 0) / t if t > 0 else 0.0,
+        }
+    return out
 
 
 def _bump(counts: list[int], upto: int) -> None:

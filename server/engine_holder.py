@@ -16,7 +16,7 @@ log = logging.getLogger(__name__)
 
 EngineFactory = Callable[[EngineConfig], Any]  # -> an EngineLoop (or the sglang backend's twin)
 CycleListener = Callable[[str, Any], None]
-PlanListener = Callable[[int, Any, float], None]
+PlanListener = Callable[[int, Any, float, int], None]  # batch, plan, seconds, tokens
 
 
 class EngineHolder:

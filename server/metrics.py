@@ -148,6 +148,9 @@ class MetricsRecorder:
                              "batch-size bucket.", plan)
         self.plan_seconds = c("spec_plan_seconds", "Engine cycle time by plan and batch-size "
                               "bucket.", plan)
+        # with plan_seconds: the tokens/s each plan served, beside the controller's estimate
+        self.plan_tokens = c("spec_plan_tokens", "Tokens produced by engine cycles, by plan and "
+                             "batch-size bucket.", plan)
         self.prompt_tokens = c("prompt_tokens", "Prompt tokens of admitted requests.")
         self.generation_tokens = c("generation_tokens", "Tokens generated.")
         self.request_success = c(
@@ -191,13 +194,14 @@ class MetricsRecorder:
         elif c.branch_hit is False:
             self.branch_misses.inc()
 
-    def on_plan(self, batch: int, plan: Any, seconds: float) -> None:
+    def on_plan(self, batch: int, plan: Any, seconds: float, tokens: int) -> None:
         """Plan listener: one engine cycle of `plan` (speculative/cycle.py Plan) for `batch`
-        requests, on the engine's loop thread."""
+        requests that took `seconds` and produced `tokens`, on the engine's loop thread."""
         labels = {**self._labels, "block": plan.block_label, "predraft": _flag(plan.overlap),
                   "batch": str(bucket(batch))}
         self.plan_cycles.labels(**labels).inc()
         self.plan_seconds.labels(**labels).inc(seconds)
+        self.plan_tokens.labels(**labels).inc(tokens)
 
     def watch_controller(self, source: Callable[[], Any]) -> None:
         """Export the adaptive controller's estimates at every scrape; source() returns the

@@ -64,13 +64,17 @@ def test_a_copy_cycle_runs_no_drafter_pass_and_teaches_the_controller_nothing(ti
     observed, plans = [], []
     real = eng.controller.observe
     eng.controller.observe = lambda *a, **kw: (observed.append(a), real(*a, **kw))[1]
-    eng.plan_listeners.append(lambda batch, plan, seconds: plans.append(plan))
+    made = []
+    eng.plan_listeners.append(lambda batch, plan, seconds, tokens: (plans.append(plan), made.append(tokens)))
     out = generate(eng, PROMPTS[:1], SamplingParams(max_new_tokens=40))
     assert out[0].token_ids == reference_greedy(tiny_models[0], PROMPTS[0], 40)
     copied = sum(c.copied for c in stats)
     assert copied > 0
     assert len(observed) == len(stats) - copied  # the controller sees its plans' cycles only
     assert plans.count(COPIES) == copied and len(plans) == len(stats)  # the metrics see all
+    # each cycle reports the tokens it made: every cycle's own, the first token is prefill's
+    assert made == [c.accepted_length for c in stats]
+    assert sum(made) >= len(out[0].token_ids) - 1
     assert len(passes) <= len(stats) - copied  # at most one drafter pass per other cycle
 
 

@@ -40,6 +40,7 @@ COUNTERS = [
     "spec_cycle_seconds",
     "spec_plan_cycles",
     "spec_plan_seconds",
+    "spec_plan_tokens",
     "prompt_tokens",
     "generation_tokens",
     "request_success",
@@ -117,7 +118,7 @@ def test_controller_estimates_are_gauges_read_at_scrape_time():
     ctl = BlockController((Plan(1), Plan(4, True)), prior=(0.5, 0.5, 0.5))
     ctl.observe(2, Plan(1), 0.04, [])
     ctl.observe(2, Plan(4, True), 0.08, [(3, 1), (3, 3)])
-    rec.on_plan(2, Plan(4, True), 0.08)
+    rec.on_plan(2, Plan(4, True), 0.08, 5)
     snap = samples(rec.render().decode())
     plain = {"model_name": "m", "mode": "async", "batch": "2", "block": "1", "predraft": "false"}
     assert value(snap, "d3d:controller_tokens_per_second", **plain) == pytest.approx(2 / 0.04)
@@ -128,13 +129,15 @@ def test_controller_estimates_are_gauges_read_at_scrape_time():
     want = 2 * (1 + rates[0] + rates[0] * rates[1] + rates[0] * rates[1] * rates[2]) / 0.08
     assert value(snap, "d3d:controller_tokens_per_second", **four) == pytest.approx(want)
     assert value(snap, "d3d:spec_plan_cycles_total", block="4", predraft="true") == 1
-    rec.on_plan(5, Plan(1), 0.05)  # labelled with its batch-size bucket, as the estimates are
+    rec.on_plan(5, Plan(1), 0.05, 5)  # labelled with its batch-size bucket, as the estimates are
     assert value(snap := samples(rec.render().decode()), "d3d:spec_plan_cycles_total",
                  block="1", batch="4") == 1
     assert value(snap, "d3d:spec_plan_cycles_total", batch="2") == 1
-    rec.on_plan(1, COPIES, 0.03)  # a cycle of copies counts as decoding time, as no plan's
+    rec.on_plan(1, COPIES, 0.03, 3)  # a cycle of copies counts as decoding time, as no plan's
     snap = samples(rec.render().decode())
     assert value(snap, "d3d:spec_plan_seconds_total", block="copy", batch="1") == pytest.approx(0.03)
+    assert value(snap, "d3d:spec_plan_tokens_total", block="copy", batch="1") == 3
+    assert value(snap, "d3d:spec_plan_tokens_total", block="4", predraft="true", batch="2") == 5
 
 
 def test_the_index_of_earlier_text_is_read_at_scrape_time():

@@ -250,6 +250,11 @@ def controller_panels() -> list[dict]:
         f"/ sum by ({by_batch}) ({rate('d3d:spec_plan_cycles_total')})",
         "{{mode}} batch {{batch}} block {{block}} predraft {{predraft}}",
     )
+    served = target(
+        f"sum by ({by_batch}) ({rate('d3d:spec_plan_tokens_total')})\n"
+        f"/ sum by ({by_batch}) ({rate('d3d:spec_plan_seconds_total')})",
+        "{{mode}} batch {{batch}} block {{block}} predraft {{predraft}}",
+    )
     speedup = target(
         f"max by (mode, batch, block, predraft) (d3d:controller_tokens_per_second{{{SEL}}})\n"
         "/ ignoring(block, predraft) group_left\n"
@@ -280,6 +285,14 @@ def controller_panels() -> list[dict]:
             "s",
             description="Mean served cycle of each plan at each batch-size bucket (4 = 4-7 "
             "requests decoding): what the controller's choices cost, beside its estimates.",
+        ),
+        panel(
+            "Served tokens/s by plan and batch size",
+            [served],
+            "short",
+            description="Tokens the engine produced per second of each plan's cycles, at each "
+            "batch-size bucket: what each plan delivered, to read beside the controller's "
+            "estimates (block 1 is plain decoding, block copy cycles of copies).",
         ),
     ]
 

@@ -96,7 +96,7 @@ class SpecEngine:
         self.executor = Executor(draft_device, cfg.draft_threads)
         self.timeline = Timeline()
         self.cycle_listeners = Listeners()  # fn(request_id, CycleStats), per row and cycle
-        self.plan_listeners = Listeners()  # fn(batch, Plan, seconds), once per cycle (COPIES too)
+        self.plan_listeners = Listeners()  # fn(batch, Plan, seconds, tokens), once per cycle (COPIES too)
         # Calibration swaps in whole blocks and no cycles of copies for a while (calibrate.py).
         self.proposals = Proposals.of(cfg, self._separate_drafter)
         # Finished requests' texts, for greedy rows' copies (shared_lookup.py); None: off.
@@ -297,7 +297,7 @@ class SpecEngine:
                                  alone, proposing)
         self.timeline.add(outcomes[0].times)
         if copy_cycle:  # nobody's plan, but its time is decoding time all the same
-            self.plan_listeners.notify(len(rows), COPIES, outcomes[0].times.end)
+            self.plan_listeners.notify(len(rows), COPIES, outcomes[0].times.end, _tokens(outcomes))
         else:
             self._observe(rows, plan, outcomes)
         return [self._settle(s, o) for s, o in zip(rows, outcomes, strict=True)]
@@ -333,7 +333,7 @@ class SpecEngine:
                 plan, [(o.stats.num_accepted, o.chain[1]) for _, o in own if o.chain])
             for (s, _), t in zip(own, tested, strict=True):
                 s.accept.add(*t)
-        self.plan_listeners.notify(len(rows), plan, seconds)
+        self.plan_listeners.notify(len(rows), plan, seconds, _tokens(outcomes))
 
     def _copies(self, rows: list[Sequence], plan: Plan) -> list[list[int]]:
         """Per row, a run copied from its own text (or others') to verify without drafting
@@ -524,3 +524,8 @@ class SpecEngine:
 
     def shutdown(self) -> None:
         self.executor.shutdown()
+
+
+def _tokens(outcomes: list[Outcome]) -> int:
+    """Tokens a cycle produced over all its rows (before any stop trims them)."""
+    return sum(len(o.tokens) for o in outcomes)

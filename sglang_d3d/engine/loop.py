@@ -70,7 +70,7 @@ class EngineLoop:
         self.engine.cycle_listeners.append(fn)
 
     def add_plan_listener(self, fn) -> None:
-        """fn(batch, Plan, seconds) after every cycle, on the loop thread."""
+        """fn(batch, Plan, seconds, tokens) after every cycle, on the loop thread."""
         self.engine.plan_listeners.append(fn)
 
     @property

@@ -228,7 +228,8 @@ def _plan_keys(labels: dict, part: str) -> list[tuple]:
     return keys
 
 
-PLAN_SAMPLES = {"d3d:spec_plan_cycles_total": "cycles", "d3d:spec_plan_seconds_total": "seconds"}
+PLAN_SAMPLES = {"d3d:spec_plan_cycles_total": "cycles", "d3d:spec_plan_seconds_total": "seconds",
+                "d3d:spec_plan_tokens_total": "tokens"}
 
 
 def _plan_name(labels: dict) -> str:
@@ -239,7 +240,8 @@ def _plan_name(labels: dict) -> str:
 def spec_figures(before: dict, after: dict) -> dict:
     """Per load: accepted length, branch hit rate, the share of the engine's cycle time spent
     decoding plainly (the adaptive controller's fallback; 1.0 for ar), and per plan used, its
-    cycles and their mean time (what the controller chose, and what it cost)."""
+    cycles, their mean time and the tokens a cycle made (what the controller chose, what it
+    cost, and what it gave)."""
     d = {k: after[k] - before.get(k, 0.0) for k in after}
     branches = d["hits"] + d["misses"]
     plans, by_batch = {}, {}
@@ -247,6 +249,9 @@ def spec_figures(before: dict, after: dict) -> dict:
         if cycles <= 0:
             continue
         cell = {"cycles": int(cycles), "mean_ms": 1e3 * d[(*key[:-1], "seconds")] / cycles}
+        tokens = (*key[:-1], "tokens")
+        if tokens in d:  # servers from before spec_plan_tokens do not report it
+            cell["tokens_per_cycle"] = d[tokens] / cycles
         if key[0] == "plan":
             plans[key[1]] = cell
         else:  # ("plan_at", batch, name, "cycles")

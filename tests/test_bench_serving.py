@@ -265,8 +265,13 @@ d3d:spec_plan_seconds_total{block="1",predraft="false",batch="4"} 3.0
 # TYPE d3d:spec_plan_cycles counter
 d3d:spec_plan_cycles_total{block="1",predraft="false",batch="1"} 10.0
 d3d:spec_plan_cycles_total{block="1",predraft="false",batch="4"} 50.0
+# TYPE d3d:spec_plan_tokens counter
+d3d:spec_plan_tokens_total{block="1",predraft="false",batch="1"} 10.0
+d3d:spec_plan_tokens_total{block="1",predraft="false",batch="4"} 250.0
 """
     got = bench.spec_figures({}, bench.counter_totals(text_string_to_metric_families(text)))
-    assert got["plans"] == {"1": {"cycles": 60, "mean_ms": pytest.approx(3400 / 60)}}
-    assert got["plans_by_batch"] == {"1": {"1": {"cycles": 10, "mean_ms": pytest.approx(40.0)}},
-                                     "4": {"1": {"cycles": 50, "mean_ms": pytest.approx(60.0)}}}
+    assert got["plans"] == {"1": {"cycles": 60, "mean_ms": pytest.approx(3400 / 60),
+                                  "tokens_per_cycle": pytest.approx(260 / 60)}}
+    assert got["plans_by_batch"] == {
+        "1": {"1": {"cycles": 10, "mean_ms": pytest.approx(40.0), "tokens_per_cycle": 1.0}},
+        "4": {"1": {"cycles": 50, "mean_ms": pytest.approx(60.0), "tokens_per_cycle": 5.0}}}

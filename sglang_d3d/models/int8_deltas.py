@@ -6,11 +6,13 @@ pass, more than the 34 MB of the int8 layers themselves, in 240 small products b
 each fused projection carries its group's deltas in int8:
 - x @ A^T rides along the base GEMM: the A matrices are R extra output rows of the same int8
   weight (2-10% more rows of a product already made, clean rows included, where it is unused);
-- the B matrices (block-diagonal, scale folded in) are one int8 GEMM over the mask rows.
+- the B matrices (block-diagonal, scale folded in) are one fp32 product over the mask rows.
 Measured on the default drafter, side by side in one process (benchmarks/results/README.md,
 sitting 8): a synchronous draft pass (9 rows), 1 thread 37.2 -> 36.3 ms, 2 threads 32.1 ->
-30.5 ms; drafts accepted as with fp32 deltas (on 120 distilled blocks, 2.108 both). What the
-deltas still cost is the B products (the pass without them: 26.2 ms against 34.6).
+30.5 ms; drafts accepted as with fp32 deltas (on 120 distilled blocks, 2.108 both). The B
+products were int8 GEMMs too until sitting 26: for a few rows and a rank of 4-32 their cost is
+the call's fixed overhead, not bytes, and in fp32 a block-4 draft pass took 27.8 ms against
+31.0 (rank 4, 2 threads; rank 32: 28.2 against 30.2, and level at block 8).
 """
 
 from __future__ import annotations
@@ -44,8 +46,8 @@ class Int8Gated:
             self.out, self.rank = w.shape[0], a.shape[0]
             bias = None if b is None else torch.cat([b, b.new_zeros(self.rank)])
             self.first = Int8Linear(torch.cat([w, a]), bias, self.setting)  # -> [..., N + R]
-            second = torch.block_diag(*[m.delta_b * m.scale for m in self.deltas])  # [N, R]
-            self.second = Int8Linear(second, None, self.setting)  # [M, R] -> [M, N]
+            # [R, N]: fp32, small (R = the group's ranks), read once per pass
+            self.second = torch.block_diag(*[m.delta_b * m.scale for m in self.deltas]).T.contiguous()
         self._key = delta_versions(self.deltas)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
@@ -55,9 +57,9 @@ class Int8Gated:
             flat = z.view(-1, self.out + self.rank)  # [rows, N + R]
             if g.value is True or g.span is not None:  # views: no gather, no scatter
                 part = flat if g.value is True else flat[g.span[0] : g.span[1]]
-                part[:, : self.out] += self.second(part[:, self.out :])
+                part[:, : self.out] += part[:, self.out :] @ self.second  # [M, R] @ [R, N]
             else:
-                flat[g.rows, : self.out] += self.second(flat[g.rows, self.out :])
+                flat[g.rows, : self.out] += flat[g.rows, self.out :] @ self.second
         return z[..., : self.out]
 
 

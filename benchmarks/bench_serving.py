@@ -265,6 +265,14 @@ def spec_figures(before: dict, after: dict) -> dict:
     }
 
 
+def plan_cells(plans: dict) -> str:
+    """'1:201@94(16.0) copy:27@142(31.6)': per plan its cycles, mean ms and, where the server
+    reports it, the tokens a cycle made (all rows)."""
+    return " ".join(f"{k}:{v['cycles']}@{v['mean_ms']:.0f}"
+                    + (f"({v['tokens_per_cycle']:.1f})" if "tokens_per_cycle" in v else "")
+                    for k, v in plans.items())
+
+
 # ---- summary ----------------------------------------------------------------------------------
 
 
@@ -336,7 +344,7 @@ def print_table(rows: list[dict], header: bool = True) -> None:
             f"{'mode':6} {'dataset':9} {'conc':>4} {'variant':8} {'req/s':>7} {'tok/s':>8} "
             f"{'TTFT mean/p50/p99 ms':>22} {'TPOT mean/p50/p99 ms':>22} "
             f"{'ITL mean/p50/p99 ms':>22} {'acc_len':>7} {'hit':>5} {'plain':>5} {'fail':>4}  "
-            "plans: cycles@ms"
+            "plans: cycles@ms(tokens a cycle)"
         )
     for r in rows:
         print(
@@ -345,7 +353,7 @@ def print_table(rows: list[dict], header: bool = True) -> None:
             f"{_trio(r['ttft_ms']):>22} {_trio(r['tpot_ms']):>22} {_trio(r['itl_ms']):>22} "
             f"{_num(r['mean_accepted_length'], 2):>7} {_num(r['branch_hit_rate'], 2):>5} "
             f"{_num(r.get('plain_time_share'), 2):>5} {r['num_failed']:>4}  "
-            + " ".join(f"{k}:{v['cycles']}@{v['mean_ms']:.0f}" for k, v in r.get("plans", {}).items()),
+            + plan_cells(r.get("plans", {})),
             flush=True,
         )
 

@@ -275,3 +275,10 @@ d3d:spec_plan_tokens_total{block="1",predraft="false",batch="4"} 250.0
     assert got["plans_by_batch"] == {
         "1": {"1": {"cycles": 10, "mean_ms": pytest.approx(40.0), "tokens_per_cycle": 1.0}},
         "4": {"1": {"cycles": 50, "mean_ms": pytest.approx(60.0), "tokens_per_cycle": 5.0}}}
+
+
+def test_plan_cells_print_tokens_a_cycle_where_the_server_reports_them():
+    plans = {"1": {"cycles": 201, "mean_ms": 94.2, "tokens_per_cycle": 16.0},
+             "copy": {"cycles": 27, "mean_ms": 141.6}}  # a server from before spec_plan_tokens
+    assert bench.plan_cells(plans) == "1:201@94(16.0) copy:27@142"
+    assert bench.plan_cells({}) == ""

@@ -219,12 +219,15 @@ def _timed(engine: SpecEngine, ids: list[int], params: SamplingParams) -> dict:
         "draft_time": s.draft_time, "verify_time": s.verify_time,
         "cycle_time": s.cycle_time, "overlap_time": s.overlap_time,
         "prefill_time": s.prefill_time, "fallbacks": s.fallbacks, "copy_cycles": s.copy_cycles,
-        "kinds": (s.kind_cycles, s.kind_tokens, s.kind_seconds),
+        **{k: getattr(s, k) for k in KIND_TALLIES},
     }
 
 
+KIND_TALLIES = ("kind_cycles", "kind_tokens", "kind_seconds")  # RequestStats, by cycle kind
+
+
 def _summary(rs: list[dict]) -> dict:
-    tot = {k: sum(r[k] for r in rs) for k in rs[0] if k not in ("token_ids", "kinds")}
+    tot = {k: sum(r[k] for r in rs) for k in rs[0] if k != "token_ids" and k not in KIND_TALLIES}
     cycles = max(1, tot["cycles"])
     hits = tot["hits"] + tot["misses"]
     return {
@@ -242,7 +245,7 @@ def _summary(rs: list[dict]) -> dict:
         # cycles that verified runs copied from the text, with no drafter pass (lookup.py)
         "copy_cycle_fraction": tot["copy_cycles"] / cycles,
         # where the decoding time went, by cycle kind (plain / copy / draft)
-        "by_kind": kind_summary(*(_merged([r["kinds"][i] for r in rs]) for i in range(3))),
+        "by_kind": kind_summary(*(_merged([r[k] for r in rs]) for k in KIND_TALLIES)),
     }
 
 

@@ -317,8 +317,7 @@ class SpecEngine:
             copies = [c[:keep] for c in copies]
         outcomes = run_copy_cycle(rows, self.drafting, verify, copies, self._steps,
                                   self._copy_trees(rows, copies, way.guesses))
-        self.copy_arms.observe(len(rows), way, sum(len(o.tokens) for o in outcomes),
-                               outcomes[0].times.end)
+        self.copy_arms.observe(len(rows), way, _tokens(outcomes), outcomes[0].times.end)
         return outcomes
 
     def _observe(self, rows: list[Sequence], plan: Plan, outcomes: list[Outcome]) -> None:

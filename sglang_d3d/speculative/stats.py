@@ -60,7 +60,6 @@ class RequestStats:
     prefill_time: float = 0.0
     queue_time: float = 0.0  # submit -> first scheduled (prefill start)
     fallbacks: int = 0  # cycles where the drafter failed and the engine carried on without it
-    copy_cycles: int = 0  # cycles that verified a run copied from the text, no drafter pass
     # per cycle kind (KINDS): cycles, tokens gained, and wall seconds
     kind_cycles: dict[str, int] = field(default_factory=dict)
     kind_tokens: dict[str, int] = field(default_factory=dict)
@@ -78,7 +77,6 @@ class RequestStats:
         self.verify_time += c.verify_time
         self.cycle_time += c.cycle_time
         self.overlap_time += c.overlap_time
-        self.copy_cycles += c.copied
         k = c.kind
         self.kind_cycles[k] = self.kind_cycles.get(k, 0) + 1
         self.kind_tokens[k] = self.kind_tokens.get(k, 0) + c.accepted_length
@@ -98,6 +96,11 @@ class RequestStats:
         return self.branch_hits / total if total else None
 
     @property
+    def copy_cycles(self) -> int:
+        """Cycles that verified a run copied from the text, no drafter pass."""
+        return self.kind_cycles.get("copy", 0)
+
+    @property
     def overlap_fraction(self) -> float:
         return self.overlap_time / self.cycle_time if self.cycle_time > 0 else 0.0
 
@@ -108,6 +111,7 @@ class RequestStats:
             mean_accepted_length=self.mean_accepted_length,
             branch_hit_rate=self.branch_hit_rate,
             overlap_fraction=self.overlap_fraction,
+            copy_cycles=self.copy_cycles,
         )
         return d
 

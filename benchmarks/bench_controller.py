@@ -176,6 +176,9 @@ def _print_cycles(engine: SpecEngine) -> None:
         rows[b].append(f"{plan.name} {1e3 * s:.0f} ms {t:.1f} tok/s")
     for b, cells in rows.items():
         print(f"bucket {b:2d}: " + "  ".join(cells))
+    why = [f"{plan.name}@{b}:{reason}={n}"
+           for (b, plan, reason), n in sorted(engine.controller.reasons()) if plan.block > 1]
+    print(f"speculative cycles by why they ran: {' '.join(why) or 'none'}")
 
 
 if __name__ == "__main__":

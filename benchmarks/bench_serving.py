@@ -215,6 +215,9 @@ def counter_totals(families) -> dict:
             if part is not None:
                 for key in _plan_keys(s.labels, part):
                     out[key] = out.get(key, 0.0) + s.value
+            if s.name == REASONS and s.labels["block"] != "1":
+                key = ("why", int(s.labels["batch"]), _plan_name(s.labels), s.labels["reason"])
+                out[key] = out.get(key, 0.0) + s.value
     return out
 
 
@@ -228,6 +231,8 @@ def _plan_keys(labels: dict, part: str) -> list[tuple]:
     return keys
 
 
+# the controller's speculative cycles by why it chose them (estimate, warmup, explore)
+REASONS = "d3d:controller_plan_cycles_total"
 PLAN_SAMPLES = {"d3d:spec_plan_cycles_total": "cycles", "d3d:spec_plan_seconds_total": "seconds",
                 "d3d:spec_plan_tokens_total": "tokens"}
 
@@ -262,7 +267,26 @@ def spec_figures(before: dict, after: dict) -> dict:
         "plain_time_share": d["plain_seconds"] / d["busy_seconds"] if d["busy_seconds"] else None,
         "plans": plans,
         "plans_by_batch": by_batch,  # batch bucket -> plan -> cycles, mean_ms
+        "speculated": speculated(d),
     }
+
+
+def speculated(d: dict) -> dict:
+    """The load's speculative cycles by why the controller ran them: batch bucket -> plan ->
+    reason -> cycles (where the server reports it: what put a server speculating where it
+    loses, its estimates or its measuring)."""
+    out: dict = {}
+    for (_, batch, plan, reason), n in sorted((k, v) for k, v in d.items()
+                                               if isinstance(k, tuple) and k[0] == "why"):
+        if n > 0:
+            out.setdefault(str(batch), {}).setdefault(plan, {})[reason] = int(n)
+    return out
+
+
+def why_cells(speculated: dict) -> str:
+    """'8o@4:estimate=2,warmup=1': per batch bucket and plan, its cycles by reason."""
+    return " ".join(f"{plan}@{batch}:" + ",".join(f"{r}={n}" for r, n in reasons.items())
+                    for batch, plans in speculated.items() for plan, reasons in plans.items())
 
 
 def plan_cells(plans: dict) -> str:
@@ -344,7 +368,7 @@ def print_table(rows: list[dict], header: bool = True) -> None:
             f"{'mode':6} {'dataset':9} {'conc':>4} {'variant':8} {'req/s':>7} {'tok/s':>8} "
             f"{'TTFT mean/p50/p99 ms':>22} {'TPOT mean/p50/p99 ms':>22} "
             f"{'ITL mean/p50/p99 ms':>22} {'acc_len':>7} {'hit':>5} {'plain':>5} {'fail':>4}  "
-            "plans: cycles@ms(tokens a cycle)"
+            "plans: cycles@ms(tokens a cycle)  why: plan@batch:reason=cycles"
         )
     for r in rows:
         print(
@@ -353,7 +377,8 @@ def print_table(rows: list[dict], header: bool = True) -> None:
             f"{_trio(r['ttft_ms']):>22} {_trio(r['tpot_ms']):>22} {_trio(r['itl_ms']):>22} "
             f"{_num(r['mean_accepted_length'], 2):>7} {_num(r['branch_hit_rate'], 2):>5} "
             f"{_num(r.get('plain_time_share'), 2):>5} {r['num_failed']:>4}  "
-            + plan_cells(r.get("plans", {})),
+            + plan_cells(r.get("plans", {}))
+            + (f"  why: {why_cells(r['speculated'])}" if r.get("speculated") else ""),
             flush=True,
         )
 

@@ -38,7 +38,13 @@ drafter pass, nobody's plan)::
 
 The controller's own estimates are gauges read at scrape time: `d3d:controller_cycle_seconds`
 and `d3d:controller_tokens_per_second` (labels `batch`, the power-of-two bucket, `block`,
-`predraft`), and `d3d:controller_accept_rate` (label `position`).
+`predraft`), and `d3d:controller_accept_rate` (label `position`). Why it ran each plan is a
+counter read the same way, `d3d:controller_plan_cycles_total` (labels `batch`, `block`,
+`predraft`, `reason`: estimate, warmup or explore). Share of speculative cycles that were
+warm-ups or re-measurements::
+
+    sum by (mode) (rate(d3d:controller_plan_cycles_total{block!="1", reason!="estimate"}[5m]))
+      / sum by (mode) (rate(d3d:controller_plan_cycles_total{block!="1"}[5m]))
 
 Overlap fraction over a window::
 
@@ -236,7 +242,8 @@ class MetricsRecorder:
 class ControllerCollector:
     """The controller's estimates as gauges, read when Prometheus scrapes: what each plan's
     cycle costs and yields per batch-size bucket, and the per-position acceptance it plans
-    with. Grafana shows why the server speculates, or has fallen back to plain decoding."""
+    with; and the cycles it ran of each plan, by why it chose it. Grafana shows why the server
+    speculates, or has fallen back to plain decoding."""
 
     def __init__(self, source: Callable[[], Any], labels: dict[str, str]) -> None:
         self._source, self._labels = source, labels
@@ -266,7 +273,18 @@ class ControllerCollector:
             labels=[*self._labels, "position"])
         for i, r in enumerate(ctl.accept_rates()):
             rates.add_metric([*self._labels.values(), str(i)], r)
-        yield from (seconds, speed, rates)
+        yield from (seconds, speed, rates, self._reasons(ctl, keys))
+
+    def _reasons(self, ctl: Any, keys: list[str]) -> CounterMetricFamily:
+        ran = CounterMetricFamily(
+            "d3d:controller_plan_cycles",
+            "Cycles the controller ran of each plan by batch bucket and why it chose it: "
+            "estimate (best on its estimates), warmup (still being measured) or explore "
+            "(re-measured in turn).", labels=[*keys, "reason"])
+        for (batch, plan, reason), n in ctl.reasons():
+            ran.add_metric([*self._labels.values(), str(batch), str(plan.block),
+                            _flag(plan.overlap), reason], n)
+        return ran
 
 
 @dataclass(frozen=True)

@@ -5,6 +5,9 @@ from __future__ import annotations
 import pytest
 
 from sglang_d3d.engine.adaptive import (
+    ESTIMATE,
+    EXPLORE,
+    WARMUP,
     AcceptCounts,
     BlockController,
     Plan,
@@ -499,3 +502,21 @@ def test_choose_says_how_fast_it_expects_its_plan_per_row():
     assert c.expected is None
     c.observe(2, one, 0.10, [(0, 0), (0, 0)])
     assert c.choose(2) == one and c.expected == pytest.approx(10.0)
+
+
+def test_each_cycle_run_is_tallied_with_why_its_plan_was_chosen():
+    one, four = Plan(1), Plan(4)
+    c = BlockController(candidates=(one, four), warmup=1, explore_every=1, explore_share=1.0)
+    for _ in range(2):  # each plan measured once: two warm-ups
+        plan = c.choose(2)
+        c.observe(2, plan, 0.1 if plan == one else 0.5, [(3, 0)] * 2 if plan == four else [])
+    assert c.reasons() == [((2, one, WARMUP), 1), ((2, four, WARMUP), 1)]
+    runs = []
+    for _ in range(200):
+        plan = c.choose(3)  # bucket 2
+        runs.append((plan, c.reason))
+        c.observe(3, plan, 0.1 if plan == one else 0.5, [(3, 0)] * 3 if plan == four else [])
+    ran = dict(c.reasons())
+    assert ran[(2, one, ESTIMATE)] == runs.count((one, ESTIMATE)) > 150  # plain wins
+    assert ran[(2, four, EXPLORE)] == runs.count((four, EXPLORE)) >= 1  # re-measured in turn
+    assert sum(ran.values()) == 202  # every cycle once, under the bucket it ran in

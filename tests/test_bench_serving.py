@@ -243,6 +243,7 @@ d3d:spec_accepted_length_count{mode="async"} 5.0
     assert got["accepted_sum"] == 12.0 and got["cycles"] == 5.0 and got["hits"] == 0.0
     figures = bench.spec_figures({}, got)
     plans, by_batch = figures.pop("plans"), figures.pop("plans_by_batch")
+    assert figures.pop("speculated") == {}  # a server from before the controller's reasons
     assert figures == {"mean_accepted_length": 2.4, "branch_hit_rate": None, "plain_time_share": 0.6}
     assert plans == {} and by_batch == {}  # no cycle counts in this scrape
     text += """# TYPE d3d:spec_plan_cycles counter
@@ -282,3 +283,23 @@ def test_plan_cells_print_tokens_a_cycle_where_the_server_reports_them():
              "copy": {"cycles": 27, "mean_ms": 141.6}}  # a server from before spec_plan_tokens
     assert bench.plan_cells(plans) == "1:201@94(16.0) copy:27@142"
     assert bench.plan_cells({}) == ""
+
+
+def test_speculative_cycles_are_told_apart_by_why_the_controller_ran_them():
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = """# TYPE d3d:controller_plan_cycles counter
+d3d:controller_plan_cycles_total{batch="4",block="8",predraft="true",reason="warmup"} 1.0
+d3d:controller_plan_cycles_total{batch="4",block="8",predraft="true",reason="estimate"} 3.0
+d3d:controller_plan_cycles_total{batch="4",block="1",predraft="false",reason="estimate"} 90.0
+d3d:controller_plan_cycles_total{batch="16",block="4",predraft="false",reason="explore"} 2.0
+"""
+    earlier = text.replace("} 3.0", "} 1.0")
+    before = bench.counter_totals(text_string_to_metric_families(earlier))
+    after = bench.counter_totals(text_string_to_metric_families(text))
+    got = bench.spec_figures(before, after)["speculated"]
+    # plain decoding is left out; the load counts only its own cycles (2 of the 3 estimates)
+    assert got == {"4": {"8o": {"estimate": 2}}}
+    got = bench.spec_figures({}, after)["speculated"]
+    assert got == {"16": {"4": {"explore": 2}}, "4": {"8o": {"estimate": 3, "warmup": 1}}}
+    assert bench.why_cells(got) == "8o@4:estimate=3,warmup=1 4@16:explore=2"  # by batch size

@@ -300,10 +300,11 @@ def test_every_dashboard_metric_is_exported(run):
 
 
 # Ratios over drafts have no value in ar mode (0 / 0): their panels show async alone; nor is
-# there an index of earlier requests' text or of a corpus in ar mode.
+# there an index of earlier requests' text or of a corpus in ar mode, nor a speculative plan
+# for its controller to have run.
 SPEC_ONLY = re.compile(
     r"d3d:spec_(num_draft_tokens|num_drafts|num_accepted_tokens|branch_hits|draft_time)"
-    r"|d3d:shared_lookup_|d3d:corpus_"
+    r"|d3d:shared_lookup_|d3d:corpus_|d3d:controller_plan_cycles"
 )
 # The test servers copy nothing (--lookup-tokens 0, see start_server), so nobody looks in the
 # index of earlier requests' text or in the corpus (`tiny_pair` gives the drafter one): their

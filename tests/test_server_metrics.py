@@ -138,6 +138,23 @@ def test_controller_estimates_are_gauges_read_at_scrape_time():
     assert value(snap, "d3d:spec_plan_seconds_total", block="copy", batch="1") == pytest.approx(0.03)
     assert value(snap, "d3d:spec_plan_tokens_total", block="copy", batch="1") == 3
     assert value(snap, "d3d:spec_plan_tokens_total", block="4", predraft="true", batch="2") == 5
+    # why each plan ran: both were measured for the first time, never chosen by `choose`
+    assert value(snap, "d3d:controller_plan_cycles_total", **four, reason="estimate") == 1
+
+
+def test_the_controllers_reasons_are_counters_read_at_scrape_time():
+    rec = MetricsRecorder("m", "async")
+    ctl = BlockController((Plan(1), Plan(4, True)), warmup=1)
+    rec.watch_controller(lambda: ctl)
+    for _ in range(3):
+        plan = ctl.choose(5)
+        ctl.observe(5, plan, 0.05 if plan == Plan(1) else 0.5, [(3, 0)] * 5 if plan.block > 1 else [])
+    snap = samples(rec.render().decode())
+    at = {"model_name": "m", "mode": "async", "batch": "4"}
+    plain, four = {**at, "block": "1", "predraft": "false"}, {**at, "block": "4", "predraft": "true"}
+    assert value(snap, "d3d:controller_plan_cycles_total", **plain, reason="warmup") == 1
+    assert value(snap, "d3d:controller_plan_cycles_total", **four, reason="warmup") == 1
+    assert value(snap, "d3d:controller_plan_cycles_total", **plain, reason="estimate") == 1
 
 
 def test_the_index_of_earlier_text_is_read_at_scrape_time():

@@ -255,6 +255,11 @@ def controller_panels() -> list[dict]:
         f"/ sum by ({by_batch}) ({rate('d3d:spec_plan_seconds_total')})",
         "{{mode}} batch {{batch}} block {{block}} predraft {{predraft}}",
     )
+    speculative = SEL + ', block!="1"'
+    why = target(
+        f"sum by (mode, batch, block, reason) ({rate('d3d:controller_plan_cycles_total', speculative)})",
+        "{{mode}} batch {{batch}} block {{block}} {{reason}}",
+    )
     speedup = target(
         f"max by (mode, batch, block, predraft) (d3d:controller_tokens_per_second{{{SEL}}})\n"
         "/ ignoring(block, predraft) group_left\n"
@@ -285,6 +290,15 @@ def controller_panels() -> list[dict]:
             "s",
             description="Mean served cycle of each plan at each batch-size bucket (4 = 4-7 "
             "requests decoding): what the controller's choices cost, beside its estimates.",
+        ),
+        panel(
+            "Why the controller speculated (cycles/s)",
+            [why],
+            "short",
+            description="Speculative cycles the controller ran, by batch-size bucket, block "
+            "and reason: estimate (its estimates put the plan ahead of plain decoding), warmup "
+            "(the plan was still being measured at that bucket) or explore (re-measured in "
+            "turn). Speculation where it loses, with reason estimate, means wrong estimates.",
         ),
         panel(
             "Served tokens/s by plan and batch size",

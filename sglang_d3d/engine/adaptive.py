@@ -37,6 +37,10 @@ from dataclasses import dataclass, field
 from sglang_d3d.speculative.cycle import Plan
 
 PLAIN = Plan(1)  # target-only decoding: the yardstick for borrowed estimates
+# Why `BlockController.choose` returned a plan: the best on its estimates (plain decoding where
+# speculation does not clear the margin), a plan still being measured, or one re-measured in
+# turn. Operators read them per plan and batch bucket (d3d:controller_plan_cycles_total).
+ESTIMATE, WARMUP, EXPLORE = "estimate", "warmup", "explore"
 
 
 def explore_weight(gap: float, noise: float) -> float:
@@ -189,6 +193,11 @@ class BlockController:
     # behind sync at block 4 (benchmarks/results/README.md, sitting 11).
     tree_yield: dict[Plan, list[float]] = field(default_factory=dict)
     tree_prior: float = 16.0  # tokens' worth of evidence for a factor of 1 (the chain's)
+    reason: str = ESTIMATE  # why `choose` returned its last plan
+    # (bucket, plan, reason) -> cycles run: why each plan ran where it did, for metrics (a
+    # server that speculates where it loses shows here whether warm-ups, re-measurement or
+    # its estimates put it there)
+    ran: dict[tuple[int, Plan, str], int] = field(default_factory=dict)
 
     def accept_rates(self) -> list[float]:
         """P(draft i accepted | drafts before it accepted) for every draft a candidate can
@@ -215,11 +224,12 @@ class BlockController:
         est = self._estimates(batch, allowed, rows, evidence)
         young = [p for p in allowed if self._warming(batch, p, est)]
         if young:
-            chosen = young[0]
+            chosen, self.reason = young[0], WARMUP
         else:
             ranked = sorted(allowed, key=lambda p: -est[p][1])  # all estimated now
             current = self._keep(ranked, est)
-            chosen = self._explore(batch, current, [p for p in ranked if p != current], est) or current
+            again = self._explore(batch, current, [p for p in ranked if p != current], est)
+            chosen, self.reason = (again, EXPLORE) if again else (current, ESTIMATE)
         self.expected = est[chosen][1] / rows if chosen in est else None
         return chosen
 
@@ -395,7 +405,10 @@ class BlockController:
         return self.times[(batch, Plan(max(smaller), plan.overlap))] if smaller else None
 
     def observe(self, batch: int, plan: Plan, seconds: float, per_row: list[tuple[int, int]]):
-        """per_row: (drafts proposed, drafts accepted) for each row of the cycle."""
+        """A cycle of `plan`, the last one chosen, ran. per_row: (drafts proposed, drafts
+        accepted) for each row of the cycle."""
+        key = (bucket(batch), plan, self.reason)
+        self.ran[key] = self.ran.get(key, 0) + 1
         self.observe_time(batch, plan, seconds)
         tested = [(g, n) for g, n in per_row if g > 0]
         if not tested:
@@ -413,6 +426,11 @@ class BlockController:
         times, rates = list(self.times.items()), self.accept_rates()
         return [(b, p, s, throughput(b, rates, p.block, s) * self.tree_factor(p))
                 for (b, p), s in times]
+
+    def reasons(self) -> list[tuple[tuple[int, Plan, str], int]]:
+        """((bucket, plan, reason), cycles run) so far, for metrics; like `snapshot`, safe to
+        read from another thread (one C-level copy)."""
+        return list(self.ran.items())
 
     def seed_time(self, batch: int, plan: Plan, seconds: float, samples: int) -> None:
         """A time measured before serving (engine/calibrate.py), from `samples` cycles on

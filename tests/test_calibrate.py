@@ -100,14 +100,17 @@ def test_the_controller_plans_for_requests_still_prefilling(tiny_models):
     asked = []
     choose = engine.controller.choose
     engine.controller.choose = (lambda batch, max_block=None, evidence=():
-                                asked.append((batch, len(evidence)))
+                                asked.append((batch, max_block, len(evidence)))
                                 or choose(batch, max_block, evidence))
     engine.submit(GenerationRequest("a", [5, 6, 7], SamplingParams(max_new_tokens=12)))
     engine.step()  # prefill a
     engine.step()  # a decodes alone
     engine.submit(GenerationRequest("b", list(range(3, 23)), SamplingParams(max_new_tokens=4)))
     engine.step()  # b's first chunk, then a's cycle: b is joining
-    assert asked == [(1, 1), (2, 1)]  # a's own acceptance counts; b has none yet
+    # a's own acceptance counts (b has none yet), and the verify budget is the two rows'
+    # (the plans calibrated at their bucket), not a's alone
+    budget = engine.cfg.verify_token_budget
+    assert asked == [(1, budget, 1), (2, budget // 2, 1)]
 
 
 def test_each_row_brings_its_own_acceptance_to_the_controller(tiny_models):

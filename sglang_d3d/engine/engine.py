@@ -203,8 +203,8 @@ class SpecEngine:
         With the decoding rows' budget instead, a few rows decoding while the rest of a load
         of 16 prefilled were allowed a block of 8, never measured at 16 rows, so the
         controller warmed it up there again and again: each warm-up ran at the few rows'
-        bucket, where it was recorded (measured: 5 such cycles in one MT-Bench load at
-        concurrency 16, 269 ms each against a plain step of about 100)."""
+        bucket, where it was recorded (measured: 6 such warm-ups in one MT-Bench load at
+        concurrency 16, `benchmarks/results/README.md`, sitting 27)."""
         if self.drafting is None:
             return Plan(1)
         if self.controller is not None:

@@ -8,6 +8,7 @@ import json
 
 import pytest
 from sglang_d3d.benchmarks import bench_serving as bench
+from sglang_d3d.benchmarks import serving_stats as stats
 from sglang_d3d.server.app import create_app
 from sglang_d3d.server.testing import ServerThread, tiny_server_config
 
@@ -238,10 +239,10 @@ d3d:spec_plan_seconds_total{block="4",predraft="true"} 0.5
 d3d:spec_accepted_length_sum{mode="async"} 12.0
 d3d:spec_accepted_length_count{mode="async"} 5.0
 """
-    got = bench.counter_totals(text_string_to_metric_families(text))
+    got = stats.counter_totals(text_string_to_metric_families(text))
     assert got["busy_seconds"] == 5.0 and got["plain_seconds"] == 3.0
     assert got["accepted_sum"] == 12.0 and got["cycles"] == 5.0 and got["hits"] == 0.0
-    figures = bench.spec_figures({}, got)
+    figures = stats.spec_figures({}, got)
     plans, by_batch = figures.pop("plans"), figures.pop("plans_by_batch")
     assert figures.pop("speculated") == {}  # a server from before the controller's reasons
     assert figures == {"mean_accepted_length": 2.4, "branch_hit_rate": None, "plain_time_share": 0.6}
@@ -251,9 +252,9 @@ d3d:spec_plan_cycles_total{block="1",predraft="false"} 30.0
 d3d:spec_plan_cycles_total{block="4",predraft="true"} 5.0
 """
     earlier = text.replace(" 30.0", " 10.0").replace("} 3.0", "} 1.0")  # 20 plain cycles ago
-    before = bench.counter_totals(text_string_to_metric_families(earlier))
-    after = bench.counter_totals(text_string_to_metric_families(text))
-    plans = bench.spec_figures(before, after)["plans"]
+    before = stats.counter_totals(text_string_to_metric_families(earlier))
+    after = stats.counter_totals(text_string_to_metric_families(text))
+    plans = stats.spec_figures(before, after)["plans"]
     assert plans == {"1": {"cycles": 20, "mean_ms": pytest.approx(100.0)}}  # only plans used
 
 
@@ -270,7 +271,7 @@ d3d:spec_plan_cycles_total{block="1",predraft="false",batch="4"} 50.0
 d3d:spec_plan_tokens_total{block="1",predraft="false",batch="1"} 10.0
 d3d:spec_plan_tokens_total{block="1",predraft="false",batch="4"} 250.0
 """
-    got = bench.spec_figures({}, bench.counter_totals(text_string_to_metric_families(text)))
+    got = stats.spec_figures({}, stats.counter_totals(text_string_to_metric_families(text)))
     assert got["plans"] == {"1": {"cycles": 60, "mean_ms": pytest.approx(3400 / 60),
                                   "tokens_per_cycle": pytest.approx(260 / 60)}}
     assert got["plans_by_batch"] == {
@@ -281,8 +282,8 @@ d3d:spec_plan_tokens_total{block="1",predraft="false",batch="4"} 250.0
 def test_plan_cells_print_tokens_a_cycle_where_the_server_reports_them():
     plans = {"1": {"cycles": 201, "mean_ms": 94.2, "tokens_per_cycle": 16.0},
              "copy": {"cycles": 27, "mean_ms": 141.6}}  # a server from before spec_plan_tokens
-    assert bench.plan_cells(plans) == "1:201@94(16.0) copy:27@142"
-    assert bench.plan_cells({}) == ""
+    assert stats.plan_cells(plans) == "1:201@94(16.0) copy:27@142"
+    assert stats.plan_cells({}) == ""
 
 
 def test_speculative_cycles_are_told_apart_by_why_the_controller_ran_them():
@@ -295,11 +296,11 @@ d3d:controller_plan_cycles_total{batch="4",block="1",predraft="false",reason="es
 d3d:controller_plan_cycles_total{batch="16",block="4",predraft="false",reason="explore"} 2.0
 """
     earlier = text.replace("} 3.0", "} 1.0")
-    before = bench.counter_totals(text_string_to_metric_families(earlier))
-    after = bench.counter_totals(text_string_to_metric_families(text))
-    got = bench.spec_figures(before, after)["speculated"]
+    before = stats.counter_totals(text_string_to_metric_families(earlier))
+    after = stats.counter_totals(text_string_to_metric_families(text))
+    got = stats.spec_figures(before, after)["speculated"]
     # plain decoding is left out; the load counts only its own cycles (2 of the 3 estimates)
     assert got == {"4": {"8o": {"estimate": 2}}}
-    got = bench.spec_figures({}, after)["speculated"]
+    got = stats.spec_figures({}, after)["speculated"]
     assert got == {"16": {"4": {"explore": 2}}, "4": {"8o": {"estimate": 3, "warmup": 1}}}
-    assert bench.why_cells(got) == "8o@4:estimate=3,warmup=1 4@16:explore=2"  # by batch size
+    assert stats.why_cells(got) == "8o@4:estimate=3,warmup=1 4@16:explore=2"  # by batch size

@@ -12,6 +12,10 @@ and k the branch budget of that CPU run, by the mode of the CPU row:
     projection = tau * ar_step / cycle
 
 It assumes the CPU acceptance carries over to each shape's family and size, which it need not.
+Where the CPU row splits its cycles by kind (`d3d bench`'s `by_kind`), tau is that of its
+drafting cycles alone: its cycles of copies skip the drafter (on GSM8K 78% of them), so their
+tokens would be credited to a cycle priced with a draft pass. Copies would add to the
+projection; they are left out of it.
 """
 
 from __future__ import annotations
@@ -20,9 +24,9 @@ import json
 from pathlib import Path
 
 RESULTS = Path(__file__).resolve().parent / "results"
-DEFAULT_SOURCES = (
-    "bench_gsm8k30_v2_step351.json", "bench_mtbench20_v2_step351.json",  # async, sitting 3
-    "bench_fused_gsm8k30_v2_step351.json", "bench_fused_mtbench20_v2_step351.json",  # sync, fused
+DEFAULT_SOURCES = (  # the shipped drafter (sitting 25's rank-4 deltas)
+    "bench_s27_gsm8k30_fixed.json", "bench_s27_mtbench20_fixed.json",  # sync, async (sitting 27)
+    "bench_s26_fused_gsm8k30.json",  # fused (sitting 26)
 )
 PROJECTED = ("async", "sync", "fused")  # fixed plans only: an adaptive row mixes plans
 
@@ -48,11 +52,18 @@ def acceptance_sources(paths: list[str] | None) -> list[dict]:
                     "dataset": run.get("dataset"),
                     "drafter": run.get("drafter"),
                     "branch_budget": run.get("branch_budget", 4),
-                    "mean_accepted_length": row["mean_accepted_length"],
+                    "mean_accepted_length": drafting_tau(row),
                     "branch_hit_rate": row.get("branch_hit_rate") or 0.0,
                 }
             )
     return out
+
+
+def drafting_tau(row: dict) -> float:
+    """Tokens a cycle of a `d3d bench` mode row: of its drafting cycles where it reports them
+    by kind, else of all its cycles (rows from before the split)."""
+    draft = row.get("by_kind", {}).get("draft")
+    return draft["tokens_per_cycle"] if draft else row["mean_accepted_length"]
 
 
 def _nearest(d: dict, key):

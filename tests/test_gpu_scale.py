@@ -77,3 +77,14 @@ def test_acceptance_sources_read_fixed_plans_only(tmp_path):
     f.write_text(json.dumps(run))
     got = {(a["mode"], a["block"]) for a in gpu_report.acceptance_sources([str(f)])}
     assert got == {("sync", 8), ("fused", 4), ("async", 8)}
+
+
+def test_a_row_split_by_kind_projects_its_drafting_cycles_alone(tmp_path):
+    """Cycles of copies skip the drafter: their tokens must not be priced with a draft pass."""
+    row = {"mean_accepted_length": 2.8, "by_kind": {
+        "copy": {"tokens_per_cycle": 2.7}, "draft": {"tokens_per_cycle": 3.3}}}
+    f = tmp_path / "run.json"
+    f.write_text(json.dumps({"dataset": "gsm8k", "modes": {"sync@8": row,
+                                                            "sync@4": {"mean_accepted_length": 2.5}}}))
+    got = {a["block"]: a["mean_accepted_length"] for a in gpu_report.acceptance_sources([str(f)])}
+    assert got == {8: 3.3, 4: 2.5}  # the older row, without kinds, keeps its mean

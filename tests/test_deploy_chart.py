@@ -25,7 +25,9 @@ YAMLLINT = (ROOT / "deploy" / ".yamllint.yaml").read_text()
 KUBE_VERSIONS = ("1.29.0", latest_version())
 # Custom resources have no schema in kubernetes-validate: each is listed here and checked by
 # hand in its own test instead of passing silently.
-CRD_KINDS = {("monitoring.coreos.com/v1", "ServiceMonitor")}
+CRD_KINDS = {("monitoring.coreos.com/v1", "ServiceMonitor"),
+             ("monitoring.coreos.com/v1", "PrometheusRule")}
+ALERTS = ROOT / "deploy" / "prometheus" / "alerts.yaml"
 CASES = {"defaults": None, **EXAMPLES}
 
 helm.disable_logging()  # Helm logs an INFO line for the dashboard symlink on every load
@@ -288,6 +290,16 @@ def test_service_and_monitor_select_the_pods(chart):
     assert mon["metadata"]["labels"]["release"] == "kube-prometheus-stack"
 
 
+def test_prometheus_rule_carries_the_alert_file(chart):
+    """PrometheusRule is a CRD (skipped by kubernetes-validate): the rules are those of
+    deploy/prometheus/alerts.yaml, which promtool checks (tests/test_deploy_alerts.py)."""
+    rule = one(manifests(chart, values_of("values-two-gpu")), "PrometheusRule")
+    assert rule["apiVersion"] == "monitoring.coreos.com/v1"
+    assert rule["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+    assert rule["spec"] == yaml.safe_load(ALERTS.read_text())
+    assert [r["alert"] for r in rule["spec"]["groups"][0]["rules"]]
+
+
 def test_optional_objects_are_off_by_default(chart):
     kinds = {d["kind"] for d in manifests(chart, {})}
     assert kinds == {"Deployment", "Service", "ServiceAccount"}
@@ -338,6 +350,7 @@ BAD_VALUES = {
     "secret name not a DNS name": {"server": {"apiKeySecret": {"name": "My Keys", "key": "k"}}},
     "api key inline": {"server": {"apiKeySecret": {"name": "s", "key": "k", "value": "sk-1"}}},
     "body limit zero": {"server": {"maxBodyBytes": 0}},
+    "alert rule switch as string": {"prometheusRule": {"enabled": "yes"}},
 }
 
 

@@ -37,6 +37,7 @@ MODEL_NAME = "tiny"
 MODES = ("async", "ar")
 WAVE = 3  # concurrent requests per server
 METRIC = re.compile(r"\bd3d:[a-zA-Z_:0-9]+")
+ALERTS = ROOT / "deploy" / "prometheus" / "alerts.yaml"
 
 
 def load_module(name: str, path: Path):
@@ -93,6 +94,8 @@ def test_prometheus_config_is_valid(tmp_path):
     "path",
     [
         "deploy/prometheus/prometheus.yml",
+        "deploy/prometheus/alerts.yaml",
+        "deploy/prometheus/alerts_test.yaml",
         "deploy/docker-compose.yml",
         "deploy/grafana/provisioning/datasources/prometheus.yml",
         "deploy/grafana/provisioning/dashboards/sglang-d3d.yml",
@@ -209,6 +212,7 @@ def prometheus(servers, tmp_path_factory):
     conf = {
         "global": {"scrape_interval": f"{SCRAPE_INTERVAL:g}s", "evaluation_interval": "1s"},
         "scrape_configs": [{"job_name": "d3d", "static_configs": [{"targets": targets}]}],
+        "rule_files": [str(ALERTS)],  # the shipped alerts, evaluated on the live servers
     }
     (tmp / "prometheus.yml").write_text(yaml.safe_dump(conf))
     port = free_port()
@@ -297,6 +301,23 @@ def test_every_dashboard_metric_is_exported(run):
     assert used, "the dashboard names no d3d: metric"
     missing = sorted(used - exported)
     assert not missing, f"dashboard names metrics the servers do not export: {missing}"
+
+
+@pytest.mark.slow
+def test_the_alerts_evaluate_on_live_servers_and_read_exported_metrics(run):
+    """The shipped alerting rules, loaded by the real Prometheus that scraped the servers:
+    every rule evaluated without error, and every metric it reads is one the servers export
+    (a misspelt name would evaluate cleanly to nothing)."""
+    prom, _, _ = run
+    exported = set(panels.prom_get(prom, "label/__name__/values"))
+    (group,) = panels.prom_get(prom, "rules", type="alert")["groups"]
+    assert group["rules"], "no alerting rule loaded"
+    for rule in group["rules"]:
+        assert rule["health"] == "ok", f"{rule['name']}: {rule.get('lastError')}"
+        missing = sorted(set(METRIC.findall(rule["query"])) - exported)
+        assert not missing, f"{rule['name']} reads metrics the servers do not export: {missing}"
+    assert {r["name"] for r in group["rules"]} == {
+        r["alert"] for g in yaml.safe_load(ALERTS.read_text())["groups"] for r in g["rules"]}
 
 
 # Ratios over drafts have no value in ar mode (0 / 0): their panels show async alone; nor is

@@ -303,9 +303,7 @@ class SpecEngine:
             outcomes = run_cycle(rows, self.drafting, verify, self.executor, plan, self._steps,
                                  alone, proposing)
         self.timeline.add(outcomes[0].times)
-        if copy_cycle:  # nobody's plan, but its time is decoding time all the same
-            self.plan_listeners.notify(len(rows), COPIES, outcomes[0].times.end, _tokens(outcomes))
-        else:
+        if not copy_cycle:  # a cycle of copies was booked by _copy_cycle
             self._observe(rows, plan, outcomes)
         return [self._settle(s, o) for s, o in zip(rows, outcomes, strict=True)]
 
@@ -324,7 +322,10 @@ class SpecEngine:
             copies = [c[:keep] for c in copies]
         outcomes = run_copy_cycle(rows, self.drafting, verify, copies, self._steps,
                                   self._copy_trees(rows, copies, way.guesses))
-        self.copy_arms.observe(len(rows), way, _tokens(outcomes), outcomes[0].times.end)
+        tokens, seconds = _tokens(outcomes), outcomes[0].times.end
+        self.copy_arms.observe(len(rows), way, tokens, seconds)
+        # nobody's plan, but its time is decoding time all the same
+        self.plan_listeners.notify(len(rows), COPIES, seconds, tokens)
         return outcomes
 
     def _observe(self, rows: list[Sequence], plan: Plan, outcomes: list[Outcome]) -> None:

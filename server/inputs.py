@@ -168,4 +168,22 @@ def sampling_params(fields: SamplingFields, max_new_tokens: int, tokenizer) -> S
         seed=fields.seed,
         max_new_tokens=max_new_tokens,
         stop_token_ids=eos_ids(tokenizer),
+        frequency_penalty=fields.frequency_penalty or 0.0,
+        presence_penalty=fields.presence_penalty or 0.0,
+        logit_bias=logit_bias(fields.logit_bias, len(tokenizer)),
     )
+
+
+def logit_bias(bias: dict[str, float] | None, vocab: int) -> tuple[tuple[int, float], ...]:
+    """OpenAI's {"token id": bias} -> ((id, bias), ...), ids checked against the vocabulary.
+    Keys are digit strings (protocol.py), but "7" and "07" name one token."""
+    pairs: dict[int, float] = {}
+    for key, value in (bias or {}).items():
+        t = int(key)
+        if t >= vocab:
+            raise bad_request(f"logit_bias names token {t}, outside the vocabulary ({vocab} tokens)",
+                              "logit_bias")
+        if t in pairs:
+            raise bad_request(f"logit_bias names token {t} twice", "logit_bias")
+        pairs[t] = float(value)
+    return tuple(sorted(pairs.items()))

@@ -24,6 +24,9 @@ TopLogprobs = Annotated[StrictInt, Field(ge=0, le=20)]
 Seed = Annotated[int, Field(strict=True, ge=0, le=2**63 - 1)]
 StopList = Annotated[list[StrictStr], Field(max_length=16)]
 TokenIds = Annotated[list[Annotated[int, Field(strict=True, ge=0)]], Field(min_length=1)]
+Penalty = Annotated[Finite, Field(ge=-2, le=2)]  # OpenAI's range
+# OpenAI's shape: token ids as JSON object keys (strings), each with a bias in [-100, 100]
+LogitBias = dict[Annotated[str, Field(pattern=r"^[0-9]{1,9}$")], Annotated[Finite, Field(ge=-100, le=100)]]
 
 FinishReason = Literal["stop", "length", "abort"]
 
@@ -46,9 +49,9 @@ class SamplingFields(BaseModel):
     stream: StrictBool = False
     stream_options: StreamOptions | None = None
     # Known OpenAI fields honoured only at their neutral value (server/unsupported.py).
-    frequency_penalty: Finite | None = None
-    presence_penalty: Finite | None = None
-    logit_bias: dict[str, Any] | None = None
+    frequency_penalty: Penalty | None = None
+    presence_penalty: Penalty | None = None
+    logit_bias: LogitBias | None = None
     user: StrictStr | None = None  # an end-user id for abuse monitoring: accepted, not stored
     store: StrictBool | None = None
     metadata: dict[str, Any] | None = None

@@ -27,7 +27,7 @@ from sglang_d3d.server.metrics import MetricsRecorder
 from sglang_d3d.server.protocol import SamplingFields
 from sglang_d3d.server.responses import Answer, Header, ResponseFormat
 from sglang_d3d.server.streaming import EventStreamResponse, sse_events
-from sglang_d3d.server.unsupported import check_supported
+from sglang_d3d.server.unsupported import check_logit_rules, check_supported
 from starlette.responses import Response
 
 from sglang_d3d.config import SamplingParams
@@ -110,6 +110,7 @@ def _prepare(state: ServerState, ep: Endpoint, body: Any) -> Prepared:
             raise bad_request("this backend does not report log-probabilities", "logprobs")
         if body.num_sequences > body.n:
             raise bad_request("best_of needs log-probabilities, which this backend lacks", "best_of")
+    check_logit_rules(engine, body)
     ids = ep.prompt_ids(engine.tokenizer, body)
     max_new = output_budget(body.output_limit, len(ids), state.cfg.engine.max_context, ep.prompt_param)
     try:

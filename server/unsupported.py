@@ -19,18 +19,11 @@ def _absent(v: Any) -> bool:
     return v is None
 
 
-def _zero(v: Any) -> bool:
-    return v is None or v == 0
-
-
 def _empty(v: Any) -> bool:
     return not v
 
 
 SHARED: tuple[Check, ...] = (
-    ("frequency_penalty", _zero, "repetition penalties are not supported"),
-    ("presence_penalty", _zero, "repetition penalties are not supported"),
-    ("logit_bias", _empty, "logit_bias is not supported"),
     ("store", lambda v: not v, "this server stores no completions"),
     ("service_tier", lambda v: v in (None, "auto", "default"), "there is one service tier"),
 )
@@ -95,3 +88,14 @@ def _check_best_of(body: CompletionRequest) -> None:
         raise bad_request("`best_of` must be at least `n`", "best_of")
     if body.stream and body.best_of > body.n:
         raise bad_request("`best_of` greater than `n` cannot be streamed", "best_of")
+
+
+def check_logit_rules(engine, body: SamplingFields) -> None:
+    """Penalties and logit_bias need a backend that applies them inside verification (the
+    embedded engine does, speculative/penalties.py); elsewhere a 400, never an answer that
+    silently ignored them."""
+    if getattr(engine, "supports_logit_rules", False):
+        return
+    for name in ("frequency_penalty", "presence_penalty", "logit_bias"):
+        if getattr(body, name):
+            raise bad_request(f"`{name}` is not supported by this server's backend", name)

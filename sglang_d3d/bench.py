@@ -14,7 +14,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from sglang_d3d.cli_args import add_engine_args, engine_config
+from sglang_d3d.cli_args import add_engine_args, add_penalty_args, engine_config
 from sglang_d3d.config import Mode, SamplingParams
 from sglang_d3d.engine.calibrate import CalibrationConfig, calibrate
 from sglang_d3d.engine.engine import SpecEngine
@@ -48,6 +48,7 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
                    "(their weights and corpora) run side by side on one target in one run")
     p.add_argument("--max-new-tokens", type=int, default=256)
     p.add_argument("--temperature", type=float, default=0.0)
+    add_penalty_args(p)
     p.add_argument("--out", default=None, help="save the results as JSON here")
     p.add_argument("--timeline", default=None, help="save the async per-cycle timeline here")
 
@@ -69,6 +70,7 @@ def run_bench(args: argparse.Namespace) -> int:
     params = SamplingParams(
         temperature=args.temperature, max_new_tokens=args.max_new_tokens,
         stop_token_ids=(tok.eos_token_id,), seed=0,
+        frequency_penalty=args.frequency_penalty, presence_penalty=args.presence_penalty,
     )
     _warmup(engines, prompts[0], params)
     calibration = _calibrate(engines)
@@ -270,6 +272,7 @@ def _report(args, runs: dict, greedy: bool) -> dict:
         "dataset": args.dataset, "num_prompts": args.num_prompts, "block_size": args.block_size,
         "branch_policy": args.branch_policy, "branch_budget": args.branch_budget,
         "max_new_tokens": args.max_new_tokens, "temperature": args.temperature,
+        "frequency_penalty": args.frequency_penalty, "presence_penalty": args.presence_penalty,
         "drafter": args.drafter or "default", "alt_drafter": args.alt_drafter,
         "greedy_identical": identical, "modes": modes,
     }

@@ -93,6 +93,14 @@ def add_engine_args(
     g.add_argument("--threads", type=int, default=None, help="CPU threads in all (default: all cores)")
 
 
+def add_penalty_args(p: argparse.ArgumentParser) -> None:
+    """OpenAI's repetition penalties, for requests made from the command line."""
+    p.add_argument("--frequency-penalty", type=float, default=0.0,
+                   help="subtract this times a token's count in the output so far from its logit")
+    p.add_argument("--presence-penalty", type=float, default=0.0,
+                   help="subtract this from the logit of every token the output already holds")
+
+
 def count(text: str) -> int:
     """An argparse type: an integer >= 0, refused as a usage error otherwise."""
     n = int(text)

@@ -29,6 +29,8 @@ class BranchPolicy(str, enum.Enum):
 
 DRAFT_WEIGHTS = ("auto", "full", "int8")
 GREEDY_BELOW = 1e-5  # temperatures under this are greedy
+MAX_PENALTY = 2.0  # OpenAI's range for frequency and presence penalties: [-2, 2]
+MAX_LOGIT_BIAS = 100.0  # and for a logit_bias value: [-100, 100]
 
 
 @dataclass(frozen=True)
@@ -39,6 +41,10 @@ class SamplingParams:
     seed: int | None = None
     max_new_tokens: int = 128
     stop_token_ids: tuple[int, ...] = ()
+    # Logit rules on what the request has written (speculative/penalties.py)
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, added to its logit), ids unique
 
     def __post_init__(self) -> None:
         if self.temperature < 0:
@@ -49,6 +55,23 @@ class SamplingParams:
             raise ValueError("top_k must be >= 0")
         if self.max_new_tokens < 1:
             raise ValueError("max_new_tokens must be >= 1")
+        self._check_rules()
+
+    def _check_rules(self) -> None:
+        for name in ("frequency_penalty", "presence_penalty"):
+            if not abs(getattr(self, name)) <= MAX_PENALTY:  # NaN fails too
+                raise ValueError(f"{name} must be in [-{MAX_PENALTY:g}, {MAX_PENALTY:g}]")
+        ids = [t for t, _ in self.logit_bias]
+        if any(t < 0 for t in ids) or len(set(ids)) != len(ids):
+            raise ValueError("logit_bias token ids must be unique and >= 0")
+        if not all(abs(b) <= MAX_LOGIT_BIAS for _, b in self.logit_bias):
+            raise ValueError(f"logit_bias values must be in [-{MAX_LOGIT_BIAS:g}, {MAX_LOGIT_BIAS:g}]")
+
+    @property
+    def reshapes_logits(self) -> bool:
+        """Whether the target's logits change with what the request has written (penalties) or
+        carry a bias: verification must then reshape them row by row (speculative/penalties.py)."""
+        return bool(self.frequency_penalty or self.presence_penalty or self.logit_bias)
 
     @property
     def greedy(self) -> bool:

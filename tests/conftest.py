@@ -82,6 +82,29 @@ def reference_greedy(hf_model, prompt: list[int], n: int, eos: int | None = None
     return out
 
 
+def naive_rule(logits: torch.Tensor, written: list[int], params) -> torch.Tensor:
+    """OpenAI's frequency/presence penalties and logit_bias token by token, as its
+    documentation states them: [V] float64."""
+    out = logits.double().clone()
+    for t in set(written):
+        out[t] -= params.frequency_penalty * written.count(t) + params.presence_penalty
+    for t, b in params.logit_bias:
+        out[t] += b
+    return out
+
+
+def reference_ruled(hf_model, prompt: list[int], n: int, params) -> list[int]:
+    """Target-only greedy decoding under those rules, with plain HF forward passes."""
+    ids, out = list(prompt), []
+    with torch.no_grad():
+        for _ in range(n):
+            logits = hf_model(torch.tensor([ids])).logits[0, -1]
+            tok = int(naive_rule(logits, out, params).argmax())
+            out.append(tok)
+            ids.append(tok)
+    return out
+
+
 @pytest.fixture(autouse=True)
 def _grad_mode_is_on():
     """Some imported libraries (SGLang's runtime among them) switch autograd off process-wide

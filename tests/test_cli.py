@@ -35,6 +35,16 @@ def test_generate_modes_agree(tiny_pair_dir, capsys):
     assert ids[0] == ids[1]
 
 
+def test_generate_modes_agree_under_penalties(tiny_pair_dir, capsys):
+    ids = []
+    for mode, rules in (("ar", []), ("ar", ["--frequency-penalty", "1.5"]),
+                        ("async", ["--frequency-penalty", "1.5"])):
+        main(["generate", "--prompt", "w9 w10", "--mode", mode, "--max-new-tokens", "16", "--json",
+              *rules, *_engine_flags(tiny_pair_dir)])
+        ids.append(json.loads(capsys.readouterr().out)["token_ids"])
+    assert ids[1] == ids[2] and ids[1] != ids[0]
+
+
 def test_bench_saves_a_report(tiny_pair_dir, tmp_path, capsys):
     data = tmp_path / "prompts.jsonl"
     data.write_text("\n".join(json.dumps({"prompt": f"w{i} w{i + 1}"}) for i in range(5, 8)) + "\n")

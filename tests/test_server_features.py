@@ -213,3 +213,39 @@ def test_tokenizer_failures_are_400s(servers, monkeypatch):
     ]:
         r = httpx.post(servers["async"].url + path, json=body)
         assert r.status_code == 400 and "tokenizer refused" in r.json()["error"]["message"]
+
+
+# ---- penalties and logit_bias -----------------------------------------------------------------
+
+
+def test_penalties_and_bias_are_applied_alike_in_ar_and_async(servers, tiny_pair_dir):
+    """Greedy under frequency/presence penalties and a logit_bias: both servers give the
+    tokens of plain decoding under OpenAI's rule, and the rule changed them."""
+    from conftest import reference_ruled
+
+    from sglang_d3d.config import SamplingParams
+    from sglang_d3d.models.loading import load_hf_model
+
+    rules = dict(frequency_penalty=1.5, presence_penalty=0.8, logit_bias={"42": 4.0, "8": -3.0})
+    got = {}
+    for mode, srv in servers.items():
+        c = openai.OpenAI(base_url=f"{srv.url}/v1", api_key="x", max_retries=0)
+        kw = dict(model="tiny", prompt=PROMPT_IDS, max_tokens=16, temperature=0, logprobs=0)
+        got[mode] = c.completions.create(**kw, **rules).choices[0].logprobs.tokens
+        plain = c.completions.create(**kw).choices[0].logprobs.tokens
+    assert got["ar"] == got["async"] and got["ar"] != plain
+    hf = load_hf_model(Path(tiny_pair_dir[0])).double()
+    params = SamplingParams(frequency_penalty=1.5, presence_penalty=0.8,
+                            logit_bias=((8, -3.0), (42, 4.0)))
+    ids = tok_of(servers["ar"]).convert_tokens_to_ids(got["ar"])
+    assert ids == reference_ruled(hf, PROMPT_IDS, 16, params)
+
+
+def test_a_strong_bias_forces_its_token_through_the_stream(servers, client):
+    chunks = client.chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": "w5 w6"}], max_tokens=6,
+        temperature=0.7, seed=3, logit_bias={"42": 100}, stream=True,
+    )
+    text = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
+    word = tok_of(servers["async"]).decode([42]).strip()  # the test tokenizer's words: " w42"
+    assert text.split() == [word] * 6

@@ -4,12 +4,13 @@ log-probabilities, refused fields, body parsing, API keys, best_of and refusal r
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 
 import pytest
 from sglang_d3d.server.auth import bearer_token, key_matches, keys_from_env
 from sglang_d3d.server.body import CHUNK, parse_body
 from sglang_d3d.server.errors import APIError, rejection_reason
-from sglang_d3d.server.inputs import chat_prompt_ids, render_turns
+from sglang_d3d.server.inputs import chat_prompt_ids, logit_bias, render_turns
 from sglang_d3d.server.logprobs_out import (
     ScoredToken,
     TokenTexts,
@@ -19,7 +20,7 @@ from sglang_d3d.server.logprobs_out import (
 from sglang_d3d.server.protocol import ChatCompletionRequest, ChatMessage, CompletionRequest
 from sglang_d3d.server.responses import Answer
 from sglang_d3d.server.serving import best_answers, choice_params
-from sglang_d3d.server.unsupported import check_supported
+from sglang_d3d.server.unsupported import check_logit_rules, check_supported
 
 from sglang_d3d.config import SamplingParams
 from sglang_d3d.speculative.logprobs import TokenLogprob
@@ -124,6 +125,29 @@ def test_word_level_tokens_and_completion_shape():
 def test_neutral_values_are_accepted(extra):
     body = ChatCompletionRequest.model_validate({"messages": HISTORY[:1], **extra})
     check_supported(body)
+    check_logit_rules(object(), body)  # a backend without the rules takes their neutral values
+
+
+@pytest.mark.parametrize("extra, param", [
+    ({"frequency_penalty": 0.5}, "frequency_penalty"),
+    ({"presence_penalty": -1.0}, "presence_penalty"),
+    ({"logit_bias": {"5": 10}}, "logit_bias"),
+])  # fmt: skip
+def test_logit_rules_need_a_backend_that_applies_them(extra, param):
+    body = ChatCompletionRequest.model_validate({"messages": HISTORY[:1], **extra})
+    with pytest.raises(APIError) as e:
+        check_logit_rules(object(), body)  # e.g. the SGLang backend
+    assert e.value.status == 400 and e.value.param == param
+    check_logit_rules(SimpleNamespace(supports_logit_rules=True), body)
+
+
+def test_logit_bias_keys_become_token_ids_checked_against_the_vocabulary():
+    assert logit_bias({"7": 1.5, "3": -100.0}, 10) == ((3, -100.0), (7, 1.5))
+    assert logit_bias(None, 10) == ()
+    for bad in ({"10": 1.0}, {"7": 1.0, "07": 2.0}):
+        with pytest.raises(APIError) as e:
+            logit_bias(bad, 10)
+        assert e.value.param == "logit_bias"
 
 
 @pytest.mark.parametrize("extra, param", [

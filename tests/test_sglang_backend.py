@@ -37,6 +37,10 @@ def test_sampling_parameters_in_sglangs_terms():
     )
     seeded = sampling_params(SamplingParams(temperature=0.8, top_k=20, seed=3))
     assert (seeded["top_k"], seeded["sampling_seed"]) == (20, 3)
+    assert "frequency_penalty" not in seeded and "logit_bias" not in seeded
+    ruled = sampling_params(SamplingParams(presence_penalty=0.5, logit_bias=((7, -2.0),)))
+    assert (ruled["frequency_penalty"], ruled["presence_penalty"]) == (0.0, 0.5)
+    assert ruled["logit_bias"] == {"7": -2.0}
 
 
 def test_streamed_chunks_become_incremental_events_and_a_final_one():

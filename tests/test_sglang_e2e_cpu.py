@@ -69,7 +69,17 @@ def test_sampling_runs_inside_sglang(run):
 def test_unverifiable_request_is_refused_with_a_message(run):
     finish = run["refused"]["finish"]
     assert finish["type"] == "abort"
-    assert "D3D does not support frequency/presence penalty" in finish["message"]
+    assert "D3D does not support repetition_penalty" in finish["message"]
+
+
+def test_penalties_and_bias_in_sglang_equal_sglang_without_speculation(run):
+    """SGLang's own sampler applies the rules token by token; the D3D worker applies them to
+    every row of a verify block with that row's drafts counted (speculative/penalties.py)."""
+    ruled = [run["ruled"][f"r{i}"] for i in range(len(run["prompts"]))]
+    assert [r["ids"] for r in ruled] == run["ruled_baseline"]
+    assert run["ruled_baseline"] != run["baseline"]  # the rules changed the output
+    assert all(r["reason"] == "length" and r["error"] is None for r in ruled)
+    assert any(n > 1 for r in ruled for n in r["accepted_lengths"])
 
 
 def _embedded(pair, prompts):

@@ -16,7 +16,8 @@ BLOCK = 4
 
 
 def _req(rid: str, prompt: list[int]):
-    sp = SimpleNamespace(top_k=1, temperature=0.0, top_p=1.0, sampling_seed=None, max_new_tokens=8)
+    sp = SimpleNamespace(top_k=1, temperature=0.0, top_p=1.0, sampling_seed=None, max_new_tokens=8,
+                         frequency_penalty=0.0, presence_penalty=0.0, logit_bias=None)
     return SimpleNamespace(rid=rid, origin_input_ids=prompt, output_ids=[prompt[-1]], sampling_params=sp)
 
 

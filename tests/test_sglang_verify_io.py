@@ -18,6 +18,7 @@ from sglang.srt.mem_cache.allocator import TokenToKVPoolAllocator  # noqa: E402
 from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool  # noqa: E402
 from sglang.srt.sampling.sampling_params import SamplingParams as SGLangParams  # noqa: E402
 
+from sglang_d3d.config import SamplingParams  # noqa: E402
 from sglang_d3d.sglang_worker.accept import (  # noqa: E402
     to_sampling_params,
     unsupported_reason,
@@ -28,6 +29,7 @@ from sglang_d3d.sglang_worker.verify_io import (  # noqa: E402
     block_positions,
     commit_rows,
 )
+from sglang_d3d.speculative.penalties import reshape_chain, reshape_rows  # noqa: E402
 from sglang_d3d.speculative.verify import greedy_accept  # noqa: E402
 
 B = 4  # block: last token + 3 drafts
@@ -110,17 +112,39 @@ def test_sglang_sampling_parameters_map_onto_ours():
 @pytest.mark.parametrize(
     ("sampling", "name"),
     [
-        (dict(frequency_penalty=0.5), "frequency/presence penalty"),
         (dict(repetition_penalty=1.2), "repetition_penalty"),
         (dict(min_p=0.1), "min_p"),
         (dict(json_schema='{"type": "object"}'), "structured output"),
         (dict(min_new_tokens=3), "min_new_tokens"),
-        (dict(logit_bias={"5": 1.0}), "logit_bias"),
     ],
 )
 def test_requests_that_cannot_be_verified_exactly_are_named(sampling, name):
     assert name in unsupported_reason(_req(**sampling))
     assert unsupported_reason(_req(temperature=0.8, top_p=0.9, top_k=20)) is None
+    ruled = _req(frequency_penalty=0.5, presence_penalty=-0.3, logit_bias={"5": 1.0})
+    assert unsupported_reason(ruled) is None  # verified with the rules (speculative/penalties.py)
+
+
+def test_sglang_penalties_and_bias_map_onto_ours():
+    sp = SGLangParams(temperature=0.0, frequency_penalty=0.5, presence_penalty=-0.3,
+                      logit_bias={"7": 2.0, "5": -1.0})
+    p = to_sampling_params(sp, 96)
+    assert p.greedy and (p.frequency_penalty, p.presence_penalty) == (0.5, -0.3)
+    assert p.logit_bias == ((5, -1.0), (7, 2.0))
+    assert not to_sampling_params(SGLangParams(temperature=0.7), 96).reshapes_logits
+
+
+def test_worker_rows_are_reshaped_only_where_asked():
+    logits = torch.randn(2, 3, 96)  # two requests, blocks of 2 drafts
+    drafts = torch.tensor([[4, 4], [9, 1]])
+    plain, ruled = SamplingParams(), SamplingParams(frequency_penalty=1.0, logit_bias=((3, 5.0),))
+    assert reshape_rows(logits, drafts, [[1], [2]], [plain, plain]) is logits
+    before = logits.clone()
+    out = reshape_rows(logits, drafts, [[4, 1], [2]], [ruled, plain])
+    assert torch.equal(logits, before)  # the host's logits are untouched
+    assert torch.equal(out[1], logits[1])
+    torch.testing.assert_close(out[0], reshape_chain(logits[0], [4, 1], [4, 4], ruled))
+    assert out[0, 2, 4] == logits[0, 2, 4] - 3.0  # row 2 counts the output's 4 and two drafts
 
 
 def test_verify_row_is_the_embedded_engines_rule():

@@ -42,6 +42,7 @@ from sglang_d3d.speculative.executor import Executor
 from sglang_d3d.speculative.fused import FusedDrafting
 from sglang_d3d.speculative.listeners import Listeners
 from sglang_d3d.speculative.logprobs import token_logprobs
+from sglang_d3d.speculative.penalties import reshape_chain, reshape_tree
 from sglang_d3d.speculative.sampling import make_generator, sample, target_probs
 from sglang_d3d.speculative.shared_lookup import TextIndex
 from sglang_d3d.speculative.threads import intra_op_threads
@@ -151,6 +152,8 @@ class SpecEngine:
             raise ValueError("the prompt is empty")
         if any(t < 0 or t >= self.vocab_size for t in req.prompt_ids):
             raise ValueError("prompt token id out of the vocabulary")
+        if any(t >= self.vocab_size for t, _ in req.params.logit_bias):
+            raise ValueError("logit_bias token id out of the vocabulary")
         total = len(req.prompt_ids) + req.params.max_new_tokens
         if total > self.cfg.max_context:
             raise RequestTooLongError(
@@ -278,7 +281,8 @@ class SpecEngine:
         return self._first_token(seq, logits)
 
     def _first_token(self, seq: Sequence, logits: torch.Tensor) -> TokenEvent:
-        token = sample(target_probs(logits, seq.params), seq.generator)
+        ruled = reshape_chain(logits.unsqueeze(0), seq.output, [], seq.params)[0]  # [V]
+        token = sample(target_probs(ruled, seq.params), seq.generator)
         seq.stats.prefill_time = time.perf_counter() - seq.prefill_start
         if self.drafting is not None:
             self.drafting.start(seq.slot, seq.tokens + [token], seq.params, seq.generator)
@@ -426,7 +430,7 @@ class SpecEngine:
         verdicts = []
         for s, tree, q, lg in zip(rows, trees, proposals, logits, strict=True):
             try:
-                path, token = self._walk(s, tree, q, lg)
+                path, token = self._walk(s, tree, q, reshape_tree(lg, s.output, tree, s.params))
                 self.target.keep_path(s.slot, path)
             except Exception as e:  # noqa: BLE001 - one request's failure must not stop the others
                 verdicts.append(Verdict(error=f"{type(e).__name__}: {e}"))
@@ -438,7 +442,7 @@ class SpecEngine:
 
     @staticmethod
     def _walk(s: Sequence, tree: DraftTree, q: torch.Tensor,
-              logits: torch.Tensor) -> tuple[list[int], int]:  # logits [M+1, V]
+              logits: torch.Tensor) -> tuple[list[int], int]:  # logits [M+1, V], reshaped
         if s.params.greedy:
             return greedy_tree_accept(tree, logits.argmax(-1).tolist())
         return sampled_tree_accept(tree, q, target_probs(logits, s.params), s.generator)
@@ -450,7 +454,8 @@ class SpecEngine:
         verdicts = []
         for i, s in enumerate(rows):
             try:
-                n, token = verify_draft(drafts[i], proposals[i], logits[i], s.params, s.generator)
+                ruled = reshape_chain(logits[i], s.output, drafts[i], s.params)  # [G+1, V]
+                n, token = verify_draft(drafts[i], proposals[i], ruled, s.params, s.generator)
             except Exception as e:  # noqa: BLE001 - one request's failure must not stop the others
                 verdicts.append(Verdict(error=f"{type(e).__name__}: {e}"))
                 continue

@@ -20,6 +20,7 @@ log = logging.getLogger(__name__)
 
 class EngineLoop:
     supports_logprobs = True  # TokenEvent.logprobs when GenerationRequest.logprobs is set
+    supports_logit_rules = True  # frequency/presence penalties, logit_bias (speculative/penalties.py)
 
     def __init__(self, engine: SpecEngine, tokenizer=None) -> None:
         self.engine = engine

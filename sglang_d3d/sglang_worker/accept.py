@@ -15,8 +15,9 @@ from sglang_d3d.speculative.verify import verify_draft as verify_row  # noqa: F4
 def to_sampling_params(sp, vocab_size: int) -> SamplingParams:
     """SGLang SamplingParams -> ours. SGLang marks greedy as top_k == 1 (temperature 0 is
     rewritten to top_k = 1), and "no top-k" as a huge top_k."""
+    rules = logit_rules(sp)
     if sp.top_k == 1:
-        return SamplingParams(temperature=0.0, max_new_tokens=max(1, sp.max_new_tokens or 1))
+        return SamplingParams(temperature=0.0, max_new_tokens=max(1, sp.max_new_tokens or 1), **rules)
     top_k = sp.top_k if 0 < sp.top_k < vocab_size else 0
     return SamplingParams(
         temperature=float(sp.temperature),
@@ -24,19 +25,30 @@ def to_sampling_params(sp, vocab_size: int) -> SamplingParams:
         top_k=int(top_k),
         seed=sp.sampling_seed,
         max_new_tokens=max(1, sp.max_new_tokens or 1),
+        **rules,
+    )
+
+
+def logit_rules(sp) -> dict:
+    """SGLang's frequency/presence penalties and logit_bias ({"token id": bias}) as ours:
+    verification applies them row by row (speculative/penalties.py)."""
+    bias = getattr(sp, "logit_bias", None) or {}
+    return dict(
+        frequency_penalty=float(sp.frequency_penalty or 0.0),
+        presence_penalty=float(sp.presence_penalty or 0.0),
+        logit_bias=tuple(sorted((int(t), float(b)) for t, b in bias.items())),
     )
 
 
 def unsupported_reason(req) -> str | None:
     """Why D3D cannot verify this request exactly, or None. Verification reproduces the target's
-    distribution under temperature/top-k/top-p only; anything that reshapes the logits per step
-    would make the accepted tokens differ from what SGLang's sampler would produce."""
+    distribution under temperature/top-k/top-p, frequency/presence penalties and logit_bias;
+    anything else that reshapes the logits per step would make the accepted tokens differ from
+    what SGLang's sampler would produce."""
     sp = req.sampling_params
     checks = [
         (sp.min_p > 0, "min_p"),
-        (sp.frequency_penalty != 0 or sp.presence_penalty != 0, "frequency/presence penalty"),
         (sp.repetition_penalty != 1, "repetition_penalty"),
-        (bool(sp.logit_bias), "logit_bias"),
         (sp.min_new_tokens > 0, "min_new_tokens"),
         (any((sp.json_schema, sp.regex, sp.ebnf, sp.structural_tag)), "structured output"),
         (sp.beam_width not in (None, 1), "beam search"),

@@ -37,6 +37,9 @@ log = logging.getLogger(__name__)
 
 
 class SGLangEngineLoop:
+    # The D3D worker verifies under frequency/presence penalties and logit_bias (accept.py)
+    supports_logit_rules = True
+
     def __init__(self, cfg: EngineConfig, tokenizer=None, extra_engine_args: dict | None = None):
         self.config = cfg
         self.tokenizer = tokenizer

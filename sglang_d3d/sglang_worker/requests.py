@@ -34,6 +34,11 @@ class RequestRow:
     def last_token(self) -> int:
         return self.state.last_token
 
+    @property
+    def output(self) -> list[int]:
+        """The tokens generated so far, as drafting knows them (kept in step by `sync`)."""
+        return self.state.tokens[self.stats.prompt_tokens :]
+
 
 class RequestTable:
     def __init__(self, drafting: Drafting, num_slots: int, vocab_size: int) -> None:

@@ -41,6 +41,7 @@ from sglang_d3d.speculative.cycle import Plan, Verdict, record, run_copy_cycle, 
 from sglang_d3d.speculative.drafting import Drafting
 from sglang_d3d.speculative.executor import Executor
 from sglang_d3d.speculative.listeners import Listeners
+from sglang_d3d.speculative.penalties import reshape_rows
 from sglang_d3d.speculative.timeline import Timeline
 from sglang_d3d.speculative.verify import verify_batch
 
@@ -197,9 +198,10 @@ class D3DWorker(BaseSpecWorker):
         )
         logits = out.logits_output.next_token_logits[:, : self.vocab_size]
         logits = logits.view(tokens.shape[0], self.block, -1)  # [bs, B, V], stays on device
+        drafts = tokens[:, 1:].to(logits.device)  # [bs, B-1]
         n, token = verify_batch(
-            tokens[:, 1:].to(logits.device),
-            logits,
+            drafts,
+            reshape_rows(logits, drafts, [r.output for r in rows], [r.state.params for r in rows]),
             [r.state.params for r in rows],
             proposals,  # None: a placeholder draft
             [r.state.generator for r in rows],

@@ -10,6 +10,8 @@ DEVICE cuda: SGLang's default attention backend, no harness. Prints one JSON lin
             submitted together, no --max-running-requests): output ids, finish reasons, and
             SGLang's own speculative counts per request
   seeded    two runs of the same seeded sampling request (reproducibility)
+  ruled     greedy under frequency/presence penalties and a logit_bias (RULES), without
+            speculation (`ruled_baseline`) and with D3D
   refused   what SGLang returned for a request D3D cannot verify exactly
 """
 
@@ -22,21 +24,27 @@ import threading
 
 PROMPTS = [[1, 5, 36, 77, 8], [1, 9, 50, 11, 62, 13, 24], [1, 40, 41], [1, 5, 36, 77, 8, 30, 30]]
 MAX_NEW = 16
+RULES = {"frequency_penalty": 1.5, "presence_penalty": 0.8, "logit_bias": {"8": -3.0, "30": 2.0}}
 
 
-def baseline(target: str, device: str) -> list[list[int]]:
+def baseline(target: str, device: str) -> dict:
     import sglang
 
     engine = sglang.Engine(
         model_path=target, device=device, max_running_requests=4, dtype="float32",
         skip_tokenizer_init=True, log_level="error", max_total_tokens=4096,
+        # With the overlap scheduler, SGLang 0.5.23 counts a penalised request's tokens one
+        # step late (measured here: [30, 30, 30, 67, ...] where OpenAI's rule gives
+        # [30, 30, 67, ...]); the reference must apply the rule as documented.
+        disable_overlap_schedule=True,
         **_attention(device),
     )  # fmt: skip
     try:
-        out = engine.generate(
-            input_ids=PROMPTS, sampling_params={"temperature": 0, "max_new_tokens": MAX_NEW}
-        )
-        return [o["output_ids"] for o in out]
+        greedy = {"temperature": 0, "max_new_tokens": MAX_NEW}
+        out = engine.generate(input_ids=PROMPTS, sampling_params=greedy)
+        ruled = engine.generate(input_ids=PROMPTS, sampling_params={**greedy, **RULES})
+        return {"baseline": [o["output_ids"] for o in out],
+                "ruled_baseline": [o["output_ids"] for o in ruled]}
     finally:
         engine.shutdown()
 
@@ -77,7 +85,14 @@ def run_d3d(target: str, drafter: str, block: int, device: str) -> dict:
             _collect(loop, [GenerationRequest(f"s{k}", PROMPTS[1], seeded)])["s" + str(k)]["ids"]
             for k in range(2)
         ]
-        result["refused"] = _raw(loop, PROMPTS[0], {"temperature": 0, "frequency_penalty": 0.5})
+        bias = tuple(sorted((int(t), b) for t, b in RULES["logit_bias"].items()))
+        ruled = SamplingParams(temperature=0.0, max_new_tokens=MAX_NEW, logit_bias=bias,
+                               frequency_penalty=RULES["frequency_penalty"],
+                               presence_penalty=RULES["presence_penalty"])
+        result["ruled"] = _collect(
+            loop, [GenerationRequest(f"r{i}", p, ruled) for i, p in enumerate(PROMPTS)]
+        )
+        result["refused"] = _raw(loop, PROMPTS[0], {"temperature": 0, "repetition_penalty": 1.2})
         return result
     finally:
         loop.shutdown(5)
@@ -123,7 +138,7 @@ def main() -> None:
         from sglang_d3d.sglang_worker.cpu_harness import install
 
         install()
-    result = {"prompts": PROMPTS, "device": device, "baseline": baseline(target, device)}
+    result = {"prompts": PROMPTS, "device": device, **baseline(target, device)}
     result.update(run_d3d(target, drafter, block, device))
     print("E2E-RESULT " + json.dumps(result), flush=True)
 

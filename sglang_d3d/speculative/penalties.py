@@ -1,0 +1,113 @@
+"""Logit rules that depend on what a request has written so far: OpenAI's `frequency_penalty`
+and `presence_penalty`, and its static `logit_bias`.
+
+For a token t written c[t] times in the output so far (the prompt does not count, as in vLLM
+and SGLang), the target's logit l[t] becomes
+
+    l[t] - frequency_penalty * c[t] - presence_penalty * (c[t] > 0) + logit_bias[t]
+
+and temperature, top-k and top-p then apply as usual (sampling.py).
+
+Why verification stays exact: the rule at a position depends on the tokens before it, and a
+verify pass scores several positions at once. Row j of a chain's verify logits scores the token
+after drafts d_1..d_j, so it is reshaped with the output's counts plus d_1..d_j, exactly the
+counts plain decoding would have there if those drafts were accepted; a tree node's row adds
+the tokens on its own path (`path_counts`). Rows past a rejection are never used.
+
+The drafter is not reshaped: any proposal q is exact under rejection sampling, and greedy
+acceptance compares drafts with the reshaped argmax. Reshaping the drafter's slots with the
+output's counts was tried and measured no gain (benchmarks/results/README.md, sitting 28): a
+penalty mostly costs accepted length in cycles of copies, whose repeated text it discourages.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from sglang_d3d.config import SamplingParams
+from sglang_d3d.speculative.tree import DraftTree, ancestor_mask
+
+
+def output_counts(output: Sequence[int], vocab: int, device: torch.device | str) -> torch.Tensor:
+    """[V] float32: how often each token occurs in the output so far."""
+    ids = torch.tensor(list(output), dtype=torch.long, device=device)
+    return torch.bincount(ids, minlength=vocab).float()
+
+
+def path_counts(
+    base: torch.Tensor,  # [V] counts before the verify block
+    tokens: torch.Tensor,  # [M] long: the block's tokens after its root (drafts or tree nodes)
+    ancestors: torch.Tensor,  # [M+1, M+1] bool: row i's ancestors-or-self, node 0 the root
+) -> torch.Tensor:
+    """[M+1, V]: the counts each verify row is scored under, the base plus the tokens on the
+    row's path from the root (the root's own token is already in the base)."""
+    onehot = torch.nn.functional.one_hot(tokens, base.shape[0]).to(base.dtype)  # [M, V]
+    on_path = ancestors[:, 1:].to(base.device, base.dtype)  # [M+1, M]
+    return base + on_path @ onehot
+
+
+def chain_ancestors(length: int) -> torch.Tensor:
+    """[G+1, G+1] bool: in a chain every earlier position is an ancestor."""
+    return torch.ones(length + 1, length + 1, dtype=torch.bool).tril()
+
+
+def penalize(
+    logits: torch.Tensor,  # [T, V]
+    counts: torch.Tensor,  # [T, V]: the output's counts at each row
+    params: SamplingParams,
+) -> torch.Tensor:
+    """[T, V] float32: the rule above, applied row by row."""
+    out = logits.float() - params.frequency_penalty * counts
+    out = out - params.presence_penalty * (counts > 0).float()
+    if params.logit_bias:
+        ids, bias = zip(*params.logit_bias)
+        out[:, list(ids)] += torch.tensor(bias, dtype=out.dtype, device=out.device)
+    return out
+
+
+def reshape_chain(
+    logits: torch.Tensor,  # [G+1, V]: row j scores the token after drafts[:j]
+    output: Sequence[int],  # the request's output so far, the block's root included
+    drafts: Sequence[int],  # [G]
+    params: SamplingParams,
+) -> torch.Tensor:
+    """[G+1, V]: a chain's verify logits under the request's rules (unchanged without any)."""
+    if not params.reshapes_logits:
+        return logits
+    base = output_counts(output, logits.shape[-1], logits.device)
+    tokens = torch.tensor(list(drafts), dtype=torch.long, device=logits.device)
+    return penalize(logits, path_counts(base, tokens, chain_ancestors(len(drafts))), params)
+
+
+def reshape_tree(
+    logits: torch.Tensor,  # [M+1, V]: row i scores the token after node i's path
+    output: Sequence[int],
+    tree: DraftTree,
+    params: SamplingParams,
+) -> torch.Tensor:
+    """[M+1, V]: a token tree's verify logits under the request's rules."""
+    if not params.reshapes_logits:
+        return logits
+    base = output_counts(output, logits.shape[-1], logits.device)
+    tokens = torch.tensor(tree.tokens, dtype=torch.long, device=logits.device)
+    return penalize(logits, path_counts(base, tokens, ancestor_mask(tree)), params)
+
+
+def reshape_rows(
+    logits: torch.Tensor,  # [N, G+1, V] a verify pass of chains
+    drafts: torch.Tensor,  # [N, G] long
+    outputs: Sequence[Sequence[int]],  # [N] each request's output so far
+    params: Sequence[SamplingParams],  # [N]
+) -> torch.Tensor:
+    """[N, G+1, V]: `reshape_chain` on every row that has rules. Without any, the logits
+    themselves; with some, a float32 copy (the host's logits stay as they were; argmax and
+    probabilities are unchanged by the cast from half precision)."""
+    ruled = [i for i, sp in enumerate(params) if sp.reshapes_logits]
+    if not ruled:
+        return logits
+    out = logits.to(torch.float32, copy=True)
+    for i in ruled:
+        out[i] = reshape_chain(out[i], outputs[i], drafts[i].tolist(), params[i])
+    return out

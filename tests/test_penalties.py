@@ -1,0 +1,167 @@
+"""Frequency and presence penalties and logit_bias (speculative/penalties.py): the maths alone,
+then through every decoding mode, where speculation must give exactly what plain decoding under
+the same rules gives."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import naive_rule, reference_greedy, reference_ruled
+from engine_helpers import make_engine
+
+from sglang_d3d.api import GenerationRequest
+from sglang_d3d.config import Mode, SamplingParams
+from sglang_d3d.engine.offline import generate
+from sglang_d3d.speculative.penalties import (
+    chain_ancestors,
+    output_counts,
+    path_counts,
+    penalize,
+    reshape_chain,
+    reshape_tree,
+)
+from sglang_d3d.speculative.sampling import target_probs
+from sglang_d3d.speculative.tree import DraftTree
+
+V = 96
+RULES = SamplingParams(max_new_tokens=24, frequency_penalty=1.5, presence_penalty=0.8,
+                       logit_bias=((7, 3.0), (11, -2.0)))
+
+
+# ---- the maths --------------------------------------------------------------------------------
+def test_chain_counts_add_the_drafts_before_each_row():
+    base = output_counts([4, 4, 9], V, "cpu")
+    drafts = [4, 2, 2]
+    counts = path_counts(base, torch.tensor(drafts), chain_ancestors(len(drafts)))  # [4, V]
+    for j in range(len(drafts) + 1):
+        expect = output_counts([4, 4, 9] + drafts[:j], V, "cpu")
+        assert torch.equal(counts[j], expect), j
+
+
+def test_tree_counts_follow_each_nodes_own_path():
+    # root -> 5 (node 1) -> 6 (node 3); root -> 6 (node 2) -> 6 (node 4)
+    tree = DraftTree(tokens=(5, 6, 6, 6), parents=(0, 0, 1, 2), depths=(1, 1, 2, 2))
+    counts = path_counts(output_counts([6], V, "cpu"), torch.tensor(tree.tokens),
+                         torch.tensor([[1, 0, 0, 0, 0], [1, 1, 0, 0, 0], [1, 0, 1, 0, 0],
+                                       [1, 1, 0, 1, 0], [1, 0, 1, 0, 1]], dtype=torch.bool))
+    paths = [[], [5], [6], [5, 6], [6, 6]]
+    for node, path in enumerate(paths):
+        assert torch.equal(counts[node], output_counts([6] + path, V, "cpu")), node
+
+
+def test_penalize_is_the_openai_rule_row_by_row():
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(3, V, generator=g)
+    written = [[], [3, 3, 7], [3, 11, 11, 11]]
+    counts = torch.stack([output_counts(w, V, "cpu") for w in written])
+    got = penalize(logits, counts, RULES)
+    assert got.dtype == torch.float32
+    for row, w in enumerate(written):
+        torch.testing.assert_close(got[row].double(), naive_rule(logits[row], w, RULES))
+
+
+def test_reshape_matches_the_rule_at_every_verify_row():
+    g = torch.Generator().manual_seed(1)
+    logits = torch.randn(4, V, generator=g)  # a chain of 3 drafts
+    output, drafts = [8, 3], [3, 7, 3]
+    got = reshape_chain(logits, output, drafts, RULES)
+    for j in range(4):
+        torch.testing.assert_close(got[j].double(), naive_rule(logits[j], output + drafts[:j], RULES))
+    tree = DraftTree(tokens=(3, 7, 7), parents=(0, 0, 1), depths=(1, 1, 2))
+    got = reshape_tree(logits, output, tree, RULES)
+    for node, path in enumerate([[], [3], [7], [3, 7]]):
+        torch.testing.assert_close(got[node].double(), naive_rule(logits[node], output + path, RULES))
+
+
+def test_without_rules_the_logits_are_untouched():
+    logits = torch.randn(3, V)
+    assert reshape_chain(logits, [1, 2], [3, 4], SamplingParams()) is logits
+    assert not SamplingParams(frequency_penalty=0.0, logit_bias=()).reshapes_logits
+
+
+@pytest.mark.parametrize("kw,msg", [
+    ({"frequency_penalty": 2.5}, "frequency_penalty"),
+    ({"presence_penalty": float("nan")}, "presence_penalty"),
+    ({"logit_bias": ((3, 101.0),)}, "logit_bias values"),
+    ({"logit_bias": ((3, 1.0), (3, 2.0))}, "unique"),
+    ({"logit_bias": ((-1, 1.0),)}, "unique and >= 0"),
+])
+def test_out_of_range_rules_are_refused(kw, msg):
+    with pytest.raises(ValueError, match=msg):
+        SamplingParams(**kw)
+
+
+# ---- through the engine -----------------------------------------------------------------------
+PROMPTS = [[5, 6, 7, 8], [9, 10, 11, 9, 10, 11, 9, 10], [12, 40, 13, 50, 14, 60, 15], [70]]
+
+
+@pytest.mark.parametrize("mode", list(Mode))
+@pytest.mark.parametrize("trees", [True, False], ids=["trees", "chains"])
+def test_every_mode_equals_plain_decoding_under_the_rules(request, mode, trees):
+    models = request.getfixturevalue("tiny_prod_models" if mode is Mode.FUSED else "tiny_models")
+    hf = models[0]
+    kw = {} if trees else {"tree_nodes": 0}
+    outs = generate(make_engine(models, mode, 4, **kw), PROMPTS, RULES)
+    changed = 0
+    for prompt, out in zip(PROMPTS, outs):
+        assert out.error is None
+        assert out.token_ids == reference_ruled(hf, prompt, 24, RULES)
+        changed += out.token_ids != reference_greedy(hf, prompt, 24)
+    assert changed >= 2  # the rules really steer this model, so the test has power
+
+
+def test_a_banned_token_never_appears_and_a_forced_one_always_does(tiny_models):
+    hf = tiny_models[0]
+    liked = list(dict.fromkeys(reference_greedy(hf, PROMPTS[0], 16)))[:2]  # its first two tokens
+    banned = SamplingParams(max_new_tokens=16, logit_bias=tuple((t, -100.0) for t in liked))
+    out = generate(make_engine(tiny_models, Mode.ASYNC, 4), [PROMPTS[0]], banned)[0].token_ids
+    assert not set(liked) & set(out) and len(out) == 16
+    forced = SamplingParams(max_new_tokens=16, logit_bias=((42, 100.0),))
+    out = generate(make_engine(tiny_models, Mode.SYNC, 4), [PROMPTS[0]], forced)[0].token_ids
+    assert out == [42] * 16
+
+
+def test_a_bias_outside_the_vocabulary_is_refused(tiny_models):
+    eng = make_engine(tiny_models, Mode.ASYNC, 4)
+    bad = SamplingParams(max_new_tokens=4, logit_bias=((V, 1.0),))
+    with pytest.raises(ValueError, match="logit_bias token id out of the vocabulary"):
+        eng.submit(GenerationRequest("r", [5, 6], bad))
+
+
+def _ruled_pair_distribution(hf, params: SamplingParams, prompt: list[int]) -> torch.Tensor:
+    """P(x1, x2) under the target and the rules, [V, V]: x2's rule counts x1."""
+    with torch.no_grad():
+        l1 = naive_rule(hf(torch.tensor([prompt])).logits[0, -1], [], params)
+        p1 = target_probs(l1, params)
+        l2 = hf(torch.tensor([prompt + [x] for x in range(V)])).logits[:, -1]
+        p2 = torch.stack([target_probs(naive_rule(l2[x], [x], params), params) for x in range(V)])
+    return p1.unsqueeze(1) * p2
+
+
+@pytest.mark.parametrize("mode,engine_kw", [(Mode.SYNC, {}), (Mode.ASYNC, {"tree_nodes": 0})],
+                         ids=["sync-trees", "async-chains"])
+def test_sampled_tokens_follow_the_target_under_the_rules(tiny_models, mode, engine_kw):
+    """The second token is verified speculatively; under a strong presence penalty its law
+    depends on the first, and the joint law must be the ruled target's (chi-square)."""
+    hf = tiny_models[0]
+    base = dict(temperature=2.5, top_k=6, max_new_tokens=2, presence_penalty=2.0,
+                logit_bias=((PROMPTS[0][0], 1.5),))
+    exact = _ruled_pair_distribution(hf, SamplingParams(**base), PROMPTS[0])
+    n = 1200
+    eng = make_engine(tiny_models, mode, block=3, batch=8, max_queue=n, **engine_kw)
+    outs = generate(eng, [PROMPTS[0]] * n, [SamplingParams(**base, seed=s) for s in range(n)])
+    counts = torch.zeros(V, V)
+    for o in outs:
+        counts[o.token_ids[0], o.token_ids[1]] += 1
+    expected = exact * n
+    keep = expected >= 5
+    obs = torch.cat([counts[keep], counts[~keep].sum().view(1)])
+    exp = torch.cat([expected[keep], expected[~keep].sum().view(1)])
+    chi2 = float(((obs - exp) ** 2 / exp.clamp(min=1e-9)).sum())
+    dof = int(keep.sum())
+    assert chi2 < dof + 5 * (2 * dof) ** 0.5, (chi2, dof)
+    assert counts[~(exact > 0)].sum() == 0
+    # the rules really change the law (the test has power): repeats are rarer than without them
+    plain = _ruled_pair_distribution(hf, SamplingParams(temperature=2.5, top_k=6), PROMPTS[0])
+    assert float(exact.diagonal().sum()) < float(plain.diagonal().sum()) - 0.05
+

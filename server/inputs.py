@@ -165,12 +165,14 @@ def sampling_params(fields: SamplingFields, max_new_tokens: int, tokenizer) -> S
         temperature=1.0 if fields.temperature is None else fields.temperature,  # OpenAI's default
         top_p=1.0 if fields.top_p is None else fields.top_p,
         top_k=max(0, top_k),  # -1 (vLLM's "off") and 0 both disable top-k
+        min_p=fields.min_p or 0.0,
         seed=fields.seed,
         max_new_tokens=max_new_tokens,
         stop_token_ids=eos_ids(tokenizer),
         frequency_penalty=fields.frequency_penalty or 0.0,
         presence_penalty=fields.presence_penalty or 0.0,
         logit_bias=logit_bias(fields.logit_bias, len(tokenizer)),
+        repetition_penalty=1.0 if fields.repetition_penalty is None else fields.repetition_penalty,
     )
 
 

@@ -43,6 +43,9 @@ class SamplingFields(BaseModel):
     temperature: Annotated[Finite, Field(ge=0, le=2)] | None = None
     top_p: Annotated[Finite, Field(gt=0, le=1)] | None = None
     top_k: Annotated[StrictInt, Field(ge=-1)] | None = None  # -1 or 0: disabled
+    # vLLM's and SGLang's extensions to OpenAI's fields, as they name them
+    min_p: Annotated[Finite, Field(ge=0, le=1)] | None = None
+    repetition_penalty: Annotated[Finite, Field(gt=0, le=2)] | None = None
     seed: Seed | None = None
     stop: StrictStr | StopList | None = None
     n: Annotated[StrictInt, Field(ge=1, le=128)] = 1

@@ -90,12 +90,21 @@ def _check_best_of(body: CompletionRequest) -> None:
         raise bad_request("`best_of` greater than `n` cannot be streamed", "best_of")
 
 
+# Fields that reshape the target's logits, each with its neutral value: a backend applies those
+# it names in its `logit_rules`, and refuses the others unless they are neutral.
+LOGIT_RULES: dict[str, Callable[[Any], bool]] = {
+    "frequency_penalty": lambda v: not v,
+    "presence_penalty": lambda v: not v,
+    "logit_bias": lambda v: not v,
+    "repetition_penalty": lambda v: v is None or v == 1,
+    "min_p": lambda v: not v,
+}
+
+
 def check_logit_rules(engine, body: SamplingFields) -> None:
-    """Penalties and logit_bias need a backend that applies them inside verification (the
-    embedded engine does, speculative/penalties.py); elsewhere a 400, never an answer that
-    silently ignored them."""
-    if getattr(engine, "supports_logit_rules", False):
-        return
-    for name in ("frequency_penalty", "presence_penalty", "logit_bias"):
-        if getattr(body, name):
+    """Penalties, logit_bias and min_p need a backend that applies them inside verification
+    (speculative/penalties.py); elsewhere a 400, never an answer that silently ignored them."""
+    applied = getattr(engine, "logit_rules", frozenset())
+    for name, neutral in LOGIT_RULES.items():
+        if name not in applied and not neutral(getattr(body, name)):
             raise bad_request(f"`{name}` is not supported by this server's backend", name)

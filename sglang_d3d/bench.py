@@ -14,7 +14,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from sglang_d3d.cli_args import add_engine_args, add_penalty_args, engine_config
+from sglang_d3d.cli_args import add_engine_args, add_penalty_args, engine_config, penalty_fields
 from sglang_d3d.config import Mode, SamplingParams
 from sglang_d3d.engine.calibrate import CalibrationConfig, calibrate
 from sglang_d3d.engine.engine import SpecEngine
@@ -70,7 +70,7 @@ def run_bench(args: argparse.Namespace) -> int:
     params = SamplingParams(
         temperature=args.temperature, max_new_tokens=args.max_new_tokens,
         stop_token_ids=(tok.eos_token_id,), seed=0,
-        frequency_penalty=args.frequency_penalty, presence_penalty=args.presence_penalty,
+        **penalty_fields(args),
     )
     _warmup(engines, prompts[0], params)
     calibration = _calibrate(engines)
@@ -272,7 +272,7 @@ def _report(args, runs: dict, greedy: bool) -> dict:
         "dataset": args.dataset, "num_prompts": args.num_prompts, "block_size": args.block_size,
         "branch_policy": args.branch_policy, "branch_budget": args.branch_budget,
         "max_new_tokens": args.max_new_tokens, "temperature": args.temperature,
-        "frequency_penalty": args.frequency_penalty, "presence_penalty": args.presence_penalty,
+        **penalty_fields(args),
         "drafter": args.drafter or "default", "alt_drafter": args.alt_drafter,
         "greedy_identical": identical, "modes": modes,
     }

@@ -8,7 +8,7 @@ import json
 import sys
 import time
 
-from sglang_d3d.cli_args import add_engine_args, add_penalty_args, engine_config
+from sglang_d3d.cli_args import add_engine_args, add_penalty_args, engine_config, penalty_fields
 from sglang_d3d.config import SamplingParams
 
 # Subcommands implemented elsewhere: name -> (module, add-args function, run function).
@@ -88,7 +88,7 @@ def run_generate(args: argparse.Namespace) -> int:
     params = SamplingParams(
         temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.seed,
         max_new_tokens=args.max_new_tokens, stop_token_ids=(tok.eos_token_id,),
-        frequency_penalty=args.frequency_penalty, presence_penalty=args.presence_penalty,
+        **penalty_fields(args),
     )
     t0 = time.perf_counter()
     out = generate(engine, [ids], params)[0]

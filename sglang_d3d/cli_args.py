@@ -94,11 +94,21 @@ def add_engine_args(
 
 
 def add_penalty_args(p: argparse.ArgumentParser) -> None:
-    """OpenAI's repetition penalties, for requests made from the command line."""
+    """OpenAI's and vLLM's penalties and min-p, for requests made from the command line."""
     p.add_argument("--frequency-penalty", type=float, default=0.0,
                    help="subtract this times a token's count in the output so far from its logit")
     p.add_argument("--presence-penalty", type=float, default=0.0,
                    help="subtract this from the logit of every token the output already holds")
+    p.add_argument("--repetition-penalty", type=float, default=1.0,
+                   help="vLLM's: shrink the logit of every token in the prompt or output by this")
+    p.add_argument("--min-p", type=float, default=0.0,
+                   help="sample only tokens at least this share of the likeliest one's probability")
+
+
+def penalty_fields(args: argparse.Namespace) -> dict:
+    """The SamplingParams fields `add_penalty_args` sets."""
+    return dict(frequency_penalty=args.frequency_penalty, presence_penalty=args.presence_penalty,
+                repetition_penalty=args.repetition_penalty, min_p=args.min_p)
 
 
 def count(text: str) -> int:

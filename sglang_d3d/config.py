@@ -31,6 +31,7 @@ DRAFT_WEIGHTS = ("auto", "full", "int8")
 GREEDY_BELOW = 1e-5  # temperatures under this are greedy
 MAX_PENALTY = 2.0  # OpenAI's range for frequency and presence penalties: [-2, 2]
 MAX_LOGIT_BIAS = 100.0  # and for a logit_bias value: [-100, 100]
+MAX_REPETITION_PENALTY = 2.0  # vLLM's and SGLang's extension: (0, 2] here, 1 = none
 
 
 @dataclass(frozen=True)
@@ -38,6 +39,7 @@ class SamplingParams:
     temperature: float = 0.0  # 0 means greedy
     top_p: float = 1.0
     top_k: int = 0  # 0 disables top-k
+    min_p: float = 0.0  # drop tokens below min_p times the likeliest one's probability (0: off)
     seed: int | None = None
     max_new_tokens: int = 128
     stop_token_ids: tuple[int, ...] = ()
@@ -45,6 +47,7 @@ class SamplingParams:
     frequency_penalty: float = 0.0
     presence_penalty: float = 0.0
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, added to its logit), ids unique
+    repetition_penalty: float = 1.0  # vLLM's: divides (> 0) or multiplies a seen token's logit
 
     def __post_init__(self) -> None:
         if self.temperature < 0:
@@ -53,6 +56,8 @@ class SamplingParams:
             raise ValueError("top_p must be in (0, 1]")
         if self.top_k < 0:
             raise ValueError("top_k must be >= 0")
+        if not 0 <= self.min_p <= 1:
+            raise ValueError("min_p must be in [0, 1]")
         if self.max_new_tokens < 1:
             raise ValueError("max_new_tokens must be >= 1")
         self._check_rules()
@@ -66,12 +71,15 @@ class SamplingParams:
             raise ValueError("logit_bias token ids must be unique and >= 0")
         if not all(abs(b) <= MAX_LOGIT_BIAS for _, b in self.logit_bias):
             raise ValueError(f"logit_bias values must be in [-{MAX_LOGIT_BIAS:g}, {MAX_LOGIT_BIAS:g}]")
+        if not 0 < self.repetition_penalty <= MAX_REPETITION_PENALTY:
+            raise ValueError(f"repetition_penalty must be in (0, {MAX_REPETITION_PENALTY:g}]")
 
     @property
     def reshapes_logits(self) -> bool:
         """Whether the target's logits change with what the request has written (penalties) or
         carry a bias: verification must then reshape them row by row (speculative/penalties.py)."""
-        return bool(self.frequency_penalty or self.presence_penalty or self.logit_bias)
+        return bool(self.frequency_penalty or self.presence_penalty or self.logit_bias
+                    or self.repetition_penalty != 1.0)
 
     @property
     def greedy(self) -> bool:

@@ -82,14 +82,18 @@ def reference_greedy(hf_model, prompt: list[int], n: int, eos: int | None = None
     return out
 
 
-def naive_rule(logits: torch.Tensor, written: list[int], params) -> torch.Tensor:
-    """OpenAI's frequency/presence penalties and logit_bias token by token, as its
-    documentation states them: [V] float64."""
+def naive_rule(logits: torch.Tensor, written: list[int], params, prompt=()) -> torch.Tensor:
+    """Token by token, as the documentation states them: [V] float64. OpenAI's logit_bias, then
+    vLLM's repetition_penalty over the prompt and the output, then OpenAI's frequency and
+    presence penalties over the output."""
     out = logits.double().clone()
-    for t in set(written):
-        out[t] -= params.frequency_penalty * written.count(t) + params.presence_penalty
     for t, b in params.logit_bias:
         out[t] += b
+    rp = params.repetition_penalty
+    for t in set(written) | set(prompt):
+        out[t] = out[t] / rp if out[t] > 0 else out[t] * rp
+    for t in set(written):
+        out[t] -= params.frequency_penalty * written.count(t) + params.presence_penalty
     return out
 
 
@@ -99,7 +103,7 @@ def reference_ruled(hf_model, prompt: list[int], n: int, params) -> list[int]:
     with torch.no_grad():
         for _ in range(n):
             logits = hf_model(torch.tensor([ids])).logits[0, -1]
-            tok = int(naive_rule(logits, out, params).argmax())
+            tok = int(naive_rule(logits, out, params, prompt).argmax())
             out.append(tok)
             ids.append(tok)
     return out

@@ -1,8 +1,11 @@
-"""Frequency and presence penalties and logit_bias (speculative/penalties.py): the maths alone,
-then through every decoding mode, where speculation must give exactly what plain decoding under
-the same rules gives."""
+"""Frequency, presence and repetition penalties, logit_bias and min-p (speculative/penalties.py,
+sampling.py): the maths alone, then through every decoding mode, where speculation must give
+exactly what plain decoding under the same rules gives."""
 
 from __future__ import annotations
+
+from dataclasses import replace
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -26,6 +29,11 @@ from sglang_d3d.speculative.tree import DraftTree
 V = 96
 RULES = SamplingParams(max_new_tokens=24, frequency_penalty=1.5, presence_penalty=0.8,
                        logit_bias=((7, 3.0), (11, -2.0)))
+REPEAT = replace(RULES, repetition_penalty=1.8)  # vLLM's, over the prompt too
+
+
+def _written(prompt: list[int], output: list[int]) -> SimpleNamespace:
+    return SimpleNamespace(tokens=prompt + output, num_prompt=len(prompt))
 
 
 # ---- the maths --------------------------------------------------------------------------------
@@ -49,34 +57,60 @@ def test_tree_counts_follow_each_nodes_own_path():
         assert torch.equal(counts[node], output_counts([6] + path, V, "cpu")), node
 
 
-def test_penalize_is_the_openai_rule_row_by_row():
+@pytest.mark.parametrize("params", [RULES, REPEAT], ids=["openai", "repetition"])
+def test_penalize_is_the_documented_rule_row_by_row(params):
     g = torch.Generator().manual_seed(0)
     logits = torch.randn(3, V, generator=g)
-    written = [[], [3, 3, 7], [3, 11, 11, 11]]
+    prompt, written = [5, 3], [[], [3, 3, 7], [3, 11, 11, 11]]
     counts = torch.stack([output_counts(w, V, "cpu") for w in written])
-    got = penalize(logits, counts, RULES)
-    assert got.dtype == torch.float32
+    in_prompt = output_counts(prompt, V, "cpu") > 0
+    before = logits.clone()
+    got = penalize(logits, counts, params, in_prompt)
+    assert got.dtype == torch.float32 and torch.equal(logits, before)  # its input stays raw
     for row, w in enumerate(written):
-        torch.testing.assert_close(got[row].double(), naive_rule(logits[row], w, RULES))
+        torch.testing.assert_close(got[row].double(), naive_rule(logits[row], w, params, prompt))
 
 
-def test_reshape_matches_the_rule_at_every_verify_row():
+def test_repetition_shrinks_a_seen_tokens_logit_toward_zero_from_either_side():
+    logits = torch.tensor([[2.0, -2.0, 2.0, -2.0]])
+    counts = torch.tensor([[0.0, 0.0, 1.0, 1.0]])
+    in_prompt = torch.tensor([True, True, False, False])
+    got = penalize(logits, counts, SamplingParams(repetition_penalty=2.0), in_prompt)
+    assert got.tolist() == [[1.0, -4.0, 1.0, -4.0]]
+
+
+@pytest.mark.parametrize("params", [RULES, REPEAT], ids=["openai", "repetition"])
+def test_reshape_matches_the_rule_at_every_verify_row(params):
     g = torch.Generator().manual_seed(1)
     logits = torch.randn(4, V, generator=g)  # a chain of 3 drafts
-    output, drafts = [8, 3], [3, 7, 3]
-    got = reshape_chain(logits, output, drafts, RULES)
+    prompt, output, drafts = [9, 7], [8, 3], [3, 7, 3]
+    got = reshape_chain(logits, _written(prompt, output), drafts, params)
     for j in range(4):
-        torch.testing.assert_close(got[j].double(), naive_rule(logits[j], output + drafts[:j], RULES))
+        expect = naive_rule(logits[j], output + drafts[:j], params, prompt)
+        torch.testing.assert_close(got[j].double(), expect)
     tree = DraftTree(tokens=(3, 7, 7), parents=(0, 0, 1), depths=(1, 1, 2))
-    got = reshape_tree(logits, output, tree, RULES)
+    got = reshape_tree(logits, _written(prompt, output), tree, params)
     for node, path in enumerate([[], [3], [7], [3, 7]]):
-        torch.testing.assert_close(got[node].double(), naive_rule(logits[node], output + path, RULES))
+        expect = naive_rule(logits[node], output + path, params, prompt)
+        torch.testing.assert_close(got[node].double(), expect)
 
 
 def test_without_rules_the_logits_are_untouched():
     logits = torch.randn(3, V)
-    assert reshape_chain(logits, [1, 2], [3, 4], SamplingParams()) is logits
-    assert not SamplingParams(frequency_penalty=0.0, logit_bias=()).reshapes_logits
+    assert reshape_chain(logits, _written([1], [2]), [3, 4], SamplingParams()) is logits
+    assert not SamplingParams(frequency_penalty=0.0, logit_bias=(), min_p=0.3).reshapes_logits
+    assert SamplingParams(repetition_penalty=0.9).reshapes_logits
+
+
+def test_min_p_keeps_the_tokens_at_least_that_share_of_the_likeliest():
+    logits = torch.tensor([0.0, -1.0, -2.0, -3.0]).log_softmax(-1)  # probabilities known below
+    p = torch.softmax(logits, -1)
+    params = SamplingParams(temperature=1.0, min_p=float(p[2] / p[0]) - 1e-4)
+    kept = target_probs(logits, params) > 0
+    assert kept.tolist() == [True, True, True, False]
+    torch.testing.assert_close(target_probs(logits, params)[:3], p[:3] / p[:3].sum())
+    # greedy and the top token are never touched, even at min_p 1
+    assert target_probs(logits, SamplingParams(temperature=1.0, min_p=1.0)).tolist() == [1, 0, 0, 0]
 
 
 @pytest.mark.parametrize("kw,msg", [
@@ -85,6 +119,9 @@ def test_without_rules_the_logits_are_untouched():
     ({"logit_bias": ((3, 101.0),)}, "logit_bias values"),
     ({"logit_bias": ((3, 1.0), (3, 2.0))}, "unique"),
     ({"logit_bias": ((-1, 1.0),)}, "unique and >= 0"),
+    ({"repetition_penalty": 0.0}, "repetition_penalty"),
+    ({"repetition_penalty": 2.5}, "repetition_penalty"),
+    ({"min_p": 1.5}, "min_p"),
 ])
 def test_out_of_range_rules_are_refused(kw, msg):
     with pytest.raises(ValueError, match=msg):
@@ -95,17 +132,18 @@ def test_out_of_range_rules_are_refused(kw, msg):
 PROMPTS = [[5, 6, 7, 8], [9, 10, 11, 9, 10, 11, 9, 10], [12, 40, 13, 50, 14, 60, 15], [70]]
 
 
+@pytest.mark.parametrize("params", [RULES, REPEAT], ids=["openai", "repetition"])
 @pytest.mark.parametrize("mode", list(Mode))
 @pytest.mark.parametrize("trees", [True, False], ids=["trees", "chains"])
-def test_every_mode_equals_plain_decoding_under_the_rules(request, mode, trees):
+def test_every_mode_equals_plain_decoding_under_the_rules(request, mode, trees, params):
     models = request.getfixturevalue("tiny_prod_models" if mode is Mode.FUSED else "tiny_models")
     hf = models[0]
     kw = {} if trees else {"tree_nodes": 0}
-    outs = generate(make_engine(models, mode, 4, **kw), PROMPTS, RULES)
+    outs = generate(make_engine(models, mode, 4, **kw), PROMPTS, params)
     changed = 0
     for prompt, out in zip(PROMPTS, outs):
         assert out.error is None
-        assert out.token_ids == reference_ruled(hf, prompt, 24, RULES)
+        assert out.token_ids == reference_ruled(hf, prompt, 24, params)
         changed += out.token_ids != reference_greedy(hf, prompt, 24)
     assert changed >= 2  # the rules really steer this model, so the test has power
 
@@ -131,10 +169,11 @@ def test_a_bias_outside_the_vocabulary_is_refused(tiny_models):
 def _ruled_pair_distribution(hf, params: SamplingParams, prompt: list[int]) -> torch.Tensor:
     """P(x1, x2) under the target and the rules, [V, V]: x2's rule counts x1."""
     with torch.no_grad():
-        l1 = naive_rule(hf(torch.tensor([prompt])).logits[0, -1], [], params)
+        l1 = naive_rule(hf(torch.tensor([prompt])).logits[0, -1], [], params, prompt)
         p1 = target_probs(l1, params)
         l2 = hf(torch.tensor([prompt + [x] for x in range(V)])).logits[:, -1]
-        p2 = torch.stack([target_probs(naive_rule(l2[x], [x], params), params) for x in range(V)])
+        p2 = torch.stack([target_probs(naive_rule(l2[x], [x], params, prompt), params)
+                          for x in range(V)])
     return p1.unsqueeze(1) * p2
 
 
@@ -144,8 +183,8 @@ def test_sampled_tokens_follow_the_target_under_the_rules(tiny_models, mode, eng
     """The second token is verified speculatively; under a strong presence penalty its law
     depends on the first, and the joint law must be the ruled target's (chi-square)."""
     hf = tiny_models[0]
-    base = dict(temperature=2.5, top_k=6, max_new_tokens=2, presence_penalty=2.0,
-                logit_bias=((PROMPTS[0][0], 1.5),))
+    base = dict(temperature=2.5, top_k=6, min_p=0.05, max_new_tokens=2, presence_penalty=2.0,
+                repetition_penalty=1.2, logit_bias=((PROMPTS[0][0], 1.5),))
     exact = _ruled_pair_distribution(hf, SamplingParams(**base), PROMPTS[0])
     n = 1200
     eng = make_engine(tiny_models, mode, block=3, batch=8, max_queue=n, **engine_kw)
@@ -162,6 +201,7 @@ def test_sampled_tokens_follow_the_target_under_the_rules(tiny_models, mode, eng
     assert chi2 < dof + 5 * (2 * dof) ** 0.5, (chi2, dof)
     assert counts[~(exact > 0)].sum() == 0
     # the rules really change the law (the test has power): repeats are rarer than without them
-    plain = _ruled_pair_distribution(hf, SamplingParams(temperature=2.5, top_k=6), PROMPTS[0])
+    plain = _ruled_pair_distribution(hf, SamplingParams(temperature=2.5, top_k=6, min_p=0.05),
+                                     PROMPTS[0])
     assert float(exact.diagonal().sum()) < float(plain.diagonal().sum()) - 0.05
 

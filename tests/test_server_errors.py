@@ -76,6 +76,8 @@ BAD_INPUTS = [
     ("logit_bias above 100", "POST", CHAT, chat(logit_bias={"5": 101}), 400, "logit_bias"),
     ("logit_bias outside the vocabulary", "POST", CHAT, chat(logit_bias={"100000": 1}), 400,
      "logit_bias"),
+    ("repetition_penalty 0", "POST", CHAT, chat(repetition_penalty=0), 400, "repetition_penalty"),
+    ("min_p above 1", "POST", COMPLETIONS, {"prompt": "w5", "min_p": 1.5}, 400, "min_p"),
     ("store", "POST", CHAT, chat(store=True), 400, "store"),
     ("audio", "POST", CHAT, chat(audio={"voice": "alloy", "format": "wav"}), 400, "audio"),
     ("modalities audio", "POST", CHAT, chat(modalities=["text", "audio"]), 400, "modalities"),

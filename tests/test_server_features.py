@@ -219,26 +219,32 @@ def test_tokenizer_failures_are_400s(servers, monkeypatch):
 
 
 def test_penalties_and_bias_are_applied_alike_in_ar_and_async(servers, tiny_pair_dir):
-    """Greedy under frequency/presence penalties and a logit_bias: both servers give the
-    tokens of plain decoding under OpenAI's rule, and the rule changed them."""
+    """Greedy under frequency/presence/repetition penalties and a logit_bias (min_p changes no
+    greedy choice): both servers give the tokens of plain decoding under the documented rule,
+    and the rule changed them."""
     from conftest import reference_ruled
 
     from sglang_d3d.config import SamplingParams
     from sglang_d3d.models.loading import load_hf_model
 
-    rules = dict(frequency_penalty=1.5, presence_penalty=0.8, logit_bias={"42": 4.0, "8": -3.0})
-    got = {}
+    rules = dict(frequency_penalty=1.5, presence_penalty=0.8, logit_bias={"42": 4.0, "8": -3.0},
+                 extra_body={"repetition_penalty": 1.3, "min_p": 0.2})  # vLLM's names
+    got, logprobs = {}, {}
     for mode, srv in servers.items():
         c = openai.OpenAI(base_url=f"{srv.url}/v1", api_key="x", max_retries=0)
         kw = dict(model="tiny", prompt=PROMPT_IDS, max_tokens=16, temperature=0, logprobs=0)
-        got[mode] = c.completions.create(**kw, **rules).choices[0].logprobs.tokens
+        lp = c.completions.create(**kw, **rules).choices[0].logprobs
+        got[mode], logprobs[mode] = lp.tokens, lp.token_logprobs
         plain = c.completions.create(**kw).choices[0].logprobs.tokens
     assert got["ar"] == got["async"] and got["ar"] != plain
     hf = load_hf_model(Path(tiny_pair_dir[0])).double()
-    params = SamplingParams(frequency_penalty=1.5, presence_penalty=0.8,
+    params = SamplingParams(frequency_penalty=1.5, presence_penalty=0.8, repetition_penalty=1.3,
                             logit_bias=((8, -3.0), (42, 4.0)))
     ids = tok_of(servers["ar"]).convert_tokens_to_ids(got["ar"])
     assert ids == reference_ruled(hf, PROMPT_IDS, 16, params)
+    raw = plain_forward_logprobs(tiny_pair_dir[0], PROMPT_IDS, ids)  # the rules never touch them
+    for mode in servers:
+        assert logprobs[mode] == pytest.approx(raw, abs=1e-9)
 
 
 def test_a_strong_bias_forces_its_token_through_the_stream(servers, client):

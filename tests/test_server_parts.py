@@ -128,17 +128,37 @@ def test_neutral_values_are_accepted(extra):
     check_logit_rules(object(), body)  # a backend without the rules takes their neutral values
 
 
+def test_neutral_logit_rules_pass_any_backend():
+    neutral = {"frequency_penalty": 0, "presence_penalty": 0.0, "logit_bias": {},
+               "repetition_penalty": 1.0, "min_p": 0}
+    check_logit_rules(object(), ChatCompletionRequest.model_validate({"messages": HISTORY[:1], **neutral}))
+
+
 @pytest.mark.parametrize("extra, param", [
     ({"frequency_penalty": 0.5}, "frequency_penalty"),
     ({"presence_penalty": -1.0}, "presence_penalty"),
     ({"logit_bias": {"5": 10}}, "logit_bias"),
+    ({"repetition_penalty": 1.2}, "repetition_penalty"),
+    ({"min_p": 0.1}, "min_p"),
 ])  # fmt: skip
 def test_logit_rules_need_a_backend_that_applies_them(extra, param):
     body = ChatCompletionRequest.model_validate({"messages": HISTORY[:1], **extra})
     with pytest.raises(APIError) as e:
-        check_logit_rules(object(), body)  # e.g. the SGLang backend
+        check_logit_rules(object(), body)  # a backend that names no rules
     assert e.value.status == 400 and e.value.param == param
-    check_logit_rules(SimpleNamespace(supports_logit_rules=True), body)
+    check_logit_rules(SimpleNamespace(logit_rules=frozenset({param})), body)
+
+
+def test_each_backend_names_the_rules_it_applies():
+    from sglang_d3d.engine.loop import EngineLoop
+    from sglang_d3d.sglang_worker.backend import SGLangEngineLoop
+
+    body = ChatCompletionRequest.model_validate({"messages": HISTORY[:1], "repetition_penalty": 1.2})
+    check_logit_rules(EngineLoop, body)
+    with pytest.raises(APIError, match="repetition_penalty"):  # SGLang counts it differently
+        check_logit_rules(SGLangEngineLoop, body)
+    ruled = {"frequency_penalty": 0.5, "logit_bias": {"5": 1}, "min_p": 0.1}
+    check_logit_rules(SGLangEngineLoop, ChatCompletionRequest.model_validate({"messages": HISTORY[:1], **ruled}))
 
 
 def test_logit_bias_keys_become_token_ids_checked_against_the_vocabulary():

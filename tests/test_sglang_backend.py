@@ -41,6 +41,7 @@ def test_sampling_parameters_in_sglangs_terms():
     ruled = sampling_params(SamplingParams(presence_penalty=0.5, logit_bias=((7, -2.0),)))
     assert (ruled["frequency_penalty"], ruled["presence_penalty"]) == (0.0, 0.5)
     assert ruled["logit_bias"] == {"7": -2.0}
+    assert sampling_params(SamplingParams(temperature=0.5, min_p=0.1))["min_p"] == 0.1
 
 
 def test_streamed_chunks_become_incremental_events_and_a_final_one():

@@ -113,7 +113,6 @@ def test_sglang_sampling_parameters_map_onto_ours():
     ("sampling", "name"),
     [
         (dict(repetition_penalty=1.2), "repetition_penalty"),
-        (dict(min_p=0.1), "min_p"),
         (dict(json_schema='{"type": "object"}'), "structured output"),
         (dict(min_new_tokens=3), "min_new_tokens"),
     ],
@@ -121,7 +120,7 @@ def test_sglang_sampling_parameters_map_onto_ours():
 def test_requests_that_cannot_be_verified_exactly_are_named(sampling, name):
     assert name in unsupported_reason(_req(**sampling))
     assert unsupported_reason(_req(temperature=0.8, top_p=0.9, top_k=20)) is None
-    ruled = _req(frequency_penalty=0.5, presence_penalty=-0.3, logit_bias={"5": 1.0})
+    ruled = _req(frequency_penalty=0.5, presence_penalty=-0.3, logit_bias={"5": 1.0}, min_p=0.1)
     assert unsupported_reason(ruled) is None  # verified with the rules (speculative/penalties.py)
 
 
@@ -132,18 +131,20 @@ def test_sglang_penalties_and_bias_map_onto_ours():
     assert p.greedy and (p.frequency_penalty, p.presence_penalty) == (0.5, -0.3)
     assert p.logit_bias == ((5, -1.0), (7, 2.0))
     assert not to_sampling_params(SGLangParams(temperature=0.7), 96).reshapes_logits
+    assert to_sampling_params(SGLangParams(temperature=0.7, min_p=0.2), 96).min_p == 0.2
 
 
 def test_worker_rows_are_reshaped_only_where_asked():
     logits = torch.randn(2, 3, 96)  # two requests, blocks of 2 drafts
     drafts = torch.tensor([[4, 4], [9, 1]])
     plain, ruled = SamplingParams(), SamplingParams(frequency_penalty=1.0, logit_bias=((3, 5.0),))
-    assert reshape_rows(logits, drafts, [[1], [2]], [plain, plain]) is logits
+    rows = [SimpleNamespace(tokens=[8, 4, 1], num_prompt=1), SimpleNamespace(tokens=[2], num_prompt=0)]
+    assert reshape_rows(logits, drafts, rows, [plain, plain]) is logits
     before = logits.clone()
-    out = reshape_rows(logits, drafts, [[4, 1], [2]], [ruled, plain])
+    out = reshape_rows(logits, drafts, rows, [ruled, plain])
     assert torch.equal(logits, before)  # the host's logits are untouched
     assert torch.equal(out[1], logits[1])
-    torch.testing.assert_close(out[0], reshape_chain(logits[0], [4, 1], [4, 4], ruled))
+    torch.testing.assert_close(out[0], reshape_chain(logits[0], rows[0], [4, 4], ruled))
     assert out[0, 2, 4] == logits[0, 2, 4] - 3.0  # row 2 counts the output's 4 and two drafts
 
 

@@ -281,7 +281,7 @@ class SpecEngine:
         return self._first_token(seq, logits)
 
     def _first_token(self, seq: Sequence, logits: torch.Tensor) -> TokenEvent:
-        ruled = reshape_chain(logits.unsqueeze(0), seq.output, [], seq.params)[0]  # [V]
+        ruled = reshape_chain(logits.unsqueeze(0), seq, [], seq.params)[0]  # [V]
         token = sample(target_probs(ruled, seq.params), seq.generator)
         seq.stats.prefill_time = time.perf_counter() - seq.prefill_start
         if self.drafting is not None:
@@ -430,7 +430,7 @@ class SpecEngine:
         verdicts = []
         for s, tree, q, lg in zip(rows, trees, proposals, logits, strict=True):
             try:
-                path, token = self._walk(s, tree, q, reshape_tree(lg, s.output, tree, s.params))
+                path, token = self._walk(s, tree, q, reshape_tree(lg, s, tree, s.params))
                 self.target.keep_path(s.slot, path)
             except Exception as e:  # noqa: BLE001 - one request's failure must not stop the others
                 verdicts.append(Verdict(error=f"{type(e).__name__}: {e}"))
@@ -454,7 +454,7 @@ class SpecEngine:
         verdicts = []
         for i, s in enumerate(rows):
             try:
-                ruled = reshape_chain(logits[i], s.output, drafts[i], s.params)  # [G+1, V]
+                ruled = reshape_chain(logits[i], s, drafts[i], s.params)  # [G+1, V]
                 n, token = verify_draft(drafts[i], proposals[i], ruled, s.params, s.generator)
             except Exception as e:  # noqa: BLE001 - one request's failure must not stop the others
                 verdicts.append(Verdict(error=f"{type(e).__name__}: {e}"))

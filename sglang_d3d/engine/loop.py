@@ -20,7 +20,10 @@ log = logging.getLogger(__name__)
 
 class EngineLoop:
     supports_logprobs = True  # TokenEvent.logprobs when GenerationRequest.logprobs is set
-    supports_logit_rules = True  # frequency/presence penalties, logit_bias (speculative/penalties.py)
+    # what it applies to the target's logits (speculative/penalties.py, sampling.py)
+    logit_rules = frozenset(
+        {"frequency_penalty", "presence_penalty", "logit_bias", "repetition_penalty", "min_p"}
+    )
 
     def __init__(self, engine: SpecEngine, tokenizer=None) -> None:
         self.engine = engine

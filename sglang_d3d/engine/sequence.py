@@ -35,10 +35,6 @@ class Sequence:
         return self.req.params
 
     @property
-    def output(self) -> list[int]:
-        return self.tokens[self.num_prompt :]
-
-    @property
     def num_generated(self) -> int:
         return len(self.tokens) - self.num_prompt
 

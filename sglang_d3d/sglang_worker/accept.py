@@ -30,10 +30,11 @@ def to_sampling_params(sp, vocab_size: int) -> SamplingParams:
 
 
 def logit_rules(sp) -> dict:
-    """SGLang's frequency/presence penalties and logit_bias ({"token id": bias}) as ours:
-    verification applies them row by row (speculative/penalties.py)."""
+    """SGLang's min_p, frequency/presence penalties and logit_bias ({"token id": bias}) as
+    ours: verification applies them row by row (speculative/penalties.py, sampling.py)."""
     bias = getattr(sp, "logit_bias", None) or {}
     return dict(
+        min_p=float(getattr(sp, "min_p", 0.0) or 0.0),
         frequency_penalty=float(sp.frequency_penalty or 0.0),
         presence_penalty=float(sp.presence_penalty or 0.0),
         logit_bias=tuple(sorted((int(t), float(b)) for t, b in bias.items())),
@@ -42,12 +43,11 @@ def logit_rules(sp) -> dict:
 
 def unsupported_reason(req) -> str | None:
     """Why D3D cannot verify this request exactly, or None. Verification reproduces the target's
-    distribution under temperature/top-k/top-p, frequency/presence penalties and logit_bias;
+    distribution under temperature/top-k/top-p/min-p, frequency/presence penalties and logit_bias;
     anything else that reshapes the logits per step would make the accepted tokens differ from
     what SGLang's sampler would produce."""
     sp = req.sampling_params
     checks = [
-        (sp.min_p > 0, "min_p"),
         (sp.repetition_penalty != 1, "repetition_penalty"),
         (sp.min_new_tokens > 0, "min_new_tokens"),
         (any((sp.json_schema, sp.regex, sp.ebnf, sp.structural_tag)), "structured output"),

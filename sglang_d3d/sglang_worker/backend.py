@@ -37,8 +37,9 @@ log = logging.getLogger(__name__)
 
 
 class SGLangEngineLoop:
-    # The D3D worker verifies under frequency/presence penalties and logit_bias (accept.py)
-    supports_logit_rules = True
+    # What the D3D worker verifies under (accept.py). Not repetition_penalty: SGLang counts
+    # only the output for it, where the embedded engine follows vLLM (prompt and output).
+    logit_rules = frozenset({"frequency_penalty", "presence_penalty", "logit_bias", "min_p"})
 
     def __init__(self, cfg: EngineConfig, tokenizer=None, extra_engine_args: dict | None = None):
         self.config = cfg

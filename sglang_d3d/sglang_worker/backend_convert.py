@@ -87,6 +87,8 @@ def sampling_params(p: SamplingParams) -> dict:
         out["stop_token_ids"] = list(p.stop_token_ids)
     if p.seed is not None:
         out["sampling_seed"] = p.seed
+    if p.min_p > 0:
+        out["min_p"] = p.min_p
     if p.reshapes_logits:  # SGLang's names; the D3D worker verifies under them
         out.update(frequency_penalty=p.frequency_penalty, presence_penalty=p.presence_penalty)
         out["logit_bias"] = {str(t): b for t, b in p.logit_bias} or None

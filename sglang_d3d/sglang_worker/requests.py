@@ -35,9 +35,13 @@ class RequestRow:
         return self.state.last_token
 
     @property
-    def output(self) -> list[int]:
-        """The tokens generated so far, as drafting knows them (kept in step by `sync`)."""
-        return self.state.tokens[self.stats.prompt_tokens :]
+    def tokens(self) -> list[int]:
+        """Prompt and output as drafting knows them (kept in step by `sync`)."""
+        return self.state.tokens
+
+    @property
+    def num_prompt(self) -> int:
+        return self.stats.prompt_tokens
 
 
 class RequestTable:

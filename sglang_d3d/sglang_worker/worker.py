@@ -201,7 +201,7 @@ class D3DWorker(BaseSpecWorker):
         drafts = tokens[:, 1:].to(logits.device)  # [bs, B-1]
         n, token = verify_batch(
             drafts,
-            reshape_rows(logits, drafts, [r.output for r in rows], [r.state.params for r in rows]),
+            reshape_rows(logits, drafts, rows, [r.state.params for r in rows]),
             [r.state.params for r in rows],
             proposals,  # None: a placeholder draft
             [r.state.generator for r in rows],

@@ -1,12 +1,14 @@
-"""Logit rules that depend on what a request has written so far: OpenAI's `frequency_penalty`
-and `presence_penalty`, and its static `logit_bias`.
+"""Logit rules that depend on what a request has written so far: OpenAI's `frequency_penalty`,
+`presence_penalty` and `logit_bias`, and vLLM's `repetition_penalty`.
 
-For a token t written c[t] times in the output so far (the prompt does not count, as in vLLM
-and SGLang), the target's logit l[t] becomes
+In vLLM's order: the bias is added; then a token that occurs in the prompt or the output has
+its logit divided by `repetition_penalty` where positive, multiplied where negative; then, for
+a token written c[t] times in the output so far (the prompt does not count for these two),
 
-    l[t] - frequency_penalty * c[t] - presence_penalty * (c[t] > 0) + logit_bias[t]
+    l[t] - frequency_penalty * c[t] - presence_penalty * (c[t] > 0)
 
-and temperature, top-k and top-p then apply as usual (sampling.py).
+and temperature, top-k, top-p and min-p then apply as usual (sampling.py). The bias and the two
+additive penalties commute, so the order matters only with `repetition_penalty`.
 
 Why verification stays exact: the rule at a position depends on the tokens before it, and a
 verify pass scores several positions at once. Row j of a chain's verify logits scores the token
@@ -23,11 +25,20 @@ penalty mostly costs accepted length in cycles of copies, whose repeated text it
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Protocol
 
 import torch
 
 from sglang_d3d.config import SamplingParams
 from sglang_d3d.speculative.tree import DraftTree, ancestor_mask
+
+
+class Written(Protocol):
+    """A request's tokens as its host keeps them (the engine's `Sequence`, the SGLang
+    worker's `RequestRow`): sliced only when a rule needs them."""
+
+    tokens: list[int]  # prompt + output so far, the verify block's root included
+    num_prompt: int
 
 
 def output_counts(output: Sequence[int], vocab: int, device: torch.device | str) -> torch.Tensor:
@@ -57,48 +68,62 @@ def penalize(
     logits: torch.Tensor,  # [T, V]
     counts: torch.Tensor,  # [T, V]: the output's counts at each row
     params: SamplingParams,
+    in_prompt: torch.Tensor | None = None,  # [V] bool: occurs in the prompt (repetition only)
 ) -> torch.Tensor:
-    """[T, V] float32: the rule above, applied row by row."""
-    out = logits.float() - params.frequency_penalty * counts
-    out = out - params.presence_penalty * (counts > 0).float()
+    """[T, V] float32: the rule above, applied row by row, on a copy: the caller's logits stay
+    raw (log-probabilities are reported from them)."""
+    out = logits.to(torch.float32, copy=True)
     if params.logit_bias:
         ids, bias = zip(*params.logit_bias)
         out[:, list(ids)] += torch.tensor(bias, dtype=out.dtype, device=out.device)
-    return out
+    if params.repetition_penalty != 1.0:
+        seen = counts > 0 if in_prompt is None else (counts > 0) | in_prompt
+        rp = params.repetition_penalty
+        out = torch.where(seen, torch.where(out > 0, out / rp, out * rp), out)
+    out = out - params.frequency_penalty * counts
+    return out - params.presence_penalty * (counts > 0).float()
+
+
+def _rule_inputs(written: Written, vocab: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(the output's counts [V], which tokens occur in the prompt [V] bool)."""
+    base = output_counts(written.tokens[written.num_prompt :], vocab, device)
+    in_prompt = output_counts(written.tokens[: written.num_prompt], vocab, device) > 0
+    return base, in_prompt
 
 
 def reshape_chain(
     logits: torch.Tensor,  # [G+1, V]: row j scores the token after drafts[:j]
-    output: Sequence[int],  # the request's output so far, the block's root included
+    written: Written,
     drafts: Sequence[int],  # [G]
     params: SamplingParams,
 ) -> torch.Tensor:
     """[G+1, V]: a chain's verify logits under the request's rules (unchanged without any)."""
     if not params.reshapes_logits:
         return logits
-    base = output_counts(output, logits.shape[-1], logits.device)
+    base, in_prompt = _rule_inputs(written, logits.shape[-1], logits.device)
     tokens = torch.tensor(list(drafts), dtype=torch.long, device=logits.device)
-    return penalize(logits, path_counts(base, tokens, chain_ancestors(len(drafts))), params)
+    counts = path_counts(base, tokens, chain_ancestors(len(drafts)))
+    return penalize(logits, counts, params, in_prompt)
 
 
 def reshape_tree(
     logits: torch.Tensor,  # [M+1, V]: row i scores the token after node i's path
-    output: Sequence[int],
+    written: Written,
     tree: DraftTree,
     params: SamplingParams,
 ) -> torch.Tensor:
     """[M+1, V]: a token tree's verify logits under the request's rules."""
     if not params.reshapes_logits:
         return logits
-    base = output_counts(output, logits.shape[-1], logits.device)
+    base, in_prompt = _rule_inputs(written, logits.shape[-1], logits.device)
     tokens = torch.tensor(tree.tokens, dtype=torch.long, device=logits.device)
-    return penalize(logits, path_counts(base, tokens, ancestor_mask(tree)), params)
+    return penalize(logits, path_counts(base, tokens, ancestor_mask(tree)), params, in_prompt)
 
 
 def reshape_rows(
     logits: torch.Tensor,  # [N, G+1, V] a verify pass of chains
     drafts: torch.Tensor,  # [N, G] long
-    outputs: Sequence[Sequence[int]],  # [N] each request's output so far
+    written: Sequence[Written],  # [N]
     params: Sequence[SamplingParams],  # [N]
 ) -> torch.Tensor:
     """[N, G+1, V]: `reshape_chain` on every row that has rules. Without any, the logits
@@ -109,5 +134,5 @@ def reshape_rows(
         return logits
     out = logits.to(torch.float32, copy=True)
     for i in ruled:
-        out[i] = reshape_chain(out[i], outputs[i], drafts[i].tolist(), params[i])
+        out[i] = reshape_chain(out[i], written[i], drafts[i].tolist(), params[i])
     return out

@@ -1,7 +1,8 @@
 """Logits -> probabilities under a request's sampling parameters, and seeded draws.
 
 The processed distribution is what speculative verification must reproduce exactly, so the
-target's logits always go through `target_probs` (temperature, top-k, top-p, in that order).
+target's logits always go through `target_probs` (temperature, top-k, top-p, min-p, in that
+order; SGLang's sampler keeps the same order).
 """
 
 from __future__ import annotations
@@ -22,7 +23,17 @@ def target_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
         logits = logits.masked_fill(logits < kth, float("-inf"))
     if params.top_p < 1.0:
         logits = _top_p_filter(logits, params.top_p)
+    if params.min_p > 0:
+        logits = _min_p_filter(logits, params.min_p)
     return torch.softmax(logits, dim=-1)
+
+
+def _min_p_filter(logits: torch.Tensor, min_p: float) -> torch.Tensor:
+    """Drop tokens whose probability is below min_p times the likeliest one's: in logits,
+    below the top logit + log(min_p) (a ratio of probabilities, so renormalising after top-k
+    or top-p does not move it, and the top token always stays)."""
+    floor = logits.max(-1, keepdim=True).values + torch.log(torch.tensor(min_p))
+    return logits.masked_fill(logits < floor, float("-inf"))
 
 
 def _top_p_filter(logits: torch.Tensor, top_p: float) -> torch.Tensor:

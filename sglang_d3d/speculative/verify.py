@@ -109,11 +109,11 @@ def target_probs_rows(
     params: Sequence[SamplingParams],  # [N]
 ) -> torch.Tensor:
     """[N, T, V] float32: `target_probs` per row, one call per distinct (temperature, top-k,
-    top-p), so the batched path processes logits exactly as the one-request path does."""
+    top-p, min-p), so the batched path processes logits exactly as the one-request path does."""
     out = torch.empty(logits.shape, dtype=torch.float32, device=logits.device)
     groups: dict[tuple, list[int]] = {}
     for i, sp in enumerate(params):
-        groups.setdefault((sp.temperature, sp.top_k, sp.top_p), []).append(i)
+        groups.setdefault((sp.temperature, sp.top_k, sp.top_p, sp.min_p), []).append(i)
     for members in groups.values():
         rows = torch.tensor(members, device=logits.device)
         out[rows] = target_probs(logits[rows], params[members[0]])

@@ -63,7 +63,7 @@ class Generation:
         self._engine_logprobs = 0 if num_logprobs is None and score else num_logprobs
         self._engine, self._recorder = engine, recorder
         self._prompt_ids, self._params = prompt_ids, params
-        self._text = TextStream(engine.tokenizer, prompt_ids, stops)
+        self._text = TextStream(engine.tokenizer, prompt_ids, stops, params.min_tokens)
         self._stream: RequestStream | None = None
         self.completion_tokens = 0
         self.logprob_sum = 0.0  # of the tokens in the answer (best_of ranks by the mean)

@@ -168,12 +168,21 @@ def sampling_params(fields: SamplingFields, max_new_tokens: int, tokenizer) -> S
         min_p=fields.min_p or 0.0,
         seed=fields.seed,
         max_new_tokens=max_new_tokens,
-        stop_token_ids=eos_ids(tokenizer),
+        stop_token_ids=() if fields.ignore_eos else eos_ids(tokenizer),
+        ignore_eos=bool(fields.ignore_eos),
+        min_tokens=min_tokens(fields.min_tokens, max_new_tokens),
         frequency_penalty=fields.frequency_penalty or 0.0,
         presence_penalty=fields.presence_penalty or 0.0,
         logit_bias=logit_bias(fields.logit_bias, len(tokenizer)),
         repetition_penalty=1.0 if fields.repetition_penalty is None else fields.repetition_penalty,
     )
+
+
+def min_tokens(requested: int | None, max_new_tokens: int) -> int:
+    if requested and requested > max_new_tokens:
+        raise bad_request(f"min_tokens ({requested}) exceeds the tokens this request may generate "
+                          f"({max_new_tokens})", "min_tokens")
+    return requested or 0
 
 
 def logit_bias(bias: dict[str, float] | None, vocab: int) -> tuple[tuple[int, float], ...]:

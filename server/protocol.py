@@ -43,18 +43,21 @@ class SamplingFields(BaseModel):
     temperature: Annotated[Finite, Field(ge=0, le=2)] | None = None
     top_p: Annotated[Finite, Field(gt=0, le=1)] | None = None
     top_k: Annotated[StrictInt, Field(ge=-1)] | None = None  # -1 or 0: disabled
-    # vLLM's and SGLang's extensions to OpenAI's fields, as they name them
+    # vLLM's and SGLang's extensions to OpenAI's fields, as they name them (logit rules too)
     min_p: Annotated[Finite, Field(ge=0, le=1)] | None = None
     repetition_penalty: Annotated[Finite, Field(gt=0, le=2)] | None = None
+    min_tokens: Annotated[StrictInt, Field(ge=0)] | None = None
+    ignore_eos: StrictBool | None = None  # the model's end-of-sequence token does not end it
     seed: Seed | None = None
     stop: StrictStr | StopList | None = None
     n: Annotated[StrictInt, Field(ge=1, le=128)] = 1
     stream: StrictBool = False
     stream_options: StreamOptions | None = None
-    # Known OpenAI fields honoured only at their neutral value (server/unsupported.py).
+    # Logit rules: applied by backends that name them (server/unsupported.py, check_logit_rules)
     frequency_penalty: Penalty | None = None
     presence_penalty: Penalty | None = None
     logit_bias: LogitBias | None = None
+    # Known OpenAI fields honoured only at their neutral value (server/unsupported.py).
     user: StrictStr | None = None  # an end-user id for abuse monitoring: accepted, not stored
     store: StrictBool | None = None
     metadata: dict[str, Any] | None = None

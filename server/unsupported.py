@@ -98,11 +98,12 @@ LOGIT_RULES: dict[str, Callable[[Any], bool]] = {
     "logit_bias": lambda v: not v,
     "repetition_penalty": lambda v: v is None or v == 1,
     "min_p": lambda v: not v,
+    "min_tokens": lambda v: not v,
 }
 
 
 def check_logit_rules(engine, body: SamplingFields) -> None:
-    """Penalties, logit_bias and min_p need a backend that applies them inside verification
+    """Penalties, logit_bias, min_p and min_tokens need a backend that applies them inside verification
     (speculative/penalties.py); elsewhere a 400, never an answer that silently ignored them."""
     applied = getattr(engine, "logit_rules", frozenset())
     for name, neutral in LOGIT_RULES.items():

@@ -43,6 +43,8 @@ class SamplingParams:
     seed: int | None = None
     max_new_tokens: int = 128
     stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False  # vLLM's: the model's end-of-sequence tokens do not end it
+    min_tokens: int = 0  # vLLM's: no stop token (EOS or stop_token_ids) before this many tokens
     # Logit rules on what the request has written (speculative/penalties.py)
     frequency_penalty: float = 0.0
     presence_penalty: float = 0.0
@@ -60,6 +62,8 @@ class SamplingParams:
             raise ValueError("min_p must be in [0, 1]")
         if self.max_new_tokens < 1:
             raise ValueError("max_new_tokens must be >= 1")
+        if not 0 <= self.min_tokens <= self.max_new_tokens:
+            raise ValueError("min_tokens must be in [0, max_new_tokens]")
         self._check_rules()
 
     def _check_rules(self) -> None:
@@ -76,10 +80,11 @@ class SamplingParams:
 
     @property
     def reshapes_logits(self) -> bool:
-        """Whether the target's logits change with what the request has written (penalties) or
-        carry a bias: verification must then reshape them row by row (speculative/penalties.py)."""
+        """Whether the target's logits change with what the request has written (penalties, a
+        minimum length) or carry a bias: verification must then reshape them row by row
+        (speculative/penalties.py)."""
         return bool(self.frequency_penalty or self.presence_penalty or self.logit_bias
-                    or self.repetition_penalty != 1.0)
+                    or self.repetition_penalty != 1.0 or self.min_tokens)
 
     @property
     def greedy(self) -> bool:

@@ -16,6 +16,7 @@ from sglang_d3d.api import GenerationRequest
 from sglang_d3d.config import Mode, SamplingParams
 from sglang_d3d.engine.offline import generate
 from sglang_d3d.speculative.penalties import (
+    ban_stops,
     chain_ancestors,
     output_counts,
     path_counts,
@@ -33,7 +34,7 @@ REPEAT = replace(RULES, repetition_penalty=1.8)  # vLLM's, over the prompt too
 
 
 def _written(prompt: list[int], output: list[int]) -> SimpleNamespace:
-    return SimpleNamespace(tokens=prompt + output, num_prompt=len(prompt))
+    return SimpleNamespace(tokens=prompt + output, num_prompt=len(prompt), stop_ids=frozenset())
 
 
 # ---- the maths --------------------------------------------------------------------------------
@@ -122,6 +123,7 @@ def test_min_p_keeps_the_tokens_at_least_that_share_of_the_likeliest():
     ({"repetition_penalty": 0.0}, "repetition_penalty"),
     ({"repetition_penalty": 2.5}, "repetition_penalty"),
     ({"min_p": 1.5}, "min_p"),
+    ({"min_tokens": 9, "max_new_tokens": 8}, "min_tokens"),
 ])
 def test_out_of_range_rules_are_refused(kw, msg):
     with pytest.raises(ValueError, match=msg):
@@ -205,3 +207,58 @@ def test_sampled_tokens_follow_the_target_under_the_rules(tiny_models, mode, eng
                                      PROMPTS[0])
     assert float(exact.diagonal().sum()) < float(plain.diagonal().sum()) - 0.05
 
+
+
+# ---- min_tokens and ignore_eos ----------------------------------------------------------------
+def test_stops_are_banned_only_in_rows_before_min_tokens():
+    logits = torch.zeros(4, V)
+    params = SamplingParams(max_new_tokens=8, min_tokens=3)
+    got = ban_stops(logits.clone(), torch.tensor([1, 2, 3, 4]), params, frozenset({5, 9}))
+    assert torch.isinf(got[:2, [5, 9]]).all() and not torch.isinf(got[2:]).any()
+    assert not torch.isinf(got[:2, [4, 6]]).any()
+    # a chain whose root is output index 1 (two tokens out): rows pick indices 2, 3, 4, 5
+    written = SimpleNamespace(tokens=[7, 8, 1, 2], num_prompt=2, stop_ids=frozenset({5}))
+    got = reshape_chain(logits, written, [1, 1, 1], params)
+    assert torch.isinf(got[0, 5]) and not torch.isinf(got[1:, 5]).any()
+
+
+def _reference_min_tokens(hf, prompt: list[int], n: int, stop: int, min_tokens: int) -> list[int]:
+    """Plain greedy decoding with `stop` banned before min_tokens, ending at `stop` after."""
+    ids, out = list(prompt), []
+    with torch.no_grad():
+        for i in range(n):
+            logits = hf(torch.tensor([ids])).logits[0, -1].clone()
+            if i < min_tokens:
+                logits[stop] = float("-inf")
+            out.append(int(logits.argmax()))
+            ids.append(out[-1])
+            if out[-1] == stop:
+                break
+    return out
+
+
+@pytest.mark.parametrize("mode", list(Mode))
+def test_min_tokens_holds_a_stop_token_back_in_every_mode(request, mode):
+    models = request.getfixturevalue("tiny_prod_models" if mode is Mode.FUSED else "tiny_models")
+    hf = models[0]
+    for prompt in PROMPTS[:2]:
+        stop = reference_greedy(hf, prompt, 1)[0]  # the model's first choice: it would stop at once
+        params = SamplingParams(max_new_tokens=24, min_tokens=10, stop_token_ids=(stop,))
+        out = generate(make_engine(models, mode, 4), [prompt], params)[0]
+        expect = _reference_min_tokens(hf, prompt, 24, stop, 10)
+        assert out.token_ids == expect and stop not in expect[:10]
+        assert out.finish_reason == ("stop" if expect[-1] == stop else "length")
+
+
+def test_ignore_eos_runs_past_the_models_end_of_sequence(tiny_models):
+    from sglang_d3d.config import EngineConfig, SpecConfig
+    from sglang_d3d.engine.engine import SpecEngine
+
+    hf, target, drafter = tiny_models
+    eos = reference_greedy(hf, PROMPTS[0], 1)[0]
+    cfg = EngineConfig(mode=Mode.ASYNC, spec=SpecConfig(4), max_batch_size=4, max_context=256)
+    outs = [generate(SpecEngine(cfg, target, drafter, (eos,)), [PROMPTS[0]],
+                     SamplingParams(max_new_tokens=12, ignore_eos=ignore))[0] for ignore in (False, True)]
+    assert outs[0].token_ids == [eos] and outs[0].finish_reason == "stop"
+    assert outs[1].token_ids == reference_greedy(hf, PROMPTS[0], 12)
+    assert outs[1].finish_reason == "length"

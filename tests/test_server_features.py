@@ -255,3 +255,26 @@ def test_a_strong_bias_forces_its_token_through_the_stream(servers, client):
     text = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
     word = tok_of(servers["async"]).decode([42]).strip()  # the test tokenizer's words: " w42"
     assert text.split() == [word] * 6
+
+
+def test_ignore_eos_and_min_tokens(servers, client):
+    """A bias forcing the end-of-sequence token: it ends the answer at once, unless ignored
+    (then every token is it, to max_tokens) or held back by min_tokens (vLLM's fields)."""
+    eos = tok_of(servers["async"]).eos_token_id
+    kw = dict(model="tiny", prompt=PROMPT_IDS, max_tokens=8, temperature=0,
+              logit_bias={str(eos): 100})
+    r = client.completions.create(**kw)
+    assert r.choices[0].finish_reason == "stop" and r.usage.completion_tokens == 1
+    r = client.completions.create(**kw, extra_body={"ignore_eos": True})
+    assert r.choices[0].finish_reason == "length" and r.usage.completion_tokens == 8
+    r = client.completions.create(**kw, extra_body={"min_tokens": 5})
+    assert r.choices[0].finish_reason == "stop" and r.usage.completion_tokens == 6
+
+
+def test_min_tokens_exempts_the_first_tokens_from_stop_strings(servers, client):
+    word = tok_of(servers["async"]).decode([42]).strip()
+    kw = dict(model="tiny", prompt=PROMPT_IDS, max_tokens=8, temperature=0,
+              logit_bias={"42": 100}, stop=[word])
+    assert client.completions.create(**kw).choices[0].text.strip() == ""  # stopped at once
+    r = client.completions.create(**kw, extra_body={"min_tokens": 3})
+    assert r.choices[0].text.split() == [word] * 3 and r.choices[0].finish_reason == "stop"

@@ -130,7 +130,7 @@ def test_neutral_values_are_accepted(extra):
 
 def test_neutral_logit_rules_pass_any_backend():
     neutral = {"frequency_penalty": 0, "presence_penalty": 0.0, "logit_bias": {},
-               "repetition_penalty": 1.0, "min_p": 0}
+               "repetition_penalty": 1.0, "min_p": 0, "min_tokens": 0, "ignore_eos": True}
     check_logit_rules(object(), ChatCompletionRequest.model_validate({"messages": HISTORY[:1], **neutral}))
 
 
@@ -140,6 +140,7 @@ def test_neutral_logit_rules_pass_any_backend():
     ({"logit_bias": {"5": 10}}, "logit_bias"),
     ({"repetition_penalty": 1.2}, "repetition_penalty"),
     ({"min_p": 0.1}, "min_p"),
+    ({"min_tokens": 3}, "min_tokens"),
 ])  # fmt: skip
 def test_logit_rules_need_a_backend_that_applies_them(extra, param):
     body = ChatCompletionRequest.model_validate({"messages": HISTORY[:1], **extra})
@@ -156,6 +157,9 @@ def test_each_backend_names_the_rules_it_applies():
     body = ChatCompletionRequest.model_validate({"messages": HISTORY[:1], "repetition_penalty": 1.2})
     check_logit_rules(EngineLoop, body)
     with pytest.raises(APIError, match="repetition_penalty"):  # SGLang counts it differently
+        check_logit_rules(SGLangEngineLoop, body)
+    body = ChatCompletionRequest.model_validate({"messages": HISTORY[:1], "min_tokens": 2})
+    with pytest.raises(APIError, match="min_tokens"):  # the D3D worker refuses min_new_tokens
         check_logit_rules(SGLangEngineLoop, body)
     ruled = {"frequency_penalty": 0.5, "logit_bias": {"5": 1}, "min_p": 0.1}
     check_logit_rules(SGLangEngineLoop, ChatCompletionRequest.model_validate({"messages": HISTORY[:1], **ruled}))

@@ -109,6 +109,20 @@ def test_stop_matcher_equals_a_search_over_the_whole_text():
         assert ("".join(released), m.stopped) == _reference(text, stops)
 
 
+def test_stop_matcher_skips_the_text_before_min_tokens():
+    """Text fed through `skip` is released whole and no match starts inside it, not even one
+    that ends in later text; matches after it are found as usual."""
+    rng = random.Random(2)
+    for _ in range(300):
+        text = "".join(rng.choice("ab ") for _ in range(rng.randrange(0, 20)))
+        stops = ["".join(rng.choice("ab") for _ in range(rng.randrange(1, 3)))]
+        floor = rng.randrange(0, len(text) + 1)
+        m = StopMatcher(stops)
+        out = m.skip(text[:floor]) + m.feed(text[floor:]) + m.flush()
+        rest, stopped = _reference(text[floor:], stops)
+        assert (out, m.stopped) == (text[:floor] + rest, stopped)
+
+
 # ---- detokenisation ---------------------------------------------------------------------------
 
 

@@ -138,7 +138,8 @@ def test_worker_rows_are_reshaped_only_where_asked():
     logits = torch.randn(2, 3, 96)  # two requests, blocks of 2 drafts
     drafts = torch.tensor([[4, 4], [9, 1]])
     plain, ruled = SamplingParams(), SamplingParams(frequency_penalty=1.0, logit_bias=((3, 5.0),))
-    rows = [SimpleNamespace(tokens=[8, 4, 1], num_prompt=1), SimpleNamespace(tokens=[2], num_prompt=0)]
+    rows = [SimpleNamespace(tokens=[8, 4, 1], num_prompt=1, stop_ids=frozenset()),
+            SimpleNamespace(tokens=[2], num_prompt=0, stop_ids=frozenset())]
     assert reshape_rows(logits, drafts, rows, [plain, plain]) is logits
     before = logits.clone()
     out = reshape_rows(logits, drafts, rows, [ruled, plain])

@@ -163,6 +163,8 @@ class SpecEngine:
             )
         seq = Sequence(req=req, tokens=list(req.prompt_ids))
         seq.num_prompt = len(req.prompt_ids)
+        eos = frozenset() if req.params.ignore_eos else self.eos_token_ids
+        seq.stop_ids = eos.union(req.params.stop_token_ids)
         seq.stats.mode = self.cfg.mode.value
         seq.stats.prompt_tokens = seq.num_prompt
         if req.arrival_time:
@@ -481,11 +483,10 @@ class SpecEngine:
     def _emit(self, s: Sequence, new: list[int], logits: torch.Tensor) -> TokenEvent:
         """Append accepted tokens, cut at a stop token or the length limit. logits [>=T, V]:
         row j is the target's verify row that scored new[j] (for log-probabilities)."""
-        stops = self.eos_token_ids.union(s.params.stop_token_ids)
         out, reason = [], None
         for t in new[: s.remaining]:
             out.append(t)
-            if t in stops:
+            if t in s.stop_ids:
                 reason = "stop"
                 break
         if reason is None and s.num_generated + len(out) >= s.params.max_new_tokens:

@@ -22,7 +22,8 @@ class EngineLoop:
     supports_logprobs = True  # TokenEvent.logprobs when GenerationRequest.logprobs is set
     # what it applies to the target's logits (speculative/penalties.py, sampling.py)
     logit_rules = frozenset(
-        {"frequency_penalty", "presence_penalty", "logit_bias", "repetition_penalty", "min_p"}
+        {"frequency_penalty", "presence_penalty", "logit_bias", "repetition_penalty", "min_p",
+         "min_tokens"}
     )
 
     def __init__(self, engine: SpecEngine, tokenizer=None) -> None:

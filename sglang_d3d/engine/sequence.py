@@ -18,6 +18,7 @@ class Sequence:
     slot: int = -1
     tokens: list[int] = field(default_factory=list)  # prompt + accepted output
     num_prompt: int = 0
+    stop_ids: frozenset[int] = frozenset()  # tokens that end it: its stop ids, and EOS unless ignored
     prefilled: int = 0  # prompt tokens in the target's cache (chunked prefill)
     prefill_start: float = 0.0  # perf_counter when its first chunk ran
     generator: RequestRandom | None = None  # per-device seeded streams (speculative/sampling.py)

@@ -89,6 +89,8 @@ def sampling_params(p: SamplingParams) -> dict:
         out["sampling_seed"] = p.seed
     if p.min_p > 0:
         out["min_p"] = p.min_p
+    if p.ignore_eos:
+        out["ignore_eos"] = True
     if p.reshapes_logits:  # SGLang's names; the D3D worker verifies under them
         out.update(frequency_penalty=p.frequency_penalty, presence_penalty=p.presence_penalty)
         out["logit_bias"] = {str(t): b for t, b in p.logit_bias} or None

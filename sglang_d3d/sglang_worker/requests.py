@@ -43,6 +43,11 @@ class RequestRow:
     def num_prompt(self) -> int:
         return self.stats.prompt_tokens
 
+    @property
+    def stop_ids(self) -> frozenset[int]:
+        """None needed: SGLang applies its own min_new_tokens, a request the worker refuses."""
+        return frozenset()
+
 
 class RequestTable:
     def __init__(self, drafting: Drafting, num_slots: int, vocab_size: int) -> None:

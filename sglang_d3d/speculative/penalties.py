@@ -8,7 +8,9 @@ a token written c[t] times in the output so far (the prompt does not count for t
     l[t] - frequency_penalty * c[t] - presence_penalty * (c[t] > 0)
 
 and temperature, top-k, top-p and min-p then apply as usual (sampling.py). The bias and the two
-additive penalties commute, so the order matters only with `repetition_penalty`.
+additive penalties commute, so the order matters only with `repetition_penalty`. Last,
+vLLM's `min_tokens`: while the output is shorter than it, the request's stop tokens (its
+end-of-sequence tokens and stop_token_ids) are banned.
 
 Why verification stays exact: the rule at a position depends on the tokens before it, and a
 verify pass scores several positions at once. Row j of a chain's verify logits scores the token
@@ -39,6 +41,7 @@ class Written(Protocol):
 
     tokens: list[int]  # prompt + output so far, the verify block's root included
     num_prompt: int
+    stop_ids: frozenset[int]  # the tokens that end it (what `min_tokens` bans)
 
 
 def output_counts(output: Sequence[int], vocab: int, device: torch.device | str) -> torch.Tensor:
@@ -84,6 +87,21 @@ def penalize(
     return out - params.presence_penalty * (counts > 0).float()
 
 
+def ban_stops(
+    logits: torch.Tensor,  # [T, V] float32, reshaped in place
+    positions: torch.Tensor,  # [T] long: the output index of the token each row picks
+    params: SamplingParams,
+    stop_ids: frozenset[int],
+) -> torch.Tensor:
+    """The stop tokens of rows that pick a token before `min_tokens` set to -inf."""
+    early = positions < params.min_tokens  # [T]
+    if params.min_tokens and stop_ids and bool(early.any()):
+        ids = torch.tensor(sorted(stop_ids), device=logits.device)
+        rows = early.nonzero().squeeze(1)
+        logits[rows.unsqueeze(1), ids] = float("-inf")
+    return logits
+
+
 def _rule_inputs(written: Written, vocab: int, device) -> tuple[torch.Tensor, torch.Tensor]:
     """(the output's counts [V], which tokens occur in the prompt [V] bool)."""
     base = output_counts(written.tokens[written.num_prompt :], vocab, device)
@@ -103,7 +121,8 @@ def reshape_chain(
     base, in_prompt = _rule_inputs(written, logits.shape[-1], logits.device)
     tokens = torch.tensor(list(drafts), dtype=torch.long, device=logits.device)
     counts = path_counts(base, tokens, chain_ancestors(len(drafts)))
-    return penalize(logits, counts, params, in_prompt)
+    depths = torch.arange(len(drafts) + 1, device=logits.device)  # [G+1]
+    return _finish_rules(penalize(logits, counts, params, in_prompt), written, depths, params)
 
 
 def reshape_tree(
@@ -117,7 +136,16 @@ def reshape_tree(
         return logits
     base, in_prompt = _rule_inputs(written, logits.shape[-1], logits.device)
     tokens = torch.tensor(tree.tokens, dtype=torch.long, device=logits.device)
-    return penalize(logits, path_counts(base, tokens, ancestor_mask(tree)), params, in_prompt)
+    ruled = penalize(logits, path_counts(base, tokens, ancestor_mask(tree)), params, in_prompt)
+    depths = torch.tensor((0, *tree.depths), device=logits.device)  # [M+1]: the root picks first
+    return _finish_rules(ruled, written, depths, params)
+
+
+def _finish_rules(ruled: torch.Tensor, written: Written, depths: torch.Tensor,
+                  params: SamplingParams) -> torch.Tensor:
+    """`ban_stops` with each row's output index: the output's length plus the row's depth."""
+    positions = depths + (len(written.tokens) - written.num_prompt)
+    return ban_stops(ruled, positions, params, written.stop_ids)
 
 
 def reshape_rows(

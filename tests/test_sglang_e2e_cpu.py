@@ -72,6 +72,13 @@ def test_unverifiable_request_is_refused_with_a_message(run):
     assert "D3D does not support repetition_penalty" in finish["message"]
 
 
+def test_ignore_eos_reaches_sglang(run):
+    stopped, ignored = run["eos"]["e0"], run["eos"]["e1"]
+    assert stopped["reason"] == "stop" and stopped["ids"] == [2]
+    assert ignored["reason"] == "length" and ignored["ids"] == [2] * 16
+    assert any(n > 1 for n in ignored["accepted_lengths"])  # D3D's cycles carried them
+
+
 def test_penalties_and_bias_in_sglang_equal_sglang_without_speculation(run):
     """SGLang's own sampler applies the rules token by token; the D3D worker applies them to
     every row of a verify block with that row's drafts counted (speculative/penalties.py)."""

@@ -12,6 +12,7 @@ DEVICE cuda: SGLang's default attention backend, no harness. Prints one JSON lin
   seeded    two runs of the same seeded sampling request (reproducibility)
   ruled     greedy under frequency/presence penalties and a logit_bias (RULES), without
             speculation (`ruled_baseline`) and with D3D
+  eos       a bias forcing the end-of-sequence token (id 2), with and without ignore_eos
   refused   what SGLang returned for a request D3D cannot verify exactly
 """
 
@@ -92,6 +93,12 @@ def run_d3d(target: str, drafter: str, block: int, device: str) -> dict:
         result["ruled"] = _collect(
             loop, [GenerationRequest(f"r{i}", p, ruled) for i, p in enumerate(PROMPTS)]
         )
+        forced = ((2, 100.0),)  # the tiny target's eos_token_id
+        result["eos"] = _collect(loop, [
+            GenerationRequest(f"e{int(ignore)}", PROMPTS[0], SamplingParams(
+                temperature=0.0, max_new_tokens=MAX_NEW, logit_bias=forced, ignore_eos=ignore))
+            for ignore in (False, True)
+        ])
         result["refused"] = _raw(loop, PROMPTS[0], {"temperature": 0, "repetition_penalty": 1.2})
         return result
     finally:

@@ -110,3 +110,18 @@ class OracleDrafter:
             out.append(tok)
             ids.append(tok)
         return out
+
+
+def assert_follows(counts: torch.Tensor, exact: torch.Tensor, n: int) -> None:
+    """Observed outcome counts against the exact law (same shape) over n draws: chi-square
+    over the cells expected at least 5 times (the usual validity rule), the rest pooled, and
+    nothing ever seen where the law has no mass."""
+    expected = exact * n
+    keep = expected >= 5
+    obs = torch.cat([counts[keep], counts[~keep].sum().view(1)])
+    exp = torch.cat([expected[keep], expected[~keep].sum().view(1)])
+    chi2 = float(((obs - exp) ** 2 / exp.clamp(min=1e-9)).sum())
+    dof = int(keep.sum())  # cells - 1, plus the pooled cell
+    # A loose bound: mean dof, sd sqrt(2 dof); 5 sd is a one-in-millions false alarm.
+    assert chi2 < dof + 5 * (2 * dof) ** 0.5, (chi2, dof)
+    assert counts[~(exact > 0)].sum() == 0

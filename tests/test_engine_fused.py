@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 from conftest import _load, reference_greedy
-from engine_helpers import make_engine
+from engine_helpers import assert_follows, make_engine
 
 from sglang_d3d.config import Mode, SamplingParams
 from sglang_d3d.engine.adaptive import Plan
@@ -205,11 +205,4 @@ def test_fused_sampling_follows_the_target(tiny_prod_models):
     for o in outs:
         counts[tuple(o.token_ids)] += 1
     assert sum(o.stats.accepted_lengths[1] > 1 for o in outs) > 0  # drafts were accepted
-    expected = exact * n
-    keep = expected >= 5
-    obs = torch.cat([counts[keep], counts[~keep].sum().view(1)])
-    exp = torch.cat([expected[keep], expected[~keep].sum().view(1)])
-    chi2 = float(((obs - exp) ** 2 / exp.clamp(min=1e-9)).sum())
-    dof = int(keep.sum())
-    assert chi2 < dof + 5 * (2 * dof) ** 0.5, (chi2, dof)
-    assert counts[~(exact > 0)].sum() == 0
+    assert_follows(counts, exact, n)

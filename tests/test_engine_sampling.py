@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 from conftest import layout_models
-from engine_helpers import make_engine, mode_layouts
+from engine_helpers import assert_follows, make_engine, mode_layouts
 
 from sglang_d3d.config import Mode, SamplingParams
 from sglang_d3d.engine.offline import generate
@@ -65,15 +65,7 @@ def test_sampled_tokens_follow_the_target(request, layout, block, engine_kw, pro
     counts = torch.zeros(96, 96)
     for o in outs:
         counts[o.token_ids[0], o.token_ids[1]] += 1
-    expected = exact * n
-    keep = expected >= 5  # the usual chi-square validity rule; the rest pooled
-    obs = torch.cat([counts[keep], counts[~keep].sum().view(1)])
-    exp = torch.cat([expected[keep], expected[~keep].sum().view(1)])
-    chi2 = float(((obs - exp) ** 2 / exp.clamp(min=1e-9)).sum())
-    dof = int(keep.sum())  # cells - 1, plus the pooled cell
-    # A loose bound: mean dof, sd sqrt(2 dof); 5 sd is a one-in-millions false alarm.
-    assert chi2 < dof + 5 * (2 * dof) ** 0.5, (chi2, dof)
-    assert counts[~(exact > 0)].sum() == 0  # nothing outside top-k is ever emitted
+    assert_follows(counts, exact, n)  # nothing outside top-k is ever emitted
 
 
 def test_exhaustive_pairs_helper_is_the_joint_distribution(tiny_models):

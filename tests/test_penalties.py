@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 from conftest import naive_rule, reference_greedy, reference_ruled
-from engine_helpers import make_engine
+from engine_helpers import assert_follows, make_engine
 
 from sglang_d3d.api import GenerationRequest
 from sglang_d3d.config import Mode, SamplingParams
@@ -194,14 +194,7 @@ def test_sampled_tokens_follow_the_target_under_the_rules(tiny_models, mode, eng
     counts = torch.zeros(V, V)
     for o in outs:
         counts[o.token_ids[0], o.token_ids[1]] += 1
-    expected = exact * n
-    keep = expected >= 5
-    obs = torch.cat([counts[keep], counts[~keep].sum().view(1)])
-    exp = torch.cat([expected[keep], expected[~keep].sum().view(1)])
-    chi2 = float(((obs - exp) ** 2 / exp.clamp(min=1e-9)).sum())
-    dof = int(keep.sum())
-    assert chi2 < dof + 5 * (2 * dof) ** 0.5, (chi2, dof)
-    assert counts[~(exact > 0)].sum() == 0
+    assert_follows(counts, exact, n)
     # the rules really change the law (the test has power): repeats are rarer than without them
     plain = _ruled_pair_distribution(hf, SamplingParams(temperature=2.5, top_k=6, min_p=0.05),
                                      PROMPTS[0])

@@ -102,11 +102,14 @@ def ban_stops(
     return logits
 
 
-def _rule_inputs(written: Written, vocab: int, device) -> tuple[torch.Tensor, torch.Tensor]:
-    """(the output's counts [V], which tokens occur in the prompt [V] bool)."""
+def _rule_inputs(written: Written, params: SamplingParams, vocab: int,
+                 device) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(the output's counts [V], which tokens occur in the prompt [V] bool, or None where no
+    rule reads the prompt)."""
     base = output_counts(written.tokens[written.num_prompt :], vocab, device)
-    in_prompt = output_counts(written.tokens[: written.num_prompt], vocab, device) > 0
-    return base, in_prompt
+    if params.repetition_penalty == 1.0:
+        return base, None
+    return base, output_counts(written.tokens[: written.num_prompt], vocab, device) > 0
 
 
 def reshape_chain(
@@ -118,7 +121,7 @@ def reshape_chain(
     """[G+1, V]: a chain's verify logits under the request's rules (unchanged without any)."""
     if not params.reshapes_logits:
         return logits
-    base, in_prompt = _rule_inputs(written, logits.shape[-1], logits.device)
+    base, in_prompt = _rule_inputs(written, params, logits.shape[-1], logits.device)
     tokens = torch.tensor(list(drafts), dtype=torch.long, device=logits.device)
     counts = path_counts(base, tokens, chain_ancestors(len(drafts)))
     depths = torch.arange(len(drafts) + 1, device=logits.device)  # [G+1]
@@ -134,7 +137,7 @@ def reshape_tree(
     """[M+1, V]: a token tree's verify logits under the request's rules."""
     if not params.reshapes_logits:
         return logits
-    base, in_prompt = _rule_inputs(written, logits.shape[-1], logits.device)
+    base, in_prompt = _rule_inputs(written, params, logits.shape[-1], logits.device)
     tokens = torch.tensor(tree.tokens, dtype=torch.long, device=logits.device)
     ruled = penalize(logits, path_counts(base, tokens, ancestor_mask(tree)), params, in_prompt)
     depths = torch.tensor((0, *tree.depths), device=logits.device)  # [M+1]: the root picks first

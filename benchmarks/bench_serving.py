@@ -175,7 +175,18 @@ def request_body(model: str, prompt: str, args, variant: str = "plain") -> dict:
         body |= {"logprobs": True, "top_logprobs": args.top_logprobs}
     elif variant == "n":
         body["n"] = args.n
-    return body
+    return body | args.extra_body
+
+
+def _json_object(text: str) -> dict:
+    """An argparse type: a JSON object, refused as a usage error otherwise."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise argparse.ArgumentTypeError(f"not JSON: {e}") from e
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError("must be a JSON object")
+    return value
 
 
 def auth_headers(api_key: str | None) -> dict[str, str]:
@@ -471,6 +482,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "sent before it, so started servers keep copies from earlier requests' text "
                    "(--shared-lookup-tokens) on; with --rounds > 1 it needs --fresh-servers")
     p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--extra-body", type=_json_object, default={},
+                   help='JSON object merged into every request, e.g. \'{"frequency_penalty": 0.5, '
+                   '"ignore_eos": true}\' (penalties, vLLM\'s fields)')
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS),
                    help="request kinds per load; logprobs and n are compared against plain")

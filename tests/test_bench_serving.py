@@ -59,6 +59,12 @@ def test_request_bodies_per_variant():
         "top_logprobs": 7,
     }
     assert bench.request_body("m", "hi", args, "n") == plain | {"n": 4}
+    extra = ["--extra-body", '{"frequency_penalty": 0.5, "ignore_eos": true, "temperature": 0.7}']
+    ruled = bench.request_body("m", "hi", bench.build_parser().parse_args(extra), "n")
+    assert ruled == plain | {"n": 2, "frequency_penalty": 0.5, "ignore_eos": True, "temperature": 0.7}
+    for bad in ("{", "[1]"):
+        with pytest.raises(SystemExit):
+            bench.build_parser().parse_args(["--extra-body", bad])
     r = bench.RequestResult(ok=True, latency=1.0, ttft=0.2, output_tokens=9, sequences=3)
     assert r.tpot == pytest.approx(0.8 / 2)  # 3 tokens per choice
 

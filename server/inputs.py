@@ -168,7 +168,7 @@ def sampling_params(fields: SamplingFields, max_new_tokens: int, tokenizer) -> S
         min_p=fields.min_p or 0.0,
         seed=fields.seed,
         max_new_tokens=max_new_tokens,
-        stop_token_ids=() if fields.ignore_eos else eos_ids(tokenizer),
+        stop_token_ids=stop_ids(fields, tokenizer),
         ignore_eos=bool(fields.ignore_eos),
         min_tokens=min_tokens(fields.min_tokens, max_new_tokens),
         frequency_penalty=fields.frequency_penalty or 0.0,
@@ -176,6 +176,17 @@ def sampling_params(fields: SamplingFields, max_new_tokens: int, tokenizer) -> S
         logit_bias=logit_bias(fields.logit_bias, len(tokenizer)),
         repetition_penalty=1.0 if fields.repetition_penalty is None else fields.repetition_penalty,
     )
+
+
+def stop_ids(fields: SamplingFields, tokenizer) -> tuple[int, ...]:
+    """The tokens that end an answer: the model's EOS unless `ignore_eos`, and vLLM's
+    `stop_token_ids`, checked against the vocabulary."""
+    extra = tuple(fields.stop_token_ids or ())
+    if any(t >= len(tokenizer) for t in extra):
+        raise bad_request(f"stop_token_ids must be below the vocabulary size ({len(tokenizer)})",
+                          "stop_token_ids")
+    eos = () if fields.ignore_eos else eos_ids(tokenizer)
+    return tuple(dict.fromkeys(eos + extra))
 
 
 def min_tokens(requested: int | None, max_new_tokens: int) -> int:

@@ -48,6 +48,7 @@ class SamplingFields(BaseModel):
     repetition_penalty: Annotated[Finite, Field(gt=0, le=2)] | None = None
     min_tokens: Annotated[StrictInt, Field(ge=0)] | None = None
     ignore_eos: StrictBool | None = None  # the model's end-of-sequence token does not end it
+    stop_token_ids: Annotated[list[Annotated[int, Field(strict=True, ge=0)]], Field(max_length=64)] | None = None
     seed: Seed | None = None
     stop: StrictStr | StopList | None = None
     n: Annotated[StrictInt, Field(ge=1, le=128)] = 1

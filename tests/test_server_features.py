@@ -271,6 +271,15 @@ def test_ignore_eos_and_min_tokens(servers, client):
     assert r.choices[0].finish_reason == "stop" and r.usage.completion_tokens == 6
 
 
+def test_stop_token_ids_end_the_answer_and_ignore_eos_keeps_them(client):
+    kw = dict(model="tiny", prompt=PROMPT_IDS, max_tokens=8, temperature=0, logit_bias={"42": 100})
+    r = client.completions.create(**kw)
+    assert r.choices[0].finish_reason == "length"  # 42 is no stop token by itself
+    for extra in ({"stop_token_ids": [42]}, {"stop_token_ids": [42], "ignore_eos": True}):
+        r = client.completions.create(**kw, extra_body=extra)
+        assert r.choices[0].finish_reason == "stop" and r.usage.completion_tokens == 1
+
+
 def test_min_tokens_exempts_the_first_tokens_from_stop_strings(servers, client):
     word = tok_of(servers["async"]).decode([42]).strip()
     kw = dict(model="tiny", prompt=PROMPT_IDS, max_tokens=8, temperature=0,

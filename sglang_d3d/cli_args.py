@@ -5,7 +5,14 @@ from __future__ import annotations
 import argparse
 import os
 
-from sglang_d3d.config import DRAFT_WEIGHTS, BranchPolicy, EngineConfig, Mode, SpecConfig
+from sglang_d3d.config import (
+    DRAFT_WEIGHTS,
+    BranchPolicy,
+    EngineConfig,
+    Mode,
+    SamplingParams,
+    SpecConfig,
+)
 
 
 def add_engine_args(
@@ -95,14 +102,27 @@ def add_engine_args(
 
 def add_penalty_args(p: argparse.ArgumentParser) -> None:
     """OpenAI's and vLLM's penalties and min-p, for requests made from the command line."""
-    p.add_argument("--frequency-penalty", type=float, default=0.0,
+    p.add_argument("--frequency-penalty", type=_checked("frequency_penalty"), default=0.0,
                    help="subtract this times a token's count in the output so far from its logit")
-    p.add_argument("--presence-penalty", type=float, default=0.0,
+    p.add_argument("--presence-penalty", type=_checked("presence_penalty"), default=0.0,
                    help="subtract this from the logit of every token the output already holds")
-    p.add_argument("--repetition-penalty", type=float, default=1.0,
+    p.add_argument("--repetition-penalty", type=_checked("repetition_penalty"), default=1.0,
                    help="vLLM's: shrink the logit of every token in the prompt or output by this")
-    p.add_argument("--min-p", type=float, default=0.0,
+    p.add_argument("--min-p", type=_checked("min_p"), default=0.0,
                    help="sample only tokens at least this share of the likeliest one's probability")
+
+
+def _checked(field: str):
+    """An argparse type for a float SamplingParams field: refused as a usage error, before any
+    model loads, where SamplingParams would refuse it."""
+    def parse(text: str) -> float:
+        value = float(text)
+        try:
+            SamplingParams(**{field: value})
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(str(e)) from e
+        return value
+    return parse
 
 
 def penalty_fields(args: argparse.Namespace) -> dict:

@@ -107,6 +107,16 @@ def test_bench_mode_names(tiny_pair_dir):
             mode_config(args, bad)
 
 
+@pytest.mark.parametrize("flag,value", [("--frequency-penalty", "5"), ("--presence-penalty", "nan"),
+                                        ("--repetition-penalty", "0"), ("--min-p", "1.5")])
+def test_out_of_range_sampling_flags_are_usage_errors(tiny_pair_dir, capsys, flag, value):
+    for command in ("generate", "bench"):
+        with pytest.raises(SystemExit) as e:  # before any model loads
+            main([command, "--prompt", "w5", flag, value, *_engine_flags(tiny_pair_dir)]
+                 if command == "generate" else [command, flag, value, *_engine_flags(tiny_pair_dir)])
+        assert e.value.code == 2 and flag in capsys.readouterr().err
+
+
 def test_bench_bad_mode_is_a_usage_error(tiny_pair_dir, capsys):
     """A misspelt mode stops at argument parsing with the accepted forms, before any model
     loads (it was a traceback from Mode() after loading)."""

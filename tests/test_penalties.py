@@ -17,6 +17,7 @@ from sglang_d3d.config import Mode, SamplingParams
 from sglang_d3d.engine.offline import generate
 from sglang_d3d.speculative.penalties import (
     ban_stops,
+    bias_vector,
     chain_ancestors,
     output_counts,
     path_counts,
@@ -31,6 +32,7 @@ V = 96
 RULES = SamplingParams(max_new_tokens=24, frequency_penalty=1.5, presence_penalty=0.8,
                        logit_bias=((7, 3.0), (11, -2.0)))
 REPEAT = replace(RULES, repetition_penalty=1.8)  # vLLM's, over the prompt too
+PENALTIES = replace(RULES, logit_bias=())  # no bias: the first token has nothing to change
 
 
 def _written(prompt: list[int], output: list[int]) -> SimpleNamespace:
@@ -66,7 +68,7 @@ def test_penalize_is_the_documented_rule_row_by_row(params):
     counts = torch.stack([output_counts(w, V, "cpu") for w in written])
     in_prompt = output_counts(prompt, V, "cpu") > 0
     before = logits.clone()
-    got = penalize(logits, counts, params, in_prompt)
+    got = penalize(logits, counts, params, in_prompt, bias_vector(params, torch.arange(V)))
     assert got.dtype == torch.float32 and torch.equal(logits, before)  # its input stays raw
     for row, w in enumerate(written):
         torch.testing.assert_close(got[row].double(), naive_rule(logits[row], w, params, prompt))
@@ -80,7 +82,7 @@ def test_repetition_shrinks_a_seen_tokens_logit_toward_zero_from_either_side():
     assert got.tolist() == [[1.0, -4.0, 1.0, -4.0]]
 
 
-@pytest.mark.parametrize("params", [RULES, REPEAT], ids=["openai", "repetition"])
+@pytest.mark.parametrize("params", [RULES, REPEAT, PENALTIES], ids=["openai", "repetition", "penalties"])
 def test_reshape_matches_the_rule_at_every_verify_row(params):
     g = torch.Generator().manual_seed(1)
     logits = torch.randn(4, V, generator=g)  # a chain of 3 drafts
@@ -94,6 +96,13 @@ def test_reshape_matches_the_rule_at_every_verify_row(params):
     for node, path in enumerate([[], [3], [7], [3, 7]]):
         expect = naive_rule(logits[node], output + path, params, prompt)
         torch.testing.assert_close(got[node].double(), expect)
+
+
+@pytest.mark.parametrize("params", [RULES, REPEAT, PENALTIES], ids=["openai", "repetition", "penalties"])
+def test_the_first_token_sees_an_empty_output(params):
+    logits = torch.randn(1, V)
+    got = reshape_chain(logits, _written([9, 7], []), [], params)
+    torch.testing.assert_close(got[0].double(), naive_rule(logits[0], [], params, [9, 7]))
 
 
 def test_without_rules_the_logits_are_untouched():
@@ -134,7 +143,7 @@ def test_out_of_range_rules_are_refused(kw, msg):
 PROMPTS = [[5, 6, 7, 8], [9, 10, 11, 9, 10, 11, 9, 10], [12, 40, 13, 50, 14, 60, 15], [70]]
 
 
-@pytest.mark.parametrize("params", [RULES, REPEAT], ids=["openai", "repetition"])
+@pytest.mark.parametrize("params", [RULES, REPEAT, PENALTIES], ids=["openai", "repetition", "penalties"])
 @pytest.mark.parametrize("mode", list(Mode))
 @pytest.mark.parametrize("trees", [True, False], ids=["trees", "chains"])
 def test_every_mode_equals_plain_decoding_under_the_rules(request, mode, trees, params):

@@ -23,7 +23,8 @@ Finite = Annotated[float, Field(strict=True, allow_inf_nan=False)]
 TopLogprobs = Annotated[StrictInt, Field(ge=0, le=20)]
 Seed = Annotated[int, Field(strict=True, ge=0, le=2**63 - 1)]
 StopList = Annotated[list[StrictStr], Field(max_length=16)]
-TokenIds = Annotated[list[Annotated[int, Field(strict=True, ge=0)]], Field(min_length=1)]
+TokenId = Annotated[int, Field(strict=True, ge=0)]
+TokenIds = Annotated[list[TokenId], Field(min_length=1)]
 Penalty = Annotated[Finite, Field(ge=-2, le=2)]  # OpenAI's range
 # OpenAI's shape: token ids as JSON object keys (strings), each with a bias in [-100, 100]
 LogitBias = dict[Annotated[str, Field(pattern=r"^[0-9]{1,9}$")], Annotated[Finite, Field(ge=-100, le=100)]]
@@ -48,7 +49,7 @@ class SamplingFields(BaseModel):
     repetition_penalty: Annotated[Finite, Field(gt=0, le=2)] | None = None
     min_tokens: Annotated[StrictInt, Field(ge=0)] | None = None
     ignore_eos: StrictBool | None = None  # the model's end-of-sequence token does not end it
-    stop_token_ids: Annotated[list[Annotated[int, Field(strict=True, ge=0)]], Field(max_length=64)] | None = None
+    stop_token_ids: Annotated[list[TokenId], Field(max_length=64)] | None = None
     seed: Seed | None = None
     stop: StrictStr | StopList | None = None
     n: Annotated[StrictInt, Field(ge=1, le=128)] = 1

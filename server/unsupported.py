@@ -93,12 +93,12 @@ def _check_best_of(body: CompletionRequest) -> None:
 # Fields that reshape the target's logits, each with its neutral value: a backend applies those
 # it names in its `logit_rules`, and refuses the others unless they are neutral.
 LOGIT_RULES: dict[str, Callable[[Any], bool]] = {
-    "frequency_penalty": lambda v: not v,
-    "presence_penalty": lambda v: not v,
-    "logit_bias": lambda v: not v,
+    "frequency_penalty": _empty,
+    "presence_penalty": _empty,
+    "logit_bias": _empty,
     "repetition_penalty": lambda v: v is None or v == 1,
-    "min_p": lambda v: not v,
-    "min_tokens": lambda v: not v,
+    "min_p": _empty,
+    "min_tokens": _empty,
 }
 
 

@@ -19,7 +19,6 @@ from sglang_d3d.speculative.penalties import (
     ban_stops,
     bias_vector,
     chain_ancestors,
-    output_counts,
     path_counts,
     penalize,
     reshape_chain,
@@ -33,6 +32,11 @@ RULES = SamplingParams(max_new_tokens=24, frequency_penalty=1.5, presence_penalt
                        logit_bias=((7, 3.0), (11, -2.0)))
 REPEAT = replace(RULES, repetition_penalty=1.8)  # vLLM's, over the prompt too
 PENALTIES = replace(RULES, logit_bias=())  # no bias: the first token has nothing to change
+
+
+def output_counts(tokens: list[int], vocab: int, device: str) -> torch.Tensor:
+    """[V] float32: how often each token occurs in `tokens` (the reference counts)."""
+    return torch.bincount(torch.tensor(tokens, dtype=torch.long), minlength=vocab).float()
 
 
 def _written(prompt: list[int], output: list[int]) -> SimpleNamespace:

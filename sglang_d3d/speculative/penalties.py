@@ -49,12 +49,6 @@ class Written(Protocol):
     stop_ids: frozenset[int]  # the tokens that end it (what `min_tokens` bans)
 
 
-def output_counts(output: Sequence[int], vocab: int, device: torch.device | str) -> torch.Tensor:
-    """[V] float32: how often each token occurs in `output` (token ids below `vocab`)."""
-    ids = torch.tensor(list(output), dtype=torch.long, device=device)
-    return torch.bincount(ids, minlength=vocab).float()
-
-
 def path_counts(
     base: torch.Tensor,  # [C] counts before the verify block
     tokens: torch.Tensor,  # [M] long: the block's tokens after its root, as indices into C
@@ -110,11 +104,11 @@ def ban_stops(
     stop_ids: frozenset[int],
 ) -> torch.Tensor:
     """The stop tokens of rows that pick a token before `min_tokens` set to -inf."""
-    early = positions < params.min_tokens  # [T]
-    if params.min_tokens and stop_ids and bool(early.any()):
-        ids = torch.tensor(sorted(stop_ids), device=logits.device)
-        rows = early.nonzero().squeeze(1)
-        logits[rows.unsqueeze(1), ids] = float("-inf")
+    if not (params.min_tokens and stop_ids):
+        return logits
+    rows = (positions < params.min_tokens).nonzero().squeeze(1)  # [R]
+    ids = torch.tensor(sorted(stop_ids), device=logits.device)
+    logits[rows.unsqueeze(1), ids] = float("-inf")
     return logits
 
 
@@ -127,7 +121,7 @@ def reshape_chain(
     """[G+1, V]: a chain's verify logits under the request's rules (unchanged without any)."""
     if not params.reshapes_logits:
         return logits
-    depths = torch.arange(len(drafts) + 1, device=logits.device)  # [G+1]
+    depths = range(len(drafts) + 1)  # row j picks the j-th token after the root
     return _reshape(logits, written, list(drafts), chain_ancestors(len(drafts)), depths, params)
 
 
@@ -140,12 +134,12 @@ def reshape_tree(
     """[M+1, V]: a token tree's verify logits under the request's rules."""
     if not params.reshapes_logits:
         return logits
-    depths = torch.tensor((0, *tree.depths), device=logits.device)  # [M+1]: the root picks first
+    depths = (0, *tree.depths)  # [M+1]: the root picks first
     return _reshape(logits, written, list(tree.tokens), ancestor_mask(tree), depths, params)
 
 
 def _reshape(logits: torch.Tensor, written: Written, block: list[int], ancestors: torch.Tensor,
-             depths: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+             depths: Sequence[int], params: SamplingParams) -> torch.Tensor:
     """The rules on a block's rows [T, V]: penalties and bias on the touched columns, then the
     stop tokens of rows before `min_tokens`."""
     output = written.tokens[written.num_prompt :]
@@ -157,7 +151,10 @@ def _reshape(logits: torch.Tensor, written: Written, block: list[int], ancestors
         counts = path_counts(base, torch.searchsorted(cols, _ids(block, cols.device)), ancestors)
         in_prompt = torch.isin(cols, _ids(prompt, cols.device)) if prompt else None
         out[:, cols] = penalize(out[:, cols], counts, params, in_prompt, bias_vector(params, cols))
-    return ban_stops(out, depths + len(output), params, written.stop_ids)
+    if params.min_tokens:
+        positions = torch.tensor(depths, device=out.device) + len(output)  # [T] output indices
+        ban_stops(out, positions, params, written.stop_ids)
+    return out
 
 
 def _columns(output: list[int], block: list[int], prompt: list[int], params: SamplingParams,
@@ -194,6 +191,7 @@ def reshape_rows(
     if not ruled:
         return logits
     out = logits.to(torch.float32, copy=True)
+    block = drafts.tolist()  # one device -> host copy for all rows
     for i in ruled:
-        out[i] = reshape_chain(out[i], written[i], drafts[i].tolist(), params[i])
+        out[i] = reshape_chain(out[i], written[i], block[i], params[i])
     return out

@@ -25,6 +25,13 @@ if [ ! -f "$STAMP.base" ]; then
   touch "$STAMP.base"
 fi
 
+# Structured output's grammar compiler (see the file for why --no-deps). A stamp of its own, so
+# a machine set up before it also gets it.
+if [ ! -f "$STAMP.grammar" ]; then
+  $PIP install --no-deps -r scripts/requirements-grammar.txt
+  touch "$STAMP.grammar"
+fi
+
 if [ "$want_dev" = "dev" ] && [ ! -f "$STAMP.dev" ]; then
   $PIP install -e '.[dev]'
   # sglang for the plugin tests, without its CUDA stack (see scripts/requirements-sglang-cpu.txt).

@@ -32,6 +32,26 @@ GREEDY_BELOW = 1e-5  # temperatures under this are greedy
 MAX_PENALTY = 2.0  # OpenAI's range for frequency and presence penalties: [-2, 2]
 MAX_LOGIT_BIAS = 100.0  # and for a logit_bias value: [-100, 100]
 MAX_REPETITION_PENALTY = 2.0  # vLLM's and SGLang's extension: (0, 2] here, 1 = none
+GRAMMAR_KINDS = ("json_schema", "regex", "ebnf")
+
+
+@dataclass(frozen=True)
+class GrammarSpec:
+    """Structured output: the answer must match `source`, a JSON schema (as JSON text), a
+    regular expression or an EBNF grammar (speculative/grammar.py compiles it)."""
+
+    kind: str
+    source: str
+
+    def __post_init__(self) -> None:
+        if self.kind not in GRAMMAR_KINDS:
+            raise ValueError(f"grammar kind must be one of {', '.join(GRAMMAR_KINDS)}")
+        if not isinstance(self.source, str) or not self.source.strip():
+            raise ValueError("a grammar needs a non-empty source")
+
+
+# OpenAI's `response_format: {"type": "json_object"}`: any JSON object (SGLang's choice too).
+JSON_OBJECT = GrammarSpec("json_schema", '{"type": "object"}')
 
 
 @dataclass(frozen=True)
@@ -50,6 +70,7 @@ class SamplingParams:
     presence_penalty: float = 0.0
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, added to its logit), ids unique
     repetition_penalty: float = 1.0  # vLLM's: divides (> 0) or multiplies a seen token's logit
+    grammar: GrammarSpec | None = None  # structured output: only tokens the grammar allows
 
     def __post_init__(self) -> None:
         if self.temperature < 0:
@@ -65,6 +86,14 @@ class SamplingParams:
         if not 0 <= self.min_tokens <= self.max_new_tokens:
             raise ValueError("min_tokens must be in [0, max_new_tokens]")
         self._check_rules()
+        self._check_grammar()
+
+    def _check_grammar(self) -> None:
+        # A grammar decides where the answer ends (its end allows only end-of-sequence), so
+        # neither can be overruled: running past EOS, or a minimum length banning EOS.
+        if self.grammar is not None and (self.ignore_eos or self.min_tokens):
+            raise ValueError("a grammar (structured output) cannot be combined with ignore_eos "
+                             "or min_tokens: the grammar decides where the answer ends")
 
     def _check_rules(self) -> None:
         for name in ("frequency_penalty", "presence_penalty"):

@@ -63,6 +63,18 @@ def tiny_tokenizer(vocab: int = TINY_VOCAB):
     return fast
 
 
+# The text of the tiny vocabulary's first tokens for grammar tests (speculative/grammar.py): JSON's
+# punctuation, a few values and words, so that the tiny models can write JSON.
+GRAMMAR_PIECES = ("{", "}", "[", "]", ":", ",", '"', " ", "a", "b", "0", "1", "true", "null",
+                  '{"', '":', '"a"', "\n")
+
+
+def tiny_pieces(vocab: int = TINY_VOCAB) -> list[str]:
+    """Each tiny token's raw text: the specials, GRAMMAR_PIECES, then `w<i>`."""
+    head = ["<unk>", "<s>", "</s>", *GRAMMAR_PIECES]
+    return head + [f"w{i}" for i in range(len(head), vocab)]
+
+
 def make_tiny_target(out_dir: str | Path, arch: str = "llama", seed: int = 0) -> str:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)

@@ -40,6 +40,7 @@ from sglang_d3d.speculative.cycle import (
 from sglang_d3d.speculative.drafting import Drafting
 from sglang_d3d.speculative.executor import Executor
 from sglang_d3d.speculative.fused import FusedDrafting
+from sglang_d3d.speculative.grammar import Grammars, constrain
 from sglang_d3d.speculative.listeners import Listeners
 from sglang_d3d.speculative.logprobs import token_logprobs
 from sglang_d3d.speculative.penalties import reshape_chain, reshape_tree
@@ -67,12 +68,14 @@ class SpecEngine:
         target: Decoder,
         drafter: D3DDrafter | None,
         eos_token_ids: tuple[int, ...] = (),  # end every request, on top of its stop ids
+        grammars: Grammars | None = None,  # compiles requests' grammars; None: refuses them
     ) -> None:
         if cfg.mode is not Mode.AR and drafter is None:
             raise ValueError(f"mode {cfg.mode.value} needs a drafter")
         self.cfg = cfg
         self.vocab_size = target.arch.vocab_size
         self.eos_token_ids = frozenset(eos_token_ids)
+        self.grammars = grammars
         slots, block = cfg.max_batch_size, cfg.spec.block_size
         fused = cfg.mode is Mode.FUSED
         scratch = FusedDrafting.scratch(cfg.spec, drafter.cfg.smallest_block) if fused else 0
@@ -170,6 +173,11 @@ class SpecEngine:
         if req.arrival_time:
             seq.submit_time = req.arrival_time
         seq.generator = make_generator(req.params.seed)
+        if req.params.grammar is not None:
+            if self.grammars is None:
+                raise ValueError("structured output is not available: this engine has no "
+                                 "grammar compiler (the xgrammar package, and the tokenizer)")
+            seq.constraint = self.grammars.constraint(req.params.grammar)
         return seq
 
     def abort(self, request_id: str) -> None:
@@ -283,7 +291,7 @@ class SpecEngine:
         return self._first_token(seq, logits)
 
     def _first_token(self, seq: Sequence, logits: torch.Tensor) -> TokenEvent:
-        ruled = reshape_chain(logits.unsqueeze(0), seq, [], seq.params)[0]  # [V]
+        ruled = _ruled_chain(logits.unsqueeze(0), seq, [])[0]  # [V]
         token = sample(target_probs(ruled, seq.params), seq.generator)
         seq.stats.prefill_time = time.perf_counter() - seq.prefill_start
         if self.drafting is not None:
@@ -432,7 +440,7 @@ class SpecEngine:
         verdicts = []
         for s, tree, q, lg in zip(rows, trees, proposals, logits, strict=True):
             try:
-                path, token = self._walk(s, tree, q, reshape_tree(lg, s, tree, s.params))
+                path, token = self._walk(s, tree, q, _ruled_tree(lg, s, tree))
                 self.target.keep_path(s.slot, path)
             except Exception as e:  # noqa: BLE001 - one request's failure must not stop the others
                 verdicts.append(Verdict(error=f"{type(e).__name__}: {e}"))
@@ -456,7 +464,7 @@ class SpecEngine:
         verdicts = []
         for i, s in enumerate(rows):
             try:
-                ruled = reshape_chain(logits[i], s, drafts[i], s.params)  # [G+1, V]
+                ruled = _ruled_chain(logits[i], s, drafts[i])  # [G+1, V]
                 n, token = verify_draft(drafts[i], proposals[i], ruled, s.params, s.generator)
             except Exception as e:  # noqa: BLE001 - one request's failure must not stop the others
                 verdicts.append(Verdict(error=f"{type(e).__name__}: {e}"))
@@ -491,6 +499,8 @@ class SpecEngine:
                 break
         if reason is None and s.num_generated + len(out) >= s.params.max_new_tokens:
             reason = "length"
+        if s.constraint is not None:
+            s.constraint.advance(out)
         s.tokens.extend(out)
         s.stats.generated_tokens = s.num_generated
         k = s.req.logprobs
@@ -537,6 +547,18 @@ class SpecEngine:
 
     def shutdown(self) -> None:
         self.executor.shutdown()
+
+
+def _ruled_chain(logits: torch.Tensor, s: Sequence, drafts: list[int]) -> torch.Tensor:
+    """[G+1, V]: a chain's verify logits under the request's logit rules and grammar."""
+    ruled = reshape_chain(logits, s, drafts, s.params)
+    return ruled if s.constraint is None else constrain(ruled, s.constraint.chain(drafts))
+
+
+def _ruled_tree(logits: torch.Tensor, s: Sequence, tree: DraftTree) -> torch.Tensor:
+    """[M+1, V]: a token tree's verify logits under the request's logit rules and grammar."""
+    ruled = reshape_tree(logits, s, tree, s.params)
+    return ruled if s.constraint is None else constrain(ruled, s.constraint.tree(tree))
 
 
 def _tokens(outcomes: list[Outcome]) -> int:

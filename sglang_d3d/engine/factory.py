@@ -15,6 +15,7 @@ from sglang_d3d.models.loading import (
     resolve_dtype,
     resolve_target_path,
 )
+from sglang_d3d.speculative.grammar import tokenizer_grammars
 
 
 def load_models(cfg: EngineConfig) -> tuple[Decoder, D3DDrafter | None, object]:
@@ -47,7 +48,9 @@ def eos_token_ids(target: Decoder, tokenizer) -> tuple[int, ...]:
 
 def build_engine(cfg: EngineConfig) -> tuple[SpecEngine, object]:
     target, drafter, tokenizer = load_models(cfg)
-    engine = SpecEngine(cfg, target, drafter, eos_token_ids(target, tokenizer))
+    eos = eos_token_ids(target, tokenizer)
+    grammars = tokenizer_grammars(tokenizer, target.arch.vocab_size, eos)
+    engine = SpecEngine(cfg, target, drafter, eos, grammars)
     if cfg.adaptive and cfg.calibrate:
         calibrate(engine)
     return engine, tokenizer

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 from sglang_d3d.api import GenerationRequest
 from sglang_d3d.engine.adaptive import AcceptCounts
+from sglang_d3d.speculative.grammar import Constraint
 from sglang_d3d.speculative.sampling import RequestRandom
 from sglang_d3d.speculative.stats import RequestStats
 
@@ -22,6 +23,7 @@ class Sequence:
     prefilled: int = 0  # prompt tokens in the target's cache (chunked prefill)
     prefill_start: float = 0.0  # perf_counter when its first chunk ran
     generator: RequestRandom | None = None  # per-device seeded streams (speculative/sampling.py)
+    constraint: Constraint | None = None  # its grammar's state (structured output)
     stats: RequestStats = field(default_factory=RequestStats)
     accept: AcceptCounts = field(default_factory=AcceptCounts)  # for the adaptive controller
     submit_time: float = field(default_factory=time.monotonic)

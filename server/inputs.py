@@ -22,7 +22,7 @@ from sglang_d3d.server.body import release
 from sglang_d3d.server.errors import bad_request
 from sglang_d3d.server.protocol import ChatMessage, CompletionRequest, SamplingFields, ToolCall
 
-from sglang_d3d.config import SamplingParams
+from sglang_d3d.config import GrammarSpec, SamplingParams
 
 
 def chat_prompt_ids(tokenizer, messages: Sequence[ChatMessage]) -> list[int]:
@@ -159,7 +159,8 @@ def output_budget(
     return requested
 
 
-def sampling_params(fields: SamplingFields, max_new_tokens: int, tokenizer) -> SamplingParams:
+def sampling_params(fields: SamplingFields, max_new_tokens: int, tokenizer,
+                    grammar: GrammarSpec | None = None) -> SamplingParams:
     top_k = fields.top_k or 0
     return SamplingParams(
         temperature=1.0 if fields.temperature is None else fields.temperature,  # OpenAI's default
@@ -175,6 +176,7 @@ def sampling_params(fields: SamplingFields, max_new_tokens: int, tokenizer) -> S
         presence_penalty=fields.presence_penalty or 0.0,
         logit_bias=logit_bias(fields.logit_bias, len(tokenizer)),
         repetition_penalty=1.0 if fields.repetition_penalty is None else fields.repetition_penalty,
+        grammar=grammar,
     )
 
 

@@ -36,6 +36,26 @@ class StreamOptions(BaseModel):
     include_usage: StrictBool = False
 
 
+class JsonSchemaFormat(BaseModel):
+    name: StrictStr | None = None  # OpenAI requires a name; it changes nothing here
+    description: StrictStr | None = None
+    schema_: dict[str, Any] | StrictBool | None = Field(None, alias="schema")  # None: any object
+    strict: StrictBool | None = None  # the schema is always enforced here
+
+
+class ResponseFormat(BaseModel):
+    """OpenAI's `response_format` (server/structured.py turns it into a grammar)."""
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+    @model_validator(mode="after")
+    def _schema_given(self) -> ResponseFormat:
+        if self.type == "json_schema" and self.json_schema is None:
+            raise ValueError('type "json_schema" needs a `json_schema` object')
+        return self
+
+
 class SamplingFields(BaseModel):
     """Fields shared by /v1/completions and /v1/chat/completions."""
 
@@ -59,6 +79,11 @@ class SamplingFields(BaseModel):
     frequency_penalty: Penalty | None = None
     presence_penalty: Penalty | None = None
     logit_bias: LogitBias | None = None
+    # Structured output (server/structured.py): OpenAI's response_format, or SGLang's own
+    # regular expression or EBNF grammar; one of the three at most.
+    response_format: ResponseFormat | None = None
+    regex: Annotated[StrictStr, Field(min_length=1)] | None = None
+    ebnf: Annotated[StrictStr, Field(min_length=1)] | None = None
     # Known OpenAI fields honoured only at their neutral value (server/unsupported.py).
     user: StrictStr | None = None  # an end-user id for abuse monitoring: accepted, not stored
     store: StrictBool | None = None
@@ -127,7 +152,6 @@ class ChatCompletionRequest(SamplingFields):
     parallel_tool_calls: StrictBool | None = None
     functions: list[Any] | None = None
     function_call: Any = None
-    response_format: Any = None
     audio: Any = None
     modalities: list[Any] | None = None
     prediction: Any = None

@@ -27,6 +27,7 @@ from sglang_d3d.server.metrics import MetricsRecorder
 from sglang_d3d.server.protocol import SamplingFields
 from sglang_d3d.server.responses import Answer, Header, ResponseFormat
 from sglang_d3d.server.streaming import EventStreamResponse, sse_events
+from sglang_d3d.server.structured import check_grammar, grammar_spec
 from sglang_d3d.server.unsupported import check_logit_rules, check_supported
 from starlette.responses import Response
 
@@ -111,10 +112,11 @@ def _prepare(state: ServerState, ep: Endpoint, body: Any) -> Prepared:
         if body.num_sequences > body.n:
             raise bad_request("best_of needs log-probabilities, which this backend lacks", "best_of")
     check_logit_rules(engine, body)
+    grammar = check_grammar(engine, grammar_spec(body))
     ids = ep.prompt_ids(engine.tokenizer, body)
     max_new = output_budget(body.output_limit, len(ids), state.cfg.engine.max_context, ep.prompt_param)
     try:
-        params = sampling_params(body, max_new, engine.tokenizer)
+        params = sampling_params(body, max_new, engine.tokenizer, grammar)
     except ValueError as e:
         raise bad_request(str(e)) from e
     names = state.token_texts(engine.tokenizer) if body.num_logprobs is not None else None

@@ -28,11 +28,6 @@ SHARED: tuple[Check, ...] = (
     ("service_tier", lambda v: v in (None, "auto", "default"), "there is one service tier"),
 )
 CHAT: tuple[Check, ...] = (
-    (
-        "response_format",
-        lambda v: v is None or v == {"type": "text"},
-        'structured output (json_object, json_schema) is not supported; only {"type": "text"}',
-    ),
     ("audio", _absent, "audio output is not supported"),
     ("modalities", lambda v: v in (None, ["text"]), "only the text modality is supported"),
     ("prediction", _absent, "predicted outputs are not supported"),

@@ -45,14 +45,18 @@ def tiny_hf_model(
     return model.eval()
 
 
-def tiny_tokenizer(vocab: int = TINY_VOCAB):
-    """A word-level tokenizer over the tiny vocabulary, with a chat template."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
+def tiny_tokenizer(vocab: int = TINY_VOCAB, pieces: bool = False):
+    """A word-level tokenizer over the tiny vocabulary, with a chat template. `pieces`: its
+    tokens are `tiny_pieces` instead, decoded by plain concatenation, so that the tiny models
+    can write JSON (grammar tests)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    words = ["<unk>", "<s>", "</s>"] + [f"w{i}" for i in range(3, vocab)]
+    words = tiny_pieces(vocab) if pieces else ["<unk>", "<s>", "</s>"] + [f"w{i}" for i in range(3, vocab)]
     tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    if pieces:
+        tok.decoder = decoders.Fuse()
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tok, unk_token="<unk>", bos_token="<s>", eos_token="</s>", pad_token="<unk>"
     )

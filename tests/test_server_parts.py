@@ -177,7 +177,7 @@ def test_logit_bias_keys_become_token_ids_checked_against_the_vocabulary():
 @pytest.mark.parametrize("extra, param", [
     ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
     ({"tool_choice": {"type": "function", "function": {"name": "f"}}}, "tool_choice"),
-    ({"response_format": {"type": "json_schema", "json_schema": {}}}, "response_format"),
+    ({"audio": {"voice": "alloy", "format": "wav"}}, "audio"),
     ({"verbosity": "low"}, "verbosity"),
     ({"web_search_options": {}}, "web_search_options"),
     ({"function_call": "auto"}, "function_call"),
@@ -284,3 +284,25 @@ def test_byte_level_alphabet_is_gpt2s():
 
     assert byte_level_alphabet() == bytes_to_unicode()
     assert set(byte_level_alphabet().values()) == set(ByteLevel.alphabet())
+
+
+def test_structured_output_needs_a_backend_with_a_grammar_compiler():
+    from sglang_d3d.server.structured import check_grammar, grammar_spec
+
+    from sglang_d3d.config import JSON_OBJECT, GrammarSpec
+    from sglang_d3d.engine.loop import EngineLoop
+    from sglang_d3d.sglang_worker.backend import SGLangEngineLoop
+
+    body = ChatCompletionRequest.model_validate(
+        {"messages": HISTORY[:1], "response_format": {"type": "json_object"}})
+    assert grammar_spec(body) == (JSON_OBJECT, "response_format")
+    assert hasattr(EngineLoop, "compile_grammar")
+    with pytest.raises(APIError, match="not supported by this server's backend") as e:
+        check_grammar(SGLangEngineLoop, grammar_spec(body))
+    assert e.value.param == "response_format"
+    schema = {"type": "object", "properties": {"k": {"type": "integer"}}}
+    body = ChatCompletionRequest.model_validate({"messages": HISTORY[:1], "response_format": {
+        "type": "json_schema", "json_schema": {"name": "n", "schema": schema}}})
+    assert grammar_spec(body) == (GrammarSpec("json_schema", json.dumps(schema)), "response_format")
+    for free in ({}, {"response_format": {"type": "text"}}):
+        assert grammar_spec(ChatCompletionRequest.model_validate({"messages": HISTORY[:1], **free})) is None

@@ -13,7 +13,9 @@ import time
 import torch
 
 from sglang_d3d.api import EventCallback, GenerationRequest, TokenEvent
+from sglang_d3d.config import GrammarSpec
 from sglang_d3d.engine.engine import SpecEngine
+from sglang_d3d.speculative.grammar import GrammarError
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +40,14 @@ class EngineLoop:
 
     def start(self) -> None:
         self._thread.start()
+
+    def compile_grammar(self, spec: GrammarSpec) -> None:
+        """Raise GrammarError if `spec` does not compile, if the model's vocabulary cannot
+        start an answer inside it, or if structured output is off."""
+        if self.engine.grammars is None:
+            raise GrammarError("structured output is off on this server: the xgrammar package "
+                               "is not installed (scripts/requirements-grammar.txt)")
+        self.engine.grammars.constraint(spec).chain([])  # compiled once: the engine's is cached
 
     def submit(self, req: GenerationRequest, on_event: EventCallback) -> None:
         if self._draining:

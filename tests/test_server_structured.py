@@ -1,0 +1,95 @@
+"""Structured output through the server (server/structured.py): `response_format` and SGLang's
+`regex` and `ebnf`, answered inside the grammar and identical in ar and async mode; sources that
+do not compile, and grammars the vocabulary cannot start, are 400s naming the field."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import openai
+import pytest
+from sglang_d3d.server.app import create_app
+from sglang_d3d.server.testing import ServerThread, tiny_server_config
+
+from sglang_d3d.config import Mode
+from sglang_d3d.testing import tiny_tokenizer
+
+pytestmark = pytest.mark.slow
+
+SCHEMA = {"type": "object", "properties": {"a": {"type": "boolean"}}, "required": ["a"],
+          "additionalProperties": False}
+MESSAGES = [{"role": "user", "content": "w30 w40 w31"}]
+
+
+@pytest.fixture(scope="module")
+def json_pair(tiny_pair_dir, tmp_path_factory):
+    """The tiny pair with a tokenizer whose tokens can write JSON (`tiny_pieces`)."""
+    target = tmp_path_factory.mktemp("json_target")
+    shutil.copytree(tiny_pair_dir[0], target, dirs_exist_ok=True)
+    tiny_tokenizer(pieces=True).save_pretrained(target)
+    return str(target), tiny_pair_dir[1]
+
+
+@pytest.fixture(scope="module")
+def clients(json_pair, tiny_pair_dir):
+    servers = {m.value: ServerThread(create_app(tiny_server_config(json_pair, m))).start()
+               for m in (Mode.AR, Mode.ASYNC)}
+    words = ServerThread(create_app(tiny_server_config(tiny_pair_dir, Mode.ASYNC))).start()
+    yield {name: openai.OpenAI(base_url=f"{srv.url}/v1", api_key="x", max_retries=0)
+           for name, srv in {**servers, "words": words}.items()}
+    for srv in (*servers.values(), words):
+        srv.stop()
+
+
+def _chat(client, **kw):
+    return client.chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=48,
+                                          temperature=0, **kw).choices[0]
+
+
+def test_a_json_schema_answer_parses_and_follows_the_schema_in_both_modes(clients):
+    fmt = {"type": "json_schema", "json_schema": {"name": "flag", "schema": SCHEMA}}
+    got = {m: _chat(clients[m], response_format=fmt) for m in ("ar", "async")}
+    assert got["ar"].message.content == got["async"].message.content
+    assert got["async"].finish_reason == "stop"
+    answer = json.loads(got["async"].message.content)
+    assert set(answer) == {"a"} and isinstance(answer["a"], bool)
+
+
+def test_json_object_answers_are_identical_in_both_modes_and_open_with_a_brace(clients):
+    got = {m: _chat(clients[m], response_format={"type": "json_object"}) for m in ("ar", "async")}
+    assert got["ar"].message.content == got["async"].message.content
+    assert got["async"].message.content.startswith("{")
+    if got["async"].finish_reason == "stop":
+        assert isinstance(json.loads(got["async"].message.content), dict)
+
+
+def test_sglangs_regex_and_ebnf_fields_constrain_completions(clients):
+    for extra in ({"regex": "(a|b)(0|1)"}, {"ebnf": 'root ::= ("a" | "b") ("0" | "1")'}):
+        r = clients["async"].completions.create(model="tiny", prompt=[21, 22, 23], max_tokens=16,
+                                                temperature=0, extra_body=extra)
+        assert r.choices[0].text in ("a0", "a1", "b0", "b1") and r.choices[0].finish_reason == "stop"
+
+
+@pytest.mark.parametrize("extra, param, msg", [
+    ({"response_format": {"type": "json_schema", "json_schema": {"schema": {"type": 5}}}},
+     "response_format", "invalid json_schema"),
+    ({"regex": "a("}, "regex", "invalid regex"),
+    ({"ebnf": "root ::= "}, "ebnf", "invalid ebnf"),
+    ({"regex": "a", "ebnf": 'root ::= "a"'}, "ebnf", "at most one of"),
+    ({"response_format": {"type": "json_schema"}}, "response_format", "needs a `json_schema`"),
+    ({"response_format": {"type": "yaml"}}, "response_format", None),
+    ({"response_format": {"type": "json_object"}, "ignore_eos": True}, None, "ignore_eos"),
+])  # fmt: skip
+def test_what_cannot_be_served_is_a_400_naming_the_field(clients, extra, param, msg):
+    with pytest.raises(openai.BadRequestError) as e:
+        clients["async"].chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=8,
+                                                 extra_body=extra)
+    err = e.value.body
+    assert param is None or (err.get("param") or "").startswith(param)
+    assert msg is None or msg in err["message"]
+
+
+def test_a_vocabulary_that_cannot_write_json_is_a_400(clients):
+    with pytest.raises(openai.BadRequestError, match="allows no token of this vocabulary"):
+        _chat(clients["words"], response_format={"type": "json_object"})

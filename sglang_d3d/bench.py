@@ -14,7 +14,14 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from sglang_d3d.cli_args import add_engine_args, add_penalty_args, engine_config, penalty_fields
+from sglang_d3d.cli_args import (
+    add_engine_args,
+    add_grammar_args,
+    add_penalty_args,
+    engine_config,
+    grammar_field,
+    penalty_fields,
+)
 from sglang_d3d.config import Mode, SamplingParams
 from sglang_d3d.engine.calibrate import CalibrationConfig, calibrate
 from sglang_d3d.engine.engine import SpecEngine
@@ -23,6 +30,7 @@ from sglang_d3d.engine.offline import generate
 from sglang_d3d.interleave import rotated
 from sglang_d3d.models.loading import resolve_drafter_path
 from sglang_d3d.prompts import chat_ids, load_questions
+from sglang_d3d.speculative.grammar import tokenizer_grammars
 from sglang_d3d.speculative.stats import kind_summary
 
 
@@ -49,6 +57,7 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-new-tokens", type=int, default=256)
     p.add_argument("--temperature", type=float, default=0.0)
     add_penalty_args(p)
+    add_grammar_args(p)
     p.add_argument("--out", default=None, help="save the results as JSON here")
     p.add_argument("--timeline", default=None, help="save the async per-cycle timeline here")
 
@@ -63,14 +72,15 @@ def run_bench(args: argparse.Namespace) -> int:
     target, drafter, tok = load_models(cfgs[modes[-1]])
     if alt:  # the '-alt' modes' drafter, on the same target
         alt_drafter = load_drafter(args.alt_drafter, target, cfgs[alt[0]])
+    eos = (tok.eos_token_id,)
+    grammars = tokenizer_grammars(tok, target.arch.vocab_size, eos)
     engines = {m: SpecEngine(c, target, None if c.mode is Mode.AR
-                             else alt_drafter if m in alt else drafter)
+                             else alt_drafter if m in alt else drafter, (), grammars)
                for m, c in cfgs.items()}
     prompts = [chat_ids(tok, q) for q in questions]
     params = SamplingParams(
         temperature=args.temperature, max_new_tokens=args.max_new_tokens,
-        stop_token_ids=(tok.eos_token_id,), seed=0,
-        **penalty_fields(args),
+        stop_token_ids=eos, seed=0, **penalty_fields(args), **grammar_field(args),
     )
     _warmup(engines, prompts[0], params)
     calibration = _calibrate(engines)
@@ -272,10 +282,14 @@ def _report(args, runs: dict, greedy: bool) -> dict:
         "dataset": args.dataset, "num_prompts": args.num_prompts, "block_size": args.block_size,
         "branch_policy": args.branch_policy, "branch_budget": args.branch_budget,
         "max_new_tokens": args.max_new_tokens, "temperature": args.temperature,
-        **penalty_fields(args),
+        **penalty_fields(args), "grammar": _grammar_record(grammar_field(args)["grammar"]),
         "drafter": args.drafter or "default", "alt_drafter": args.alt_drafter,
         "greedy_identical": identical, "modes": modes,
     }
+
+
+def _grammar_record(spec) -> dict | None:
+    return None if spec is None else {"kind": spec.kind, "source": spec.source}
 
 
 def _print(report: dict) -> None:

@@ -8,8 +8,16 @@ import json
 import sys
 import time
 
-from sglang_d3d.cli_args import add_engine_args, add_penalty_args, engine_config, penalty_fields
+from sglang_d3d.cli_args import (
+    add_engine_args,
+    add_grammar_args,
+    add_penalty_args,
+    engine_config,
+    grammar_field,
+    penalty_fields,
+)
 from sglang_d3d.config import SamplingParams
+from sglang_d3d.speculative.grammar import GrammarError
 
 # Subcommands implemented elsewhere: name -> (module, add-args function, run function).
 DELEGATED = {
@@ -54,6 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--top-k", type=int, default=0)
     g.add_argument("--seed", type=int, default=None)
     add_penalty_args(g)
+    add_grammar_args(g)
     g.add_argument("--raw", action="store_true", help="no chat template")
     g.add_argument("--json", action="store_true", help="one JSON object with text, ids, stats")
     g.set_defaults(func=run_generate)
@@ -88,10 +97,14 @@ def run_generate(args: argparse.Namespace) -> int:
     params = SamplingParams(
         temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.seed,
         max_new_tokens=args.max_new_tokens, stop_token_ids=(tok.eos_token_id,),
-        **penalty_fields(args),
+        **penalty_fields(args), **grammar_field(args),
     )
     t0 = time.perf_counter()
-    out = generate(engine, [ids], params)[0]
+    try:
+        out = generate(engine, [ids], params)[0]
+    except GrammarError as e:  # a source that does not compile: the user's input
+        print(f"d3d generate: {e}", file=sys.stderr)
+        return 2
     dt = time.perf_counter() - t0
     text = tok.decode(out.token_ids, skip_special_tokens=True)
     if args.json:

@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
+from pathlib import Path
 
 from sglang_d3d.config import (
     DRAFT_WEIGHTS,
+    JSON_OBJECT,
     BranchPolicy,
     EngineConfig,
+    GrammarSpec,
     Mode,
     SamplingParams,
     SpecConfig,
@@ -110,6 +114,48 @@ def add_penalty_args(p: argparse.ArgumentParser) -> None:
                    help="vLLM's: shrink the logit of every token in the prompt or output by this")
     p.add_argument("--min-p", type=_checked("min_p"), default=0.0,
                    help="sample only tokens at least this share of the likeliest one's probability")
+
+
+def add_grammar_args(p: argparse.ArgumentParser) -> None:
+    """Structured output (speculative/grammar.py), one kind at most."""
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--response-format", choices=("text", "json"), default="text",
+                   help="json: the answer is one JSON object (OpenAI's json_object)")
+    g.add_argument("--json-schema", type=_schema, default=None, metavar="SCHEMA",
+                   help="the answer follows this JSON schema (JSON text, or @FILE)")
+    g.add_argument("--regex", type=_grammar("regex"), default=None,
+                   help="the answer matches this regular expression")
+    g.add_argument("--ebnf", type=_grammar("ebnf"), default=None,
+                   help="the answer follows this EBNF grammar (GBNF-style, a `root` rule)")
+
+
+def _schema(text: str) -> GrammarSpec:
+    """--json-schema: JSON text or @FILE, refused as a usage error unless it is JSON."""
+    if text.startswith("@"):
+        try:
+            text = Path(text[1:]).read_text()
+        except OSError as e:
+            raise argparse.ArgumentTypeError(f"cannot read {text[1:]}: {e.strerror}") from e
+    try:
+        json.loads(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"not JSON: {e}") from e
+    return GrammarSpec("json_schema", text)
+
+
+def _grammar(kind: str):
+    def parse(text: str) -> GrammarSpec:
+        try:
+            return GrammarSpec(kind, text)
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(str(e)) from e
+    return parse
+
+
+def grammar_field(args: argparse.Namespace) -> dict:
+    """The SamplingParams grammar `add_grammar_args` sets (None: free text)."""
+    asked = args.json_schema or args.regex or args.ebnf
+    return {"grammar": JSON_OBJECT if args.response_format == "json" else asked}
 
 
 def _checked(field: str):

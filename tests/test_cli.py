@@ -228,3 +228,45 @@ def test_bench_refuses_a_missing_alt_drafter_before_the_models_load(tiny_pair_di
     with pytest.raises(FileNotFoundError, match="no D3D drafter checkpoint"):
         main(["bench", "--modes", "ar,sync-alt", "--alt-drafter", str(tmp_path / "nowhere"),
               *_engine_flags(tiny_pair_dir)])
+
+
+def test_generate_under_a_grammar_is_the_same_in_every_mode(tiny_pair_dir, capsys):
+    ids = []
+    for mode in ("ar", "sync", "async"):
+        rc = main(["generate", "--prompt", "w9 w10", "--mode", mode, "--max-new-tokens", "16",
+                   "--json", "--regex", "(w5|w6)w7", *_engine_flags(tiny_pair_dir)])
+        out = json.loads(capsys.readouterr().out)
+        assert rc == 0 and out["finish_reason"] == "stop"
+        ids.append(out["token_ids"])
+    assert ids[0] == ids[1] == ids[2] and ids[0][:2] in ([5, 7], [6, 7]) and ids[0][2:] == [2]
+
+
+def test_bench_records_its_grammar(tiny_pair_dir, tmp_path):
+    data = tmp_path / "prompts.jsonl"
+    data.write_text("\n".join(json.dumps({"prompt": f"w{i} w{i + 1}"}) for i in range(5, 7)) + "\n")
+    out = tmp_path / "bench.json"
+    rc = main(["bench", "--dataset", str(data), "--num-prompts", "2", "--max-new-tokens", "8",
+               "--modes", "ar,sync", "--ebnf", 'root ::= ("w5" | "w6")+', "--out", str(out),
+               *_engine_flags(tiny_pair_dir)])
+    report = json.loads(out.read_text())
+    assert rc == 0 and report["greedy_identical"] is True
+    assert report["grammar"] == {"kind": "ebnf", "source": 'root ::= ("w5" | "w6")+'}
+
+
+@pytest.mark.parametrize("flags, says", [
+    (["--json-schema", "{not json"], "not JSON"),
+    (["--json-schema", "@/no/such/schema.json"], "cannot read"),
+    (["--regex", " "], "non-empty source"),
+    (["--regex", "a", "--ebnf", 'root ::= "a"'], "not allowed with"),
+    (["--response-format", "json", "--regex", "a"], "not allowed with"),
+])  # fmt: skip
+def test_grammar_flags_are_checked_before_the_models_load(tiny_pair_dir, capsys, flags, says):
+    for command in (["generate", "--prompt", "w5"], ["bench"]):
+        with pytest.raises(SystemExit) as e:
+            main([*command, *flags, *_engine_flags(tiny_pair_dir)])
+        assert e.value.code == 2 and says in capsys.readouterr().err
+
+
+def test_a_grammar_that_does_not_compile_is_an_error_not_a_traceback(tiny_pair_dir, capsys):
+    rc = main(["generate", "--prompt", "w5", "--regex", "a(", *_engine_flags(tiny_pair_dir)])
+    assert rc == 2 and "invalid regex" in capsys.readouterr().err

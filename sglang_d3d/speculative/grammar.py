@@ -143,8 +143,9 @@ class Constraint:
         return _checked(out)
 
     def _walk(self, path: list[int]) -> int:
+        """Accept `path` up to a token the grammar refuses or its end: how many were taken."""
         for i, t in enumerate(path):
-            if not self._m.accept_token(t):
+            if self._m.is_terminated() or not self._m.accept_token(t):
                 return i
         return len(path)
 

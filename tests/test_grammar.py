@@ -238,3 +238,32 @@ def test_a_tree_past_the_end_is_walked_without_touching_the_finished_matcher(gra
     assert got[1].nonzero().flatten().tolist() == [EOS] and got[2:].all()
     assert "terminated" not in capfd.readouterr().err  # xgrammar warns on a token past the end
     c.advance([ID["b"], EOS])
+
+
+# ---- steering the drafter ---------------------------------------------------------------------
+def test_steered_slots_are_masked_along_their_own_likeliest_allowed_path(grammars):
+    c = grammars.constraint(JSON_OBJECT)
+    logits = torch.randn(5, V, generator=torch.Generator().manual_seed(0))
+    got = c.steer(logits)
+    path = got.argmax(-1).tolist()
+    for j in range(5):  # row j: the grammar's mask after the path before it
+        row = _fresh_row(grammars, JSON_OBJECT, path[:j]).unsqueeze(0)
+        assert torch.equal(got[j], constrain(logits[j : j + 1], row)[0])
+    c.advance([ID["{"]])  # the matcher was rolled back: `{` still opens the answer
+
+
+def test_steering_starts_after_tokens_not_yet_emitted(grammars):
+    c = grammars.constraint(PAIR)
+    got = c.steer(torch.zeros(2, V), after=[ID["a"]]) > float("-inf")
+    assert got[0].nonzero().flatten().tolist() == [ID["b"], ID["0"]]
+    assert got[1].nonzero().flatten().tolist() == [EOS]
+    c.advance([ID["a"], ID["0"]])
+
+
+def test_steering_never_raises_and_leaves_what_the_grammar_cannot_judge(grammars):
+    c = grammars.constraint(PAIR)
+    logits = torch.randn(3, V)
+    assert torch.equal(c.steer(logits, after=[ID["{"]]), logits)  # `{` is refused: no say
+    finished = c.steer(logits, after=[ID["a"], ID["b"], EOS])  # past the end
+    assert torch.equal(finished, logits)
+    c.advance([ID["b"], ID["1"], EOS])

@@ -295,7 +295,8 @@ class SpecEngine:
         token = sample(target_probs(ruled, seq.params), seq.generator)
         seq.stats.prefill_time = time.perf_counter() - seq.prefill_start
         if self.drafting is not None:
-            self.drafting.start(seq.slot, seq.tokens + [token], seq.params, seq.generator)
+            self.drafting.start(seq.slot, seq.tokens + [token], seq.params, seq.generator,
+                                seq.constraint)
         return self._emit(seq, [token], logits.unsqueeze(0))
 
     # ---- one speculative cycle --------------------------------------------------------------

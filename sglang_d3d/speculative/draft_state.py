@@ -14,6 +14,7 @@ import torch
 
 from sglang_d3d.config import SamplingParams
 from sglang_d3d.speculative.branches import Branch
+from sglang_d3d.speculative.grammar import Constraint
 from sglang_d3d.speculative.sampling import RequestRandom
 
 
@@ -32,6 +33,9 @@ class DraftState:
     branches: list[Branch] = field(default_factory=list)  # pre-drafted for the verify in flight
     branch_logits: torch.Tensor | None = None  # [num_branches, B, V]
     faults: int = 0  # drafter faults charged to this request (MAX_DRAFTER_FAULTS: no more drafts)
+    # The request's grammar (the host's, advanced by the host after each cycle): drafts are
+    # steered inside it (grammar.py, Constraint.steer). None: free text.
+    constraint: Constraint | None = None
 
     @property
     def last_token(self) -> int:

@@ -25,6 +25,7 @@ from sglang_d3d.models.packing import branch_pack, extend_pack
 from sglang_d3d.speculative.branches import match_branch, select_branches
 from sglang_d3d.speculative.draft_length import batch_length, confident_length, row_confidences
 from sglang_d3d.speculative.draft_state import DraftState
+from sglang_d3d.speculative.grammar import Constraint
 from sglang_d3d.speculative.lookup import CopySource, lookup_continuation
 from sglang_d3d.speculative.sampling import RequestRandom, draw_drafts, usable
 from sglang_d3d.speculative.tree import DraftTree, build_tree, graft, pad, sure_chain
@@ -81,10 +82,12 @@ class Drafting:
 
     # ---- requests ---------------------------------------------------------------------------
     def start(self, slot: int, tokens: list[int], params: SamplingParams,
-              generator: RequestRandom | None) -> DraftState:
-        """A request enters `slot` with `tokens` so far; the first draft reads them all."""
+              generator: RequestRandom | None, constraint: Constraint | None = None) -> DraftState:
+        """A request enters `slot` with `tokens` so far; the first draft reads them all.
+        `constraint`: its grammar, which the host advances with every token it emits."""
         self.runner.reset(slot)  # the slot may hold a finished request's tokens
-        self.states[slot] = DraftState(slot, params, generator, list(tokens), list(tokens))
+        self.states[slot] = DraftState(slot, params, generator, list(tokens), list(tokens),
+                                       constraint=constraint)
         return self.states[slot]
 
     def restart(self, s: DraftState, tokens: list[int]) -> None:
@@ -320,7 +323,7 @@ class Drafting:
         if hit_index is not None:
             self.runner.commit_branch(s.slot, len(s.draft), hit_index, accepted,
                                       self.pack_block(block))
-            _set_draft(s, s.branch_logits[hit_index])
+            _set_draft(s, s.branch_logits[hit_index], after=[*done, token])
         elif had_branches:
             self.runner.commit(s.slot, accepted)  # d1..dn were written by the branch pass
             s.pending.append(token)
@@ -394,8 +397,11 @@ def _checked(logits: torch.Tensor) -> torch.Tensor:
     return logits
 
 
-def _set_draft(s: DraftState, slot_logits: torch.Tensor) -> None:
-    """slot_logits [B, V] -> drafts (the last slot only guesses the bonus) and q [B, V]."""
+def _set_draft(s: DraftState, slot_logits: torch.Tensor, after: Sequence[int] = ()) -> None:
+    """slot_logits [B, V] -> drafts (the last slot only guesses the bonus) and q [B, V].
+    `after`: tokens the host has not emitted yet (a hit branch's run), before the slots."""
+    if s.constraint is not None:
+        slot_logits = s.constraint.steer(slot_logits, after)
     tokens, s.draft_q = draw_drafts(slot_logits, s.params, s.generator)
     s.draft = tokens[:-1]
 

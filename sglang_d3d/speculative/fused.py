@@ -81,8 +81,10 @@ class FusedDrafting:
         return spec.branch_budget * (max(spec.block_size, smallest_block) - 1)
 
     def start(self, slot: int, tokens: list[int], params: SamplingParams,
-              generator: RequestRandom | None) -> FusedState:
-        """A request starts decoding in `slot` (its tokens are in the target's cache)."""
+              generator: RequestRandom | None, constraint: object = None) -> FusedState:
+        """A request starts decoding in `slot` (its tokens are in the target's cache). Its
+        grammar (`constraint`) does not steer fused drafts: they are verified under it all
+        the same."""
         self.states[slot] = FusedState(slot, params, generator)
         return self.states[slot]
 

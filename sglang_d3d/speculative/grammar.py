@@ -8,7 +8,9 @@ output plus d_1..d_j. The matcher walks the drafts, fills one mask row a step, a
 back. A draft the grammar refuses ends the walk: its own logit is masked out in the row before,
 so it is rejected (greedy: it is not the argmax; sampled: it has probability zero), and no
 later row can be reached. A token tree's rows are filled the same way along each node's path.
-Drafts and copies are proposals and stay unmasked: verification is exact for any proposal.
+Drafts and copies are proposals, and verification is exact for any proposal; the drafter's
+slots are still masked along its likeliest allowed path (`steer`), so that it proposes nothing
+the grammar refuses.
 
 Only the request's accepted tokens enter its matcher (`advance`), so a rejected draft leaves no
 trace. Cost: filling a row and accepting a token take about 13 us together for the default
@@ -121,6 +123,29 @@ class Constraint:
         for token, parent in zip(tree.tokens, tree.parents, strict=True):
             paths.append(paths[parent] + [token])
         return self._rows(paths)
+
+    def steer(self, logits: torch.Tensor, after: Sequence[int] = ()) -> torch.Tensor:
+        """[B, V] drafter logits for the B slots after the output plus `after` (tokens not
+        yet advanced), each masked with the grammar's state along the path of the likeliest
+        allowed tokens before it, so that no draft the grammar refuses is proposed. Exactness
+        does not rest on it (any proposal is exact), so it never raises: where the grammar has
+        nothing to say, the logits stay as they are."""
+        out = logits.clone()
+        taken = self._walk(list(after))
+        row = _xgrammar().allocate_token_bitmask(1, self.vocab_size)
+        for j in range(out.shape[0] if taken == len(after) else 0):
+            if self._m.is_terminated():
+                break
+            self._m.fill_next_token_bitmask(row, 0)
+            if not row.any():
+                break
+            out[j] = constrain(out[j : j + 1], row)[0]
+            if not self._m.accept_token(int(out[j].argmax())):
+                break
+            taken += 1
+        if taken:
+            self._m.rollback(taken)
+        return out
 
     def advance(self, tokens: Sequence[int]) -> None:
         """The request accepted `tokens` (masked, so the grammar allows them)."""

@@ -267,3 +267,12 @@ def test_steering_never_raises_and_leaves_what_the_grammar_cannot_judge(grammars
     finished = c.steer(logits, after=[ID["a"], ID["b"], EOS])  # past the end
     assert torch.equal(finished, logits)
     c.advance([ID["b"], ID["1"], EOS])
+
+
+def test_constrain_is_the_same_through_xgrammars_kernel_and_the_unpacked_mask():
+    logits = torch.randn(3, V)
+    mask = torch.randint(-2**31, 2**31 - 1, (3, 3), dtype=torch.int32)
+    kernel = constrain(logits, mask)  # float32: xgrammar's kernel
+    unpacked = constrain(logits.double(), mask)  # float64: the bits unpacked here
+    assert torch.equal(torch.isinf(kernel), torch.isinf(unpacked))
+    assert torch.equal(kernel, unpacked.float())

@@ -30,6 +30,7 @@ from sglang_d3d.config import GrammarSpec
 from sglang_d3d.speculative.tree import DraftTree
 
 log = logging.getLogger(__name__)
+_KERNEL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)  # xgrammar's mask kernel takes
 _WHERE = re.compile(r"^\[[\d:]+\] \S+:\d+: ")  # xgrammar's "[time] file.cc:line: " prefix
 
 
@@ -139,7 +140,7 @@ class Constraint:
             self._m.fill_next_token_bitmask(row, 0)
             if not row.any():
                 break
-            out[j] = constrain(out[j : j + 1], row)[0]
+            out[j : j + 1] = constrain(out[j : j + 1], row)
             if not self._m.accept_token(int(out[j].argmax())):
                 break
             taken += 1
@@ -195,4 +196,8 @@ def constrain(logits: torch.Tensor, bitmask: torch.Tensor | None) -> torch.Tenso
     """[R, V] logits with every token the mask refuses at -inf (a new tensor; any dtype)."""
     if bitmask is None:
         return logits
+    if logits.dtype in _KERNEL_DTYPES:  # xgrammar's kernel: 2-3x faster than unpacking here
+        out = logits.clone()
+        _xgrammar().apply_token_bitmask_inplace(out, bitmask.to(out.device))
+        return out
     return logits.masked_fill(~allowed(bitmask, logits.shape[-1]).to(logits.device), float("-inf"))

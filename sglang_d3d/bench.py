@@ -14,14 +14,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from sglang_d3d.cli_args import (
-    add_engine_args,
-    add_grammar_args,
-    add_penalty_args,
-    engine_config,
-    grammar_field,
-    penalty_fields,
-)
+from sglang_d3d.cli_args import add_engine_args, add_request_args, engine_config, request_fields
 from sglang_d3d.config import Mode, SamplingParams
 from sglang_d3d.engine.calibrate import CalibrationConfig, calibrate
 from sglang_d3d.engine.engine import SpecEngine
@@ -56,8 +49,7 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
                    "(their weights and corpora) run side by side on one target in one run")
     p.add_argument("--max-new-tokens", type=int, default=256)
     p.add_argument("--temperature", type=float, default=0.0)
-    add_penalty_args(p)
-    add_grammar_args(p)
+    add_request_args(p)
     p.add_argument("--out", default=None, help="save the results as JSON here")
     p.add_argument("--timeline", default=None, help="save the async per-cycle timeline here")
 
@@ -80,7 +72,7 @@ def run_bench(args: argparse.Namespace) -> int:
     prompts = [chat_ids(tok, q) for q in questions]
     params = SamplingParams(
         temperature=args.temperature, max_new_tokens=args.max_new_tokens,
-        stop_token_ids=eos, seed=0, **penalty_fields(args), **grammar_field(args),
+        stop_token_ids=eos, seed=0, **request_fields(args),
     )
     _warmup(engines, prompts[0], params)
     calibration = _calibrate(engines)
@@ -282,14 +274,16 @@ def _report(args, runs: dict, greedy: bool) -> dict:
         "dataset": args.dataset, "num_prompts": args.num_prompts, "block_size": args.block_size,
         "branch_policy": args.branch_policy, "branch_budget": args.branch_budget,
         "max_new_tokens": args.max_new_tokens, "temperature": args.temperature,
-        **penalty_fields(args), "grammar": _grammar_record(grammar_field(args)["grammar"]),
+        **_recorded(request_fields(args)),
         "drafter": args.drafter or "default", "alt_drafter": args.alt_drafter,
         "greedy_identical": identical, "modes": modes,
     }
 
 
-def _grammar_record(spec) -> dict | None:
-    return None if spec is None else {"kind": spec.kind, "source": spec.source}
+def _recorded(fields: dict) -> dict:
+    """The request's rules as JSON: the grammar as its kind and source."""
+    spec = fields["grammar"]
+    return fields | {"grammar": None if spec is None else {"kind": spec.kind, "source": spec.source}}
 
 
 def _print(report: dict) -> None:

@@ -8,14 +8,7 @@ import json
 import sys
 import time
 
-from sglang_d3d.cli_args import (
-    add_engine_args,
-    add_grammar_args,
-    add_penalty_args,
-    engine_config,
-    grammar_field,
-    penalty_fields,
-)
+from sglang_d3d.cli_args import add_engine_args, add_request_args, engine_config, request_fields
 from sglang_d3d.config import SamplingParams
 from sglang_d3d.speculative.grammar import GrammarError
 
@@ -61,8 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--top-p", type=float, default=1.0)
     g.add_argument("--top-k", type=int, default=0)
     g.add_argument("--seed", type=int, default=None)
-    add_penalty_args(g)
-    add_grammar_args(g)
+    add_request_args(g)
     g.add_argument("--raw", action="store_true", help="no chat template")
     g.add_argument("--json", action="store_true", help="one JSON object with text, ids, stats")
     g.set_defaults(func=run_generate)
@@ -97,7 +89,7 @@ def run_generate(args: argparse.Namespace) -> int:
     params = SamplingParams(
         temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.seed,
         max_new_tokens=args.max_new_tokens, stop_token_ids=(tok.eos_token_id,),
-        **penalty_fields(args), **grammar_field(args),
+        **request_fields(args),
     )
     t0 = time.perf_counter()
     try:

@@ -104,6 +104,17 @@ def add_engine_args(
     g.add_argument("--threads", type=int, default=None, help="CPU threads in all (default: all cores)")
 
 
+def add_request_args(p: argparse.ArgumentParser) -> None:
+    """The rules a request from the command line decodes under: penalties, min-p, a grammar."""
+    add_penalty_args(p)
+    add_grammar_args(p)
+
+
+def request_fields(args: argparse.Namespace) -> dict:
+    """The SamplingParams fields `add_request_args` sets."""
+    return penalty_fields(args) | grammar_field(args)
+
+
 def add_penalty_args(p: argparse.ArgumentParser) -> None:
     """OpenAI's and vLLM's penalties and min-p, for requests made from the command line."""
     p.add_argument("--frequency-penalty", type=_checked("frequency_penalty"), default=0.0,

@@ -20,12 +20,21 @@ from collections.abc import Sequence
 
 from sglang_d3d.server.body import release
 from sglang_d3d.server.errors import bad_request
-from sglang_d3d.server.protocol import ChatMessage, CompletionRequest, SamplingFields, ToolCall
+from sglang_d3d.server.protocol import (
+    ChatMessage,
+    CompletionRequest,
+    SamplingFields,
+    Tool,
+    ToolCall,
+)
+from sglang_d3d.server.tools import tools_turn
 
 from sglang_d3d.config import GrammarSpec, SamplingParams
 
 
-def chat_prompt_ids(tokenizer, messages: Sequence[ChatMessage]) -> list[int]:
+def chat_prompt_ids(tokenizer, messages: Sequence[ChatMessage],
+                    tools: Sequence[Tool] | None = None) -> list[int]:
+    """`tools`: the ones the answer must call (server/tools.py), shown to the model."""
     template = getattr(tokenizer, "chat_template", None)
     if not template:
         raise bad_request("this model has no chat template; use /v1/completions", "messages")
@@ -34,14 +43,28 @@ def chat_prompt_ids(tokenizer, messages: Sequence[ChatMessage]) -> list[int]:
         for call in m.tool_calls or []:
             check_text(call.function.name + call.function.arguments, f"messages.{i}.tool_calls")
     turns = render_turns(messages, structured_tools="tool_calls" in template)
+    shown = {}
+    if tools and "tools" in template:  # the template renders them its own way
+        shown = {"tools": [t.model_dump(exclude_none=True) for t in tools]}
+    elif tools:
+        turns = with_system(turns, tools_turn(list(tools)))
     try:
-        text = tokenizer.apply_chat_template(turns, add_generation_prompt=True, tokenize=False)
+        text = tokenizer.apply_chat_template(turns, add_generation_prompt=True, tokenize=False,
+                                             **shown)
     except Exception as e:  # noqa: BLE001 - templates raise on e.g. non-alternating roles
         raise bad_request(f"messages do not fit the chat template: {e}", "messages") from e
     finally:
         release(turns)
     # The template already holds the special tokens it wants (BOS, role markers).
     return encode(tokenizer, text, "messages", add_special_tokens=False)
+
+
+def with_system(turns: list[dict], system: dict) -> list[dict]:
+    """`system` first, joined to the request's own system turn where it has one."""
+    if turns and turns[0]["role"] == "system":
+        joined = f"{turns[0]['content']}\n\n{system['content']}" if turns[0]["content"] else system["content"]
+        return [{**turns[0], "content": joined}, *turns[1:]]
+    return [system, *turns]
 
 
 def render_turns(messages: Sequence[ChatMessage], structured_tools: bool) -> list[dict]:

@@ -29,7 +29,7 @@ Penalty = Annotated[Finite, Field(ge=-2, le=2)]  # OpenAI's range
 # OpenAI's shape: token ids as JSON object keys (strings), each with a bias in [-100, 100]
 LogitBias = dict[Annotated[str, Field(pattern=r"^[0-9]{1,9}$")], Annotated[Finite, Field(ge=-100, le=100)]]
 
-FinishReason = Literal["stop", "length", "abort"]
+FinishReason = Literal["stop", "length", "abort", "tool_calls"]
 
 
 class StreamOptions(BaseModel):
@@ -141,14 +141,39 @@ class ChatMessage(BaseModel):
         return "".join(part.text for part in self.content)
 
 
+class FunctionDef(BaseModel):
+    name: Annotated[str, Field(strict=True, pattern=r"^[A-Za-z0-9_-]{1,64}$")]
+    description: StrictStr | None = None
+    parameters: dict[str, Any] | None = None  # a JSON schema; None: no arguments
+    strict: StrictBool | None = None  # the arguments always follow the schema here
+
+
+class Tool(BaseModel):
+    type: Literal["function"]
+    function: FunctionDef
+
+
+class NamedFunction(BaseModel):
+    name: StrictStr
+
+
+class NamedToolChoice(BaseModel):
+    type: Literal["function"]
+    function: NamedFunction
+
+
+ToolChoice = Literal["none", "auto", "required"] | NamedToolChoice
+
+
 class ChatCompletionRequest(SamplingFields):
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
     max_completion_tokens: Annotated[StrictInt, Field(ge=1)] | None = None  # newer alias
     logprobs: StrictBool | None = None
     top_logprobs: TopLogprobs | None = None
     # Known OpenAI fields honoured only at their neutral value (server/unsupported.py).
-    tools: list[Any] | None = None
-    tool_choice: Any = None
+    # Tool calls (server/tools.py): made where tool_choice is "required" or names a tool.
+    tools: list[Tool] | None = None
+    tool_choice: ToolChoice | None = None
     parallel_tool_calls: StrictBool | None = None
     functions: list[Any] | None = None
     function_call: Any = None
@@ -231,9 +256,20 @@ class D3DStats(BaseModel):
     prefill_time: float
 
 
-class AssistantMessage(BaseModel):
+class AssistantMessage(_OmitNone):
+    _omit: ClassVar[tuple[str, ...]] = ("tool_calls",)
     role: Literal["assistant"] = "assistant"
-    content: str
+    content: str | None  # None with tool calls (OpenAI's shape)
+    tool_calls: list[ToolCall] | None = None
+
+
+class ToolCallDelta(BaseModel):
+    """A streamed tool call: sent whole, in one chunk (a client appends `arguments`)."""
+
+    index: int
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
 
 
 class ChatChoice(BaseModel):
@@ -258,9 +294,10 @@ class ChatCompletionResponse(BaseModel):
 
 
 class DeltaMessage(_OmitNone):
-    _omit: ClassVar[tuple[str, ...]] = ("role", "content")
+    _omit: ClassVar[tuple[str, ...]] = ("role", "content", "tool_calls")
     role: Literal["assistant"] | None = None
     content: str | None = None
+    tool_calls: list[ToolCallDelta] | None = None
 
 
 class ChatChunkChoice(BaseModel):

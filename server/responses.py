@@ -9,7 +9,7 @@ index; stream chunks carry one choice each.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from pydantic import BaseModel
 from sglang_d3d.server.logprobs_out import (
@@ -31,8 +31,11 @@ from sglang_d3d.server.protocol import (
     CompletionResponse,
     D3DStats,
     DeltaMessage,
+    ToolCall,
+    ToolCallDelta,
     Usage,
 )
+from sglang_d3d.server.tools import parse_call
 
 
 @dataclass(frozen=True)
@@ -55,6 +58,14 @@ class Answer:
     text: str
     finish: str | None
     scored: list[ScoredToken] | None = None
+    tool_calls: list[ToolCall] | None = None  # a forced call that parsed (then `text` is its JSON)
+
+
+def as_call(a: Answer) -> Answer:
+    """A forced tool call's answer (server/tools.py): its calls and finish reason "tool_calls"
+    where the model finished it; as text where `max_tokens` cut it short."""
+    calls = parse_call(a.text) if a.finish == "stop" else None
+    return a if calls is None else replace(a, tool_calls=calls, finish="tool_calls")
 
 
 class ChatFormat:
@@ -67,7 +78,8 @@ class ChatFormat:
         choices = [
             ChatChoice(
                 index=a.index,
-                message=AssistantMessage(content=a.text),
+                message=AssistantMessage(content=None if a.tool_calls else a.text,
+                                         tool_calls=a.tool_calls),
                 finish_reason=a.finish,
                 logprobs=self.logprobs(a.scored, names),
             )
@@ -92,6 +104,13 @@ class ChatFormat:
     def last(self, h: Header, index: int, finish: str, d3d: D3DStats | None) -> BaseModel:
         choice = ChatChunkChoice(index=index, delta=DeltaMessage(), finish_reason=finish)
         return ChatCompletionChunk(**h.fields(), choices=[choice], d3d=d3d)
+
+    def calls(self, h: Header, a: Answer) -> BaseModel:
+        """A forced tool call, whole in one chunk (OpenAI's clients append the pieces)."""
+        deltas = [ToolCallDelta(index=i, id=c.id, function=c.function)
+                  for i, c in enumerate(a.tool_calls or [])]
+        choice = ChatChunkChoice(index=a.index, delta=DeltaMessage(tool_calls=deltas))
+        return ChatCompletionChunk(**h.fields(), choices=[choice])
 
     def usage(self, h: Header, usage: Usage) -> BaseModel:
         return ChatCompletionChunk(**h.fields(), choices=[], usage=usage)

@@ -27,6 +27,7 @@ from sglang_d3d.server.protocol import (
 )
 from sglang_d3d.server.responses import ChatFormat, CompletionFormat
 from sglang_d3d.server.serving import Endpoint, ServerState, serve
+from sglang_d3d.server.tools import forced_tools
 
 REF = "#/components/schemas/{model}"
 
@@ -68,7 +69,8 @@ GENERATION_RESPONSES = {
     503: _ERROR,
 }
 CHAT = Endpoint(
-    ChatCompletionRequest, ChatFormat(), lambda tok, b: chat_prompt_ids(tok, b.messages), "messages"
+    ChatCompletionRequest, ChatFormat(),
+    lambda tok, b: chat_prompt_ids(tok, b.messages, forced_tools(b)), "messages",
 )
 COMPLETION = Endpoint(CompletionRequest, CompletionFormat(), completion_prompt_ids, "prompt")
 

@@ -25,7 +25,7 @@ from sglang_d3d.server.inputs import output_budget, sampling_params
 from sglang_d3d.server.logprobs_out import TokenTexts
 from sglang_d3d.server.metrics import MetricsRecorder
 from sglang_d3d.server.protocol import SamplingFields
-from sglang_d3d.server.responses import Answer, Header, ResponseFormat
+from sglang_d3d.server.responses import Answer, Header, ResponseFormat, as_call
 from sglang_d3d.server.streaming import EventStreamResponse, sse_events
 from sglang_d3d.server.structured import check_grammar, grammar_spec
 from sglang_d3d.server.unsupported import check_logit_rules, check_supported
@@ -78,6 +78,7 @@ class Prepared:
     num_logprobs: int | None
     stream: bool
     include_usage: bool
+    calls: bool = False  # the answer is a forced tool call (server/tools.py)
 
 
 def check_model(cfg: ServerConfig, model: str | None) -> None:
@@ -112,7 +113,8 @@ def _prepare(state: ServerState, ep: Endpoint, body: Any) -> Prepared:
         if body.num_sequences > body.n:
             raise bad_request("best_of needs log-probabilities, which this backend lacks", "best_of")
     check_logit_rules(engine, body)
-    grammar = check_grammar(engine, grammar_spec(body))
+    asked = grammar_spec(body)
+    grammar = check_grammar(engine, asked)
     ids = ep.prompt_ids(engine.tokenizer, body)
     max_new = output_budget(body.output_limit, len(ids), state.cfg.engine.max_context, ep.prompt_param)
     try:
@@ -125,6 +127,7 @@ def _prepare(state: ServerState, ep: Endpoint, body: Any) -> Prepared:
     return Prepared(
         engine, ids, choice_params(params, body.num_sequences), names, body.n,
         body.stop_strings(), body.num_logprobs, body.stream, body.include_usage,
+        asked is not None and asked[1] == "tool_choice",
     )  # fmt: skip
 
 
@@ -151,7 +154,8 @@ async def serve(state: ServerState, request: Request, ep: Endpoint) -> Any:
     start_all(gens, state.cfg.retry_after)
     h = Header(ep.fmt.id_prefix + gens[0].request_id, state.cfg.model_name)
     if p.stream:
-        events = sse_events(gens, ep.fmt, h, p.include_usage, p.names, state.recorder.on_error)
+        events = sse_events(gens, ep.fmt, h, p.include_usage, p.names, state.recorder.on_error,
+                            p.calls)
         return EventStreamResponse(events, lambda: [g.close() for g in gens])
     pieces = await until_disconnected(request, collect_all(gens))
     if pieces is None:
@@ -162,6 +166,8 @@ async def serve(state: ServerState, request: Request, ep: Endpoint) -> Any:
         for g, piece in zip(gens, pieces)
     ]  # fmt: skip
     answers = best_answers(answers, [g.mean_logprob for g in gens], p.n)
+    if p.calls:
+        answers = [as_call(a) for a in answers]
     return ep.fmt.whole(h, answers, usage_of(gens), gens[0].d3d_stats(), p.names)
 
 

@@ -15,7 +15,7 @@ from pydantic import BaseModel
 from sglang_d3d.server.errors import APIError, ErrorListener
 from sglang_d3d.server.generation import Generation, Piece, usage_of
 from sglang_d3d.server.logprobs_out import TokenTexts
-from sglang_d3d.server.responses import Answer, Header, ResponseFormat
+from sglang_d3d.server.responses import Answer, Header, ResponseFormat, as_call
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
@@ -37,14 +37,26 @@ async def sse_events(
     include_usage: bool,
     names: TokenTexts | None,
     on_error: ErrorListener | None = None,
+    calls: bool = False,
 ) -> AsyncIterator[str]:
+    """`calls`: each answer is a forced tool call (server/tools.py), sent whole at its end."""
     for chunk in fmt.opening(h, len(gens)):
         yield sse(chunk)
+    held = [""] * len(gens)  # a forced call's text, until it is whole
     try:
         async for i, piece in merged(gens):
             g = gens[i]
             if piece is None:
-                yield sse(fmt.last(h, i, g.finish_reason, g.d3d_stats()))
+                finish = g.finish_reason
+                if calls:
+                    answer = as_call(Answer(i, held[i], finish))
+                    for chunk in _call_chunks(fmt, h, answer):
+                        yield sse(chunk)
+                    finish = answer.finish
+                yield sse(fmt.last(h, i, finish, g.d3d_stats()))
+                continue
+            if calls:
+                held[i] += piece.text
                 continue
             scored = piece.scored if g.num_logprobs is not None else None
             yield sse(fmt.text(h, Answer(i, piece.text, None, scored), names))
@@ -56,6 +68,13 @@ async def sse_events(
             on_error(e.status, e.type, e.code)
         yield sse(e.body())
     yield DONE
+
+
+def _call_chunks(fmt: ResponseFormat, h: Header, a: Answer) -> list[BaseModel]:
+    """A finished forced call: its tool_calls, or its text where `max_tokens` cut it."""
+    if a.tool_calls:
+        return [fmt.calls(h, a)]
+    return [fmt.text(h, a, None)] if a.text else []
 
 
 async def merged(gens: Sequence[Generation]) -> AsyncIterator[tuple[int, Piece | None]]:

@@ -1,7 +1,7 @@
 """Structured output requests -> a GrammarSpec for the engine (speculative/grammar.py).
 
 OpenAI's `response_format` (`json_object`: any JSON object; `json_schema`: its schema), or
-SGLang's `regex` and `ebnf` fields. A source that does not compile is a 400 naming the field,
+SGLang's `regex` and `ebnf` fields, or a forced tool call (server/tools.py). A source that does not compile is a 400 naming the field,
 found here on the worker thread rather than at submit. A backend without a grammar compiler
 (the SGLang backend; a server without xgrammar) refuses them with a 400.
 """
@@ -11,7 +11,8 @@ from __future__ import annotations
 import json
 
 from sglang_d3d.server.errors import bad_request
-from sglang_d3d.server.protocol import ResponseFormat, SamplingFields
+from sglang_d3d.server.protocol import ChatCompletionRequest, ResponseFormat, SamplingFields
+from sglang_d3d.server.tools import call_grammar, forced_tools
 
 from sglang_d3d.config import JSON_OBJECT, GrammarSpec
 from sglang_d3d.speculative.grammar import GrammarError
@@ -23,11 +24,19 @@ def grammar_spec(fields: SamplingFields) -> tuple[GrammarSpec, str] | None:
         ("response_format", _from_format(fields.response_format)),
         ("regex", fields.regex and GrammarSpec("regex", fields.regex)),
         ("ebnf", fields.ebnf and GrammarSpec("ebnf", fields.ebnf)),
+        ("tool_choice", _calls(fields)),
     ) if spec]
     if len(asked) > 1:
-        raise bad_request("give at most one of response_format (json), regex and ebnf",
-                          asked[1][1])
+        raise bad_request("give at most one of response_format (json), regex, ebnf and a "
+                          "forced tool call", asked[1][1])
     return asked[0] if asked else None
+
+
+def _calls(fields: SamplingFields) -> GrammarSpec | None:
+    if not isinstance(fields, ChatCompletionRequest):
+        return None
+    tools = forced_tools(fields)
+    return None if tools is None else call_grammar(tools)
 
 
 def _from_format(fmt: ResponseFormat | None) -> GrammarSpec | None:

@@ -59,21 +59,26 @@ def check_supported(body: SamplingFields) -> None:
 
 
 def _check_tools(body: ChatCompletionRequest) -> None:
-    """Tools the model may call cannot be honoured (the server parses no tool calls), but tool
-    history is fine, and so are tools with tool_choice "none": the model answers in text."""
-    if body.tool_choice not in (None, "none", "auto"):
+    """Tool calls are made where the request forces one (server/tools.py): `tool_choice`
+    "required" or naming a tool. Where the model would choose between text and a call ("auto",
+    OpenAI's default with tools) nothing here could read a call out of free text, so that is a
+    400; tool history, and tools with tool_choice "none" (answered in text), are fine."""
+    forced = body.tool_choice not in (None, "none", "auto")
+    if forced and not body.tools:
+        raise bad_request("`tool_choice` that asks for a call needs `tools`", "tool_choice")
+    if body.tools and body.tool_choice in (None, "auto"):
         raise bad_request(
-            '`tool_choice` other than "none" is not supported: this server does not produce '
-            "tool calls",
-            "tool_choice",
+            '`tools` with tool_choice "auto" (the default) is not supported: send tool_choice '
+            '"required" or {"type": "function", "function": {"name": ...}} for a call, or "none" '
+            "for an answer in text",
+            "tools",
         )
-    for name in ("tools", "functions"):
-        if getattr(body, name) and body.tool_choice != "none":
-            raise bad_request(
-                f"`{name}` is not supported: this server does not produce tool calls (send "
-                '`tool_choice: "none"` to have the model answer in text)',
-                name,
-            )
+    if body.functions and body.tool_choice != "none":
+        raise bad_request(
+            "`functions` (the legacy form) is not supported: send `tools` with tool_choice "
+            '"required" or a named function, or `tool_choice: "none"` for an answer in text',
+            "functions",
+        )
 
 
 def _check_best_of(body: CompletionRequest) -> None:

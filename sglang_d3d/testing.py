@@ -68,9 +68,12 @@ def tiny_tokenizer(vocab: int = TINY_VOCAB, pieces: bool = False):
 
 
 # The text of the tiny vocabulary's first tokens for grammar tests (speculative/grammar.py): JSON's
-# punctuation, a few values and words, so that the tiny models can write JSON.
+# punctuation, a few values and words, so that the tiny models can write JSON; and the letters of
+# every word a test's grammar spells ("name", "arguments", "true", "null"), because a grammar
+# allows any token that starts a word, and a vocabulary that cannot finish it is a dead end.
 GRAMMAR_PIECES = ("{", "}", "[", "]", ":", ",", '"', " ", "a", "b", "0", "1", "true", "null",
-                  '{"', '":', '"a"', "\n")
+                  '{"', '":', '"a"', "\n", "name", "arguments",
+                  "n", "m", "e", "r", "g", "u", "t", "s", "l")
 
 
 def tiny_pieces(vocab: int = TINY_VOCAB) -> list[str]:

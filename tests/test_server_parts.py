@@ -306,3 +306,75 @@ def test_structured_output_needs_a_backend_with_a_grammar_compiler():
     assert grammar_spec(body) == (GrammarSpec("json_schema", json.dumps(schema)), "response_format")
     for free in ({}, {"response_format": {"type": "text"}}):
         assert grammar_spec(ChatCompletionRequest.model_validate({"messages": HISTORY[:1], **free})) is None
+
+
+# ---- forced tool calls ------------------------------------------------------------------------
+def test_a_forced_call_is_one_call_of_the_allowed_tools_as_a_schema():
+    from sglang_d3d.server.protocol import Tool
+    from sglang_d3d.server.tools import NO_ARGUMENTS, call_grammar, forced_tools
+
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}},
+             {"type": "function", "function": {"name": "g"}}]
+    body = ChatCompletionRequest.model_validate(
+        {"messages": HISTORY[:1], "tools": tools, "tool_choice": "required"})
+    schema = json.loads(call_grammar(forced_tools(body)).source)
+    assert [c["properties"]["name"] for c in schema["anyOf"]] == [{"const": "f"}, {"const": "g"}]
+    assert schema["anyOf"][1]["properties"]["arguments"] == NO_ARGUMENTS  # g takes none
+    assert all(c["required"] == ["name", "arguments"] for c in schema["anyOf"])
+    named = body.model_copy(update={"tool_choice": {"type": "function", "function": {"name": "g"}}})
+    named = ChatCompletionRequest.model_validate(named.model_dump())
+    assert [t.function.name for t in forced_tools(named)] == ["g"]
+    for text_only in ("none", "auto", None):
+        body = ChatCompletionRequest.model_validate(
+            {"messages": HISTORY[:1], "tools": tools, "tool_choice": text_only})
+        assert forced_tools(body) is None
+    assert isinstance(forced_tools(named)[0], Tool)
+
+
+def test_a_call_parses_into_openais_tool_calls_or_not_at_all():
+    from sglang_d3d.server.tools import parse_call
+
+    (call,) = parse_call('{"name": "f", "arguments": {"x": [1, 2]}}')
+    assert call.function.name == "f" and json.loads(call.function.arguments) == {"x": [1, 2]}
+    assert call.id.startswith("call_") and call.type == "function"
+    for cut in ('{"name": "f", "argu', "", '{"name": "f"}', "[1]"):
+        assert parse_call(cut) is None
+
+
+def test_templates_without_tools_get_them_in_a_system_turn():
+    from sglang_d3d.server.inputs import with_system
+    from sglang_d3d.server.protocol import Tool
+    from sglang_d3d.server.tools import tools_turn
+
+    tool = Tool.model_validate({"type": "function", "function": {"name": "f", "description": "d"}})
+    turn = tools_turn([tool])
+    assert turn["role"] == "system" and '{"type": "function", "function": {"name": "f", ' \
+        '"description": "d"}}' in turn["content"]
+    user = {"role": "user", "content": "hi"}
+    assert with_system([user], turn) == [turn, user]
+    joined = with_system([{"role": "system", "content": "be brief"}, user], turn)
+    assert joined[0]["content"] == "be brief\n\n" + turn["content"] and joined[1] == user
+
+
+def test_the_tools_reach_the_prompt_through_the_template_or_a_system_turn(smollm2_tokenizer):
+    from sglang_d3d.server.protocol import Tool
+
+    tool = Tool.model_validate({"type": "function", "function": {"name": "lookup_price"}})
+    text = smollm2_tokenizer.decode(chat_prompt_ids(smollm2_tokenizer, messages(HISTORY[:1]), [tool]))
+    assert "<|im_start|>system\n" in text and '"name": "lookup_price"' in text  # SmolLM2: no tools
+
+    class KnowsTools:  # a template that renders `tools` itself
+        chat_template = "{% for t in tools %}{{ t }}{% endfor %}"
+        seen: dict = {}
+
+        def apply_chat_template(self, turns, **kw):
+            self.seen.update(kw, turns=turns)
+            return "rendered"
+
+        def __call__(self, text, add_special_tokens=True):
+            return {"input_ids": [7, 8]}
+
+    tok = KnowsTools()
+    assert chat_prompt_ids(tok, messages(HISTORY[:1]), [tool]) == [7, 8]
+    assert tok.seen["tools"] == [{"type": "function", "function": {"name": "lookup_price"}}]
+    assert all(t["role"] != "system" for t in tok.seen["turns"])

@@ -93,3 +93,74 @@ def test_what_cannot_be_served_is_a_400_naming_the_field(clients, extra, param, 
 def test_a_vocabulary_that_cannot_write_json_is_a_400(clients):
     with pytest.raises(openai.BadRequestError, match="allows no token of this vocabulary"):
         _chat(clients["words"], response_format={"type": "json_object"})
+
+
+# ---- forced tool calls (server/tools.py) ------------------------------------------------------
+TOOLS = [
+    {"type": "function", "function": {"name": "a", "description": "sets a flag", "parameters": SCHEMA}},
+    {"type": "function", "function": {"name": "b", "parameters": {
+        "type": "object", "properties": {"b": {"type": "integer"}}, "required": ["b"]}}},
+]
+
+
+def test_a_required_tool_call_comes_back_as_tool_calls_in_both_modes(clients):
+    got = {m: _chat(clients[m], tools=TOOLS, tool_choice="required") for m in ("ar", "async")}
+    calls = {m: c.message.tool_calls for m, c in got.items()}
+    assert [(c.function.name, c.function.arguments) for c in calls["ar"]] == \
+        [(c.function.name, c.function.arguments) for c in calls["async"]]
+    (call,) = calls["async"]
+    assert got["async"].finish_reason == "tool_calls" and got["async"].message.content is None
+    assert call.type == "function" and call.id.startswith("call_")
+    arguments = json.loads(call.function.arguments)
+    assert call.function.name in ("a", "b")
+    if call.function.name == "a":
+        assert set(arguments) == {"a"} and isinstance(arguments["a"], bool)
+    else:
+        assert set(arguments) == {"b"} and isinstance(arguments["b"], int)
+
+
+@pytest.mark.parametrize("name", ["a", "b"])
+def test_a_named_tool_is_the_one_called_and_streams_whole(clients, name):
+    choice = {"type": "function", "function": {"name": name}}
+    whole = _chat(clients["async"], tools=TOOLS, tool_choice=choice)
+    assert [c.function.name for c in whole.message.tool_calls] == [name]
+    stream = clients["async"].chat.completions.create(
+        model="tiny", messages=MESSAGES, max_tokens=48, temperature=0, tools=TOOLS,
+        tool_choice=choice, stream=True)
+    deltas, finish, content = [], None, ""
+    for chunk in stream:
+        for c in chunk.choices:
+            deltas += c.delta.tool_calls or []
+            content += c.delta.content or ""
+            finish = c.finish_reason or finish
+    assert finish == "tool_calls" and content == ""
+    assert [(d.function.name, d.function.arguments) for d in deltas] == \
+        [(whole.message.tool_calls[0].function.name, whole.message.tool_calls[0].function.arguments)]
+
+
+def test_a_call_cut_by_max_tokens_comes_back_as_text(clients):
+    r = clients["async"].chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=3,
+                                                 temperature=0, tools=TOOLS, tool_choice="required")
+    c = r.choices[0]
+    assert c.finish_reason == "length" and c.message.tool_calls is None
+    assert c.message.content.startswith("{")
+
+
+@pytest.mark.parametrize("extra, param, msg", [
+    ({"tools": TOOLS}, "tools", 'tool_choice "auto"'),
+    ({"tools": TOOLS, "tool_choice": "auto"}, "tools", 'tool_choice "auto"'),
+    ({"tool_choice": "required"}, "tool_choice", "needs `tools`"),
+    ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "c"}}},
+     "tool_choice", "not in `tools`"),
+    ({"tools": TOOLS, "tool_choice": "required", "response_format": {"type": "json_object"}},
+     "tool_choice", "at most one of"),
+    ({"tools": [{"type": "function", "function": {"name": "has space"}}], "tool_choice": "required"},
+     "tools", None),
+])  # fmt: skip
+def test_tool_requests_that_cannot_be_served_are_400s(clients, extra, param, msg):
+    with pytest.raises(openai.BadRequestError) as e:
+        clients["async"].chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=8,
+                                                 extra_body=extra)
+    err = e.value.body
+    assert (err.get("param") or "").startswith(param)
+    assert msg is None or msg in err["message"]

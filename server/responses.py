@@ -105,11 +105,12 @@ class ChatFormat:
         choice = ChatChunkChoice(index=index, delta=DeltaMessage(), finish_reason=finish)
         return ChatCompletionChunk(**h.fields(), choices=[choice], d3d=d3d)
 
-    def calls(self, h: Header, a: Answer) -> BaseModel:
+    def calls(self, h: Header, a: Answer, names: TokenTexts) -> BaseModel:
         """A forced tool call, whole in one chunk (OpenAI's clients append the pieces)."""
         deltas = [ToolCallDelta(index=i, id=c.id, function=c.function)
                   for i, c in enumerate(a.tool_calls or [])]
-        choice = ChatChunkChoice(index=a.index, delta=DeltaMessage(tool_calls=deltas))
+        choice = ChatChunkChoice(index=a.index, delta=DeltaMessage(tool_calls=deltas),
+                                 logprobs=self.logprobs(a.scored, names))
         return ChatCompletionChunk(**h.fields(), choices=[choice])
 
     def usage(self, h: Header, usage: Usage) -> BaseModel:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import replace
 
 from pydantic import BaseModel
 from sglang_d3d.server.errors import APIError, ErrorListener
@@ -42,21 +43,24 @@ async def sse_events(
     """`calls`: each answer is a forced tool call (server/tools.py), sent whole at its end."""
     for chunk in fmt.opening(h, len(gens)):
         yield sse(chunk)
-    held = [""] * len(gens)  # a forced call's text, until it is whole
+    held = [Answer(i, "", None, [] if g.num_logprobs is not None else None)
+            for i, g in enumerate(gens)]  # a forced call's text, until it is whole
     try:
         async for i, piece in merged(gens):
             g = gens[i]
             if piece is None:
                 finish = g.finish_reason
                 if calls:
-                    answer = as_call(Answer(i, held[i], finish))
-                    for chunk in _call_chunks(fmt, h, answer):
+                    answer = as_call(replace(held[i], finish=finish))
+                    for chunk in _call_chunks(fmt, h, answer, names):
                         yield sse(chunk)
                     finish = answer.finish
                 yield sse(fmt.last(h, i, finish, g.d3d_stats()))
                 continue
             if calls:
-                held[i] += piece.text
+                held[i].text += piece.text
+                if held[i].scored is not None:
+                    held[i].scored += piece.scored
                 continue
             scored = piece.scored if g.num_logprobs is not None else None
             yield sse(fmt.text(h, Answer(i, piece.text, None, scored), names))
@@ -70,11 +74,12 @@ async def sse_events(
     yield DONE
 
 
-def _call_chunks(fmt: ResponseFormat, h: Header, a: Answer) -> list[BaseModel]:
+def _call_chunks(fmt: ResponseFormat, h: Header, a: Answer,
+                 names: TokenTexts | None) -> list[BaseModel]:
     """A finished forced call: its tool_calls, or its text where `max_tokens` cut it."""
     if a.tool_calls:
-        return [fmt.calls(h, a)]
-    return [fmt.text(h, a, None)] if a.text else []
+        return [fmt.calls(h, a, names)]
+    return [fmt.text(h, a, names)] if a.text else []
 
 
 async def merged(gens: Sequence[Generation]) -> AsyncIterator[tuple[int, Piece | None]]:

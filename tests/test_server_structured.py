@@ -138,6 +138,16 @@ def test_a_named_tool_is_the_one_called_and_streams_whole(clients, name):
         [(whole.message.tool_calls[0].function.name, whole.message.tool_calls[0].function.arguments)]
 
 
+def test_a_streamed_call_carries_its_tokens_logprobs(clients):
+    kw = dict(model="tiny", messages=MESSAGES, max_tokens=48, temperature=0, tools=TOOLS,
+              tool_choice="required", logprobs=True)
+    whole = clients["async"].chat.completions.create(**kw).choices[0]
+    streamed = [c for chunk in clients["async"].chat.completions.create(**kw, stream=True)
+                for c in chunk.choices if c.logprobs is not None]
+    assert len(streamed) == 1 and streamed[0].delta.tool_calls
+    assert [t.token for t in streamed[0].logprobs.content] == [t.token for t in whole.logprobs.content]
+
+
 def test_a_call_cut_by_max_tokens_comes_back_as_text(clients):
     r = clients["async"].chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=3,
                                                  temperature=0, tools=TOOLS, tool_choice="required")

@@ -174,3 +174,16 @@ def test_tool_requests_that_cannot_be_served_are_400s(clients, extra, param, msg
     err = e.value.body
     assert (err.get("param") or "").startswith(param)
     assert msg is None or msg in err["message"]
+
+
+def test_every_choice_and_every_streamed_piece_keeps_to_the_grammar(clients):
+    fmt = {"type": "json_schema", "json_schema": {"name": "flag", "schema": SCHEMA}}
+    r = clients["async"].chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=48,
+                                                 temperature=1.0, seed=3, n=3, response_format=fmt)
+    for c in r.choices:  # sampled: each choice its own draws, each inside the schema
+        assert c.finish_reason == "stop" and set(json.loads(c.message.content)) == {"a"}
+    stream = clients["async"].chat.completions.create(model="tiny", messages=MESSAGES,
+                                                      max_tokens=48, temperature=0,
+                                                      response_format=fmt, stream=True)
+    text = "".join(c.delta.content or "" for chunk in stream for c in chunk.choices)
+    assert text == _chat(clients["async"], response_format=fmt).message.content

@@ -82,9 +82,14 @@ def test_sglangs_regex_and_ebnf_fields_constrain_completions(clients):
     ({"response_format": {"type": "json_object"}, "ignore_eos": True}, None, "ignore_eos"),
 ])  # fmt: skip
 def test_what_cannot_be_served_is_a_400_naming_the_field(clients, extra, param, msg):
+    _assert_refused(clients["async"], extra, param, msg)
+
+
+def _assert_refused(client, extra: dict, param: str | None, msg: str | None) -> None:
+    """A 400 whose param starts with `param` (None: any) and whose message holds `msg`."""
     with pytest.raises(openai.BadRequestError) as e:
-        clients["async"].chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=8,
-                                                 extra_body=extra)
+        client.chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=8,
+                                       extra_body=extra)
     err = e.value.body
     assert param is None or (err.get("param") or "").startswith(param)
     assert msg is None or msg in err["message"]
@@ -168,12 +173,7 @@ def test_a_call_cut_by_max_tokens_comes_back_as_text(clients):
      "tools", None),
 ])  # fmt: skip
 def test_tool_requests_that_cannot_be_served_are_400s(clients, extra, param, msg):
-    with pytest.raises(openai.BadRequestError) as e:
-        clients["async"].chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=8,
-                                                 extra_body=extra)
-    err = e.value.body
-    assert (err.get("param") or "").startswith(param)
-    assert msg is None or msg in err["message"]
+    _assert_refused(clients["async"], extra, param, msg)
 
 
 def test_every_choice_and_every_streamed_piece_keeps_to_the_grammar(clients):

@@ -65,14 +65,15 @@ def run_bench(args: argparse.Namespace) -> int:
     if alt:  # the '-alt' modes' drafter, on the same target
         alt_drafter = load_drafter(args.alt_drafter, target, cfgs[alt[0]])
     eos = (tok.eos_token_id,)
-    grammars = tokenizer_grammars(tok, target.arch.vocab_size, eos)
+    rules = request_fields(args)
+    grammars = tokenizer_grammars(tok, target.arch.vocab_size, eos) if rules["grammar"] else None
     engines = {m: SpecEngine(c, target, None if c.mode is Mode.AR
                              else alt_drafter if m in alt else drafter, (), grammars)
                for m, c in cfgs.items()}
     prompts = [chat_ids(tok, q) for q in questions]
     params = SamplingParams(
         temperature=args.temperature, max_new_tokens=args.max_new_tokens,
-        stop_token_ids=eos, seed=0, **request_fields(args),
+        stop_token_ids=eos, seed=0, **rules,
     )
     _warmup(engines, prompts[0], params)
     calibration = _calibrate(engines)

@@ -40,13 +40,15 @@ def mode_layouts(layouts: list[str]) -> list[tuple[str, Mode]]:
 
 
 def make_engine(models, mode: Mode, block: int = 4, policy=BranchPolicy.TOPK, budget: int = 4,
-                guesses: int = 1, batch: int = 4, context: int = 256, **kw) -> SpecEngine:
+                guesses: int = 1, batch: int = 4, context: int = 256, eos_token_ids=(),
+                grammars=None, **kw) -> SpecEngine:
     _, target, drafter = models
     cfg = EngineConfig(
         mode=mode, spec=SpecConfig(block, policy, budget, guesses), max_batch_size=batch,
         max_context=context, **kw,
     )
-    return SpecEngine(cfg, target, drafter if mode is not Mode.AR else None)
+    return SpecEngine(cfg, target, drafter if mode is not Mode.AR else None, eos_token_ids,
+                      grammars)
 
 
 def _anchor(pack, block: list[int]) -> int:

@@ -11,11 +11,9 @@ from engine_helpers import assert_follows, make_engine
 from sglang_d3d.api import GenerationRequest
 from sglang_d3d.config import (
     JSON_OBJECT,
-    EngineConfig,
     GrammarSpec,
     Mode,
     SamplingParams,
-    SpecConfig,
 )
 from sglang_d3d.engine.engine import SpecEngine
 from sglang_d3d.engine.offline import generate
@@ -140,9 +138,7 @@ SPECS = {"json": JSON_OBJECT, "regex": GrammarSpec("regex", r'\{"a": (0|1|true|n
 
 
 def _engine(models, mode: Mode, grammars: Grammars, block: int = 4, **kw) -> SpecEngine:
-    _, target, drafter = models
-    cfg = EngineConfig(mode=mode, spec=SpecConfig(block), max_batch_size=4, max_context=256, **kw)
-    return SpecEngine(cfg, target, drafter if mode is not Mode.AR else None, (EOS,), grammars)
+    return make_engine(models, mode, block, eos_token_ids=(EOS,), grammars=grammars, **kw)
 
 
 def _reference(hf, grammars: Grammars, spec: GrammarSpec, prompt: list[int], n: int) -> list[int]:

@@ -67,7 +67,7 @@ from sglang_d3d.cli_args import count
 from sglang_d3d.interleave import rotated
 from sglang_d3d.prompts import BUNDLED, NAMED, dataset_path, question_text
 
-DATASETS = tuple(NAMED)  # gsm8k (test split), mt_bench
+DATASETS = tuple(NAMED)  # gsm8k (test split), mt_bench: the default sets
 DEFAULT_OUT = Path("benchmarks/results/bench_serving.json")  # from the checkout root
 VARIANTS = ("plain", "logprobs", "n")
 
@@ -443,7 +443,7 @@ def _dataset(name: str) -> str:
     """A set prompts.dataset_path knows, or an existing JSONL file (named sets are looked up in
     the datasets folder only when loaded)."""
     if name.endswith(".jsonl") and not Path(name).is_file():
-        known = ", ".join([*DATASETS, *BUNDLED])
+        known = ", ".join(BUNDLED)
         raise argparse.ArgumentTypeError(f"{name!r}: use {known} or an existing .jsonl file")
     if name not in NAMED:
         try:
@@ -463,12 +463,14 @@ def _positive(text: str) -> int:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="d3d bench-serving", description=__doc__.split("\n")[0])
     p.add_argument("--url", help="benchmark this running server (its mode) instead of --modes")
-    p.add_argument("--modes", nargs="+", default=["ar", "async"], choices=["ar", "sync", "async", "fused"])
+    p.add_argument("--modes", nargs="+", default=["ar", "async"], choices=["ar", "sync", "async", "fused"],
+                   help="start a server per mode and load each in turn (ignored with --url)")
     p.add_argument("--datasets", nargs="+", default=list(DATASETS), type=_dataset,
-                   help=f"{', '.join([*DATASETS, *BUNDLED])} (code tasks), or a JSONL file of prompts")
-    p.add_argument("--concurrency", nargs="+", type=int, default=[1, 4, 16])
+                   help=f"{', '.join(BUNDLED)} (bundled), or a JSONL file of prompts")
+    p.add_argument("--concurrency", nargs="+", type=int, default=[1, 4, 16],
+                   help="requests in flight; one load per value")
     p.add_argument("--num-prompts", type=int, default=32, help="per dataset and concurrency")
-    p.add_argument("--max-tokens", type=int, default=128)
+    p.add_argument("--max-tokens", type=int, default=128, help="max_tokens of every request")
     p.add_argument("--warmup-rounds", type=count, default=1,
                    help="unmeasured rounds of `concurrency` requests before each load (0: cold)")
     p.add_argument("--rounds", type=_positive, default=1,
@@ -481,18 +483,20 @@ def build_parser() -> argparse.ArgumentParser:
                    help="each (concurrency, variant) load its own --num-prompts prompts, none "
                    "sent before it, so started servers keep copies from earlier requests' text "
                    "(--shared-lookup-tokens) on; with --rounds > 1 it needs --fresh-servers")
-    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--temperature", type=float, default=0.0,
+                   help="temperature of every request (0: greedy)")
     p.add_argument("--extra-body", type=_json_object, default={},
                    help='JSON object merged into every request, e.g. \'{"frequency_penalty": 0.5, '
                    '"ignore_eos": true}\' (penalties, vLLM\'s fields)')
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="seed of the prompt order")
     p.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS),
                    help="request kinds per load; logprobs and n are compared against plain")
     p.add_argument("--n", type=int, default=2, help="choices per request in the n variant")
     p.add_argument("--top-logprobs", type=int, default=5, help="alternatives per token (0-20)")
-    p.add_argument("--request-timeout", type=float, default=600.0)
+    p.add_argument("--request-timeout", type=float, default=600.0,
+                   help="seconds before a request counts as failed")
     p.add_argument("--server-timeout", type=float, default=900.0, help="seconds to become healthy")
-    p.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    p.add_argument("--out", type=Path, default=DEFAULT_OUT, help="the JSON results file")
     p.add_argument("--api-key", default=os.environ.get("D3D_API_KEY", "").split(",")[0] or None,
                    help="for a server that requires one (default: the first of $D3D_API_KEY)")
     p.add_argument("--sequential", action="store_true",

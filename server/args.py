@@ -81,13 +81,17 @@ def build_parser() -> argparse.ArgumentParser:
 def _add_server_args(p: argparse.ArgumentParser) -> None:
     d = ServerConfig()
     g = p.add_argument_group("server")
-    g.add_argument("--host", default=d.host)
-    g.add_argument("--port", type=int, default=d.port)
+    g.add_argument("--host", default=d.host, help="address to listen on")
+    g.add_argument("--port", type=int, default=d.port, help="port to listen on")
     g.add_argument("--served-model-name", default=None, help="default: the target's folder name")
     g.add_argument("--backend", type=Backend, choices=list(Backend), default=d.backend,
-                   metavar="|".join(Backend))
-    g.add_argument("--drain-timeout", type=float, default=d.drain_timeout)
-    g.add_argument("--log-level", default=d.log_level)
+                   metavar="|".join(Backend),
+                   help="embedded: this package's engine; sglang: SGLang's scheduler with the "
+                   "D3D worker (docs/sglang.md)")
+    g.add_argument("--drain-timeout", type=float, default=d.drain_timeout,
+                   help="seconds in-flight responses may finish after SIGTERM")
+    g.add_argument("--log-level", default=d.log_level,
+                   help="debug, info, warning or error")
     g.add_argument("--api-key", action="append", default=[], metavar="KEY",
                    help=f"require `Authorization: Bearer KEY` on /v1/* (repeatable; also the "
                    f"comma-separated environment variable {ENV_VAR})")

@@ -31,7 +31,7 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
     add_engine_args(p, modes=True)
     p.set_defaults(calibrate=True)  # adaptive modes start calibrated, as the server's does
     p.add_argument("--dataset", default="gsm8k", help="gsm8k | mt_bench | mbpp (code, bundled) | FILE.jsonl")
-    p.add_argument("--num-prompts", type=int, default=20)
+    p.add_argument("--num-prompts", type=int, default=20, help="the first N prompts of the set")
     p.add_argument("--modes", type=mode_list, default="ar,sync,async",
                    help="comma-separated: ar, sync, async, fused; an '@B' suffix sets the block "
                    "size of that mode (fused@4); a '-adaptive' suffix (sync-adaptive, "
@@ -47,8 +47,8 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--alt-drafter", default=None,
                    help="a second drafter folder for the '-alt' modes, so that two drafters "
                    "(their weights and corpora) run side by side on one target in one run")
-    p.add_argument("--max-new-tokens", type=int, default=256)
-    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--max-new-tokens", type=int, default=256, help="new tokens per prompt")
+    p.add_argument("--temperature", type=float, default=0.0, help="0: greedy")
     add_request_args(p)
     p.add_argument("--out", default=None, help="save the results as JSON here")
     p.add_argument("--timeline", default=None, help="save the async per-cycle timeline here")

@@ -26,12 +26,19 @@ def add_engine_args(
     g.add_argument("--target", default=None, help="HF model folder (default: SmolLM2-135M-Instruct)")
     g.add_argument("--drafter", default=None, help="D3D drafter folder (default: the shipped one)")
     if not modes:
-        g.add_argument("--mode", choices=[m.value for m in Mode], default=Mode.ASYNC.value)
-    g.add_argument("--block-size", type=int, default=SpecConfig.block_size)
-    g.add_argument("--branch-policy", choices=[b.value for b in BranchPolicy], default="topk")
-    g.add_argument("--branch-budget", type=int, default=SpecConfig.branch_budget)
-    g.add_argument("--guesses-per-position", type=int, default=SpecConfig.guesses_per_position)
-    g.add_argument("--device", default="cpu")
+        g.add_argument("--mode", choices=[m.value for m in Mode], default=Mode.ASYNC.value,
+                       help="ar: target only; sync: draft then verify; async: pre-draft the next "
+                       "block while the target verifies; fused: drafting and verification in one "
+                       "pass")
+    g.add_argument("--block-size", type=int, default=SpecConfig.block_size,
+                   help="tokens verified per cycle: the last accepted token and block-1 drafts")
+    g.add_argument("--branch-policy", choices=[b.value for b in BranchPolicy], default="topk",
+                   help="which verification outcomes async mode pre-drafts the next block for")
+    g.add_argument("--branch-budget", type=int, default=SpecConfig.branch_budget,
+                   help="outcomes pre-drafted per cycle under --branch-policy topk")
+    g.add_argument("--guesses-per-position", type=int, default=SpecConfig.guesses_per_position,
+                   help="guessed correction tokens per rejection position when pre-drafting")
+    g.add_argument("--device", default="cpu", help="the target's device: cpu, cuda or cuda:N")
     g.add_argument("--draft-device", default=None, help="e.g. cuda:1 to give the drafter its own GPU")
     g.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
                    help="auto: bf16 on GPUs and on CPUs with bf16 matrix units (AMX), else fp32")
@@ -41,8 +48,11 @@ def add_engine_args(
                    default=EngineConfig.max_batch_size, help="running requests per cycle")
     g.add_argument("--max-queue", type=int, default=EngineConfig.max_queue,
                    help="waiting requests; refused past it (HTTP 503)")
-    g.add_argument("--verify-token-budget", type=int, default=EngineConfig.verify_token_budget)
-    g.add_argument("--min-block-size", type=int, default=EngineConfig.min_block_size)
+    g.add_argument("--verify-token-budget", type=int, default=EngineConfig.verify_token_budget,
+                   help="tokens one verify pass may hold over the whole batch; the block "
+                   "shrinks as the batch grows")
+    g.add_argument("--min-block-size", type=int, default=EngineConfig.min_block_size,
+                   help="below this block size (after --verify-token-budget) decode plainly")
     g.add_argument("--prefill-chunk", type=int, default=EngineConfig.prefill_chunk,
                    help="prompt tokens prefilled per step while other requests decode")
     g.add_argument("--max-prefill-tokens", type=int, default=EngineConfig.max_prefill_tokens,

@@ -6,22 +6,22 @@ import json
 import os
 from pathlib import Path
 
+# The sets `$D3D_DATASETS` may override, by their path inside that folder.
 NAMED = {"gsm8k": "gsm8k/test.jsonl", "mt_bench": "mt_bench/question.jsonl"}
-# Shipped with the package (assets/prompts/README.md: source and licence), so the code prompt
-# kind needs no download.
-BUNDLED = {"mbpp": Path(__file__).resolve().parent / "assets" / "prompts" / "mbpp_1_64.jsonl"}
+_ASSETS = Path(__file__).resolve().parent / "assets" / "prompts"
+# Shipped with the package (assets/prompts/README.md: sources and licences), so every named set
+# works from any clone with nothing to download.
+BUNDLED = {
+    "gsm8k": _ASSETS / "gsm8k_test.jsonl",
+    "mt_bench": _ASSETS / "mt_bench.jsonl",
+    "mbpp": _ASSETS / "mbpp_1_64.jsonl",
+}
 
 
-def datasets_dir() -> Path:
-    """$D3D_DATASETS, else the workplace's shared/datasets beside (or inside) the checkout."""
+def datasets_dir() -> Path | None:
+    """The override folder `$D3D_DATASETS`, or None when unset."""
     env = os.environ.get("D3D_DATASETS")
-    if env:
-        return Path(env)
-    root = Path(__file__).resolve().parents[1]
-    for cand in (root / "shared" / "datasets", root.parent / "shared" / "datasets"):
-        if cand.exists():
-            return cand
-    raise FileNotFoundError("no datasets folder: set D3D_DATASETS")
+    return Path(env) if env else None
 
 
 def load_questions(dataset: str, limit: int | None = None) -> list[str]:
@@ -39,11 +39,15 @@ def load_questions(dataset: str, limit: int | None = None) -> list[str]:
 def dataset_path(dataset: str) -> Path:
     if dataset.endswith(".jsonl"):
         return Path(dataset)
+    override = datasets_dir()
+    if override is not None and dataset in NAMED:
+        path = override / NAMED[dataset]
+        if not path.is_file():
+            raise FileNotFoundError(f"D3D_DATASETS is set but {path} does not exist")
+        return path
     if dataset in BUNDLED:
         return BUNDLED[dataset]
-    if dataset in NAMED:
-        return datasets_dir() / NAMED[dataset]
-    known = ", ".join(sorted([*NAMED, *BUNDLED]))
+    known = ", ".join(sorted(BUNDLED))
     raise ValueError(f"unknown dataset {dataset!r}: one of {known}, or a FILE.jsonl")
 
 

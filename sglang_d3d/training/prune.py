@@ -229,14 +229,42 @@ class Pruner:
         return rows
 
 
+# One line per PruneConfig field: `d3d prune --help` and docs/cli.md print them.
+PRUNE_HELP = {
+    "drafter_path": "the trained drafter folder to prune",
+    "data_dir": "the datagen shards it was trained on (held-out samples come from them)",
+    "out_dir": "one drafter folder per depth, and the rows measured so far (resumable)",
+    "results_dir": "where the pruning report (JSON and Markdown) is written",
+    "target_path": "the target's HF folder (default: SmolLM2-135M-Instruct)",
+    "min_layers": "stop at this many drafter layers",
+    "per_round": "layers removed per round (several where one at a time is too slow)",
+    "max_rounds": "stop after this many rounds",
+    "eval_samples": "held-out samples for each depth's accepted length",
+    "score_samples": "held-out samples for scoring candidate layers (cheaper)",
+    "heldout_every": "every Nth sample is held out; must match training's split",
+    "recover_steps": "KL re-distillation steps after each round",
+    "lr": "learning rate of the recovery steps",
+    "batch_size": "samples per recovery step",
+    "num_anchors": "masked blocks per sample in the recovery steps",
+    "branch_budget": "pre-drafted branches in the end-to-end runs",
+    "e2e_prompts": "above 0: also measure async tokens/s on this many held-out prompts",
+    "e2e_max_new_tokens": "new tokens per prompt in the end-to-end runs",
+    "e2e_block": "the engine's block size in the end-to-end runs (0: the drafter's)",
+    "threads": "CPU threads",
+    "seed": "random seed",
+    "remeasure": "only re-time the finished depths (run it on an otherwise idle machine)",
+}
+
+
 def add_prune_args(p: argparse.ArgumentParser) -> None:
     d = PruneConfig()
     for f in fields(PruneConfig):
         flag, default = "--" + f.name.replace("_", "-"), getattr(d, f.name)
         if isinstance(default, bool):
-            p.add_argument(flag, action="store_true")
+            p.add_argument(flag, action="store_true", help=PRUNE_HELP[f.name])
             continue
-        p.add_argument(flag, type=type(default) if default is not None else str, default=default)
+        p.add_argument(flag, type=type(default) if default is not None else str, default=default,
+                       help=PRUNE_HELP[f.name])
 
 
 def run_prune(args: argparse.Namespace) -> int:

@@ -10,13 +10,20 @@ from pathlib import Path
 import torch
 
 TINY_VOCAB = 96
+# Above uint16's range, as Llama 3 (128k) and Qwen (151k) vocabularies are.
+LARGE_VOCAB = 70_000
+# Every supported family (models/architectures.py), in the shapes tests build: "llama3" is
+# Llama with Llama 3.1's rope scaling, its original context shrunk so that the scaled
+# frequencies matter within a tiny model's positions.
+TINY_ARCHS = ("llama", "llama3", "mistral", "qwen2", "qwen3")
+LLAMA3_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+               "high_freq_factor": 4.0, "original_max_position_embeddings": 64}
+TINY_WINDOW = 256  # the tiny Mistral's sliding window (its context is capped there)
 
 
-def tiny_hf_model(
-    arch: str = "llama", seed: int = 0, vocab: int = TINY_VOCAB, layers: int = 4, tied: bool = True
-):
-    """A random Llama or Qwen3 causal LM with a small vocabulary (float32)."""
-    from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
+def tiny_config(arch: str = "llama", vocab: int = TINY_VOCAB, layers: int = 4, tied: bool = True):
+    """A tiny transformers config of a supported family (TINY_ARCHS)."""
+    from transformers import AutoConfig
 
     common = dict(
         vocab_size=vocab,
@@ -31,17 +38,35 @@ def tiny_hf_model(
         pad_token_id=0,
         tie_word_embeddings=tied,
     )
+    extra = {
+        "llama": {},
+        "llama3": {"rope_scaling": LLAMA3_ROPE, "tie_word_embeddings": False},  # as 8B
+        "mistral": {"sliding_window": TINY_WINDOW},
+        "qwen2": {},  # q/k/v biases are the family's own
+        "qwen3": {"head_dim": 16},
+    }
+    if arch not in extra:
+        raise ValueError(f"unknown tiny arch {arch!r}; known: {', '.join(TINY_ARCHS)}")
+    model_type = "llama" if arch == "llama3" else arch
+    return AutoConfig.for_model(model_type, **{**common, **extra[arch]})
+
+
+def tiny_hf_model(
+    arch: str = "llama", seed: int = 0, vocab: int = TINY_VOCAB, layers: int = 4, tied: bool = True
+):
+    """A random causal LM of a supported family (TINY_ARCHS), float32."""
+    from transformers import AutoModelForCausalLM
+
+    cfg = tiny_config(arch, vocab, layers, tied)
     torch.manual_seed(seed)
-    if arch == "qwen3":
-        model = Qwen3ForCausalLM(Qwen3Config(head_dim=16, **common))
-    elif arch == "llama":
-        model = LlamaForCausalLM(LlamaConfig(**common))
-    else:
-        raise ValueError(f"unknown tiny arch {arch!r}")
-    # Random init gives near-uniform logits; sharpen them so greedy ties are rare and
-    # acceptance is non-trivial in tests.
+    model = AutoModelForCausalLM.from_config(cfg)
     with torch.no_grad():
+        # Random init gives near-uniform logits; sharpen them so greedy ties are rare and
+        # acceptance is non-trivial in tests.
         model.lm_head.weight.mul_(8.0)
+        for name, p in model.named_parameters():
+            if name.endswith("_proj.bias"):  # zero at init: make the biases count
+                p.normal_(0.0, 0.5)
     return model.eval()
 
 
@@ -82,18 +107,19 @@ def tiny_pieces(vocab: int = TINY_VOCAB) -> list[str]:
     return head + [f"w{i}" for i in range(len(head), vocab)]
 
 
-def make_tiny_target(out_dir: str | Path, arch: str = "llama", seed: int = 0) -> str:
+def make_tiny_target(out_dir: str | Path, arch: str = "llama", seed: int = 0,
+                     vocab: int = TINY_VOCAB) -> str:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    tiny_hf_model(arch, seed).save_pretrained(out)
-    tiny_tokenizer().save_pretrained(out)
+    tiny_hf_model(arch, seed, vocab).save_pretrained(out)
+    tiny_tokenizer(vocab).save_pretrained(out)
     return str(out)
 
 
 def make_tiny_pair(
     tmp_dir: str | Path, arch: str = "llama", seed: int = 0, block_size: int = 4,
     layer_ids: tuple[int, ...] = (0, 3), delta_std: float = 0.02, min_block: int = 0,
-    store: str = "float",
+    store: str = "float", vocab: int = TINY_VOCAB,
 ) -> tuple[str, str]:
     """(target_dir, drafter_dir): a tiny random target and a drafter over two of its layers
     with small random deltas (so mask slots differ from the plain layers), agreeing with the
@@ -104,7 +130,7 @@ def make_tiny_pair(
     from sglang_d3d.models.loading import load_hf_model
 
     root = Path(tmp_dir)
-    target_dir = make_tiny_target(root / "target", arch, seed)
+    target_dir = make_tiny_target(root / "target", arch, seed, vocab)
     from sglang_d3d.models.decoder import Decoder
 
     target = Decoder.from_hf(load_hf_model(Path(target_dir)))

@@ -22,6 +22,7 @@ from sglang_d3d.engine.copy_arms import CopyArms, Way
 from sglang_d3d.engine.proposals import Proposals
 from sglang_d3d.engine.scheduler import Scheduler, plan_chunks
 from sglang_d3d.engine.sequence import Sequence
+from sglang_d3d.models.architectures import check_context
 from sglang_d3d.models.decoder import Decoder
 from sglang_d3d.models.drafter import D3DDrafter
 from sglang_d3d.models.fused_runner import FusedRunner
@@ -72,6 +73,8 @@ class SpecEngine:
     ) -> None:
         if cfg.mode is not Mode.AR and drafter is None:
             raise ValueError(f"mode {cfg.mode.value} needs a drafter")
+        # A sliding window is honoured by keeping every request inside it.
+        check_context(target.arch.sliding_window, cfg.max_context, target.arch.model_type)
         self.cfg = cfg
         self.vocab_size = target.arch.vocab_size
         self.eos_token_ids = frozenset(eos_token_ids)

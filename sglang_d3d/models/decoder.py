@@ -1,4 +1,4 @@
-"""Our forward pass over Hugging Face Llama/Qwen3 decoder weights.
+"""Our forward pass over Hugging Face decoder weights (the families in models/architectures.py).
 
 We reuse the HF submodules (projections, norms, MLP, rotary embedding) so the weights and the
 maths of each piece stay the library's; only attention is ours, because speculative decoding
@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from sglang_d3d.models.architectures import check_architecture, sliding_window
 from sglang_d3d.models.fused import FusedLayer, FusedModel
 from sglang_d3d.models.kv_cache import KVCache, slot_selector
 
@@ -27,6 +28,10 @@ class DecoderSpec:
     num_kv_heads: int
     head_dim: int
     max_position: int
+    model_type: str = "llama"
+    # Not computed (attention spans the whole context): a context longer than this is refused
+    # (architectures.check_context). None: no window.
+    sliding_window: int | None = None
 
     @classmethod
     def from_hf_config(cls, cfg) -> DecoderSpec:
@@ -38,6 +43,8 @@ class DecoderSpec:
             num_kv_heads=cfg.num_key_value_heads,
             head_dim=head_dim,
             max_position=cfg.max_position_embeddings,
+            model_type=cfg.model_type,
+            sliding_window=sliding_window(cfg),
         )
 
 
@@ -216,6 +223,7 @@ class Decoder(nn.Module):
 
     def __init__(self, hf_model) -> None:
         super().__init__()
+        check_architecture(hf_model.config)  # any other family would run silently wrong
         inner = hf_model.model
         self.arch = DecoderSpec.from_hf_config(hf_model.config)
         self.hf_config = hf_model.config

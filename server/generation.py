@@ -66,6 +66,7 @@ class Generation:
         self._text = TextStream(engine.tokenizer, prompt_ids, stops, params.min_tokens)
         self._stream: RequestStream | None = None
         self.completion_tokens = 0
+        self.token_ids: list[int] = []  # the answer's tokens (for `return_token_ids`)
         self.logprob_sum = 0.0  # of the tokens in the answer (best_of ranks by the mean)
         self.finish_reason: str | None = None
         self.stats: RequestStats | None = None
@@ -119,6 +120,7 @@ class Generation:
             if self._text.stopped:
                 break  # tokens after a stop string are not part of the answer
             used += 1
+            self.token_ids.append(tok)
             offset = self._text.decoded
             texts.append(self._text.add(tok))
             if lp is not None:

@@ -89,6 +89,9 @@ class SamplingFields(BaseModel):
     store: StrictBool | None = None
     metadata: dict[str, Any] | None = None
     service_tier: StrictStr | None = None
+    # vLLM's extension: each choice also carries the generated token ids (`token_ids`), so a
+    # client (d3d datagen) gets exactly what the model produced instead of re-tokenizing text.
+    return_token_ids: StrictBool | None = None
 
     def stop_strings(self) -> list[str]:
         stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
@@ -272,11 +275,13 @@ class ToolCallDelta(BaseModel):
     function: FunctionCall
 
 
-class ChatChoice(BaseModel):
+class ChatChoice(_OmitNone):
+    _omit: ClassVar[tuple[str, ...]] = ("token_ids",)
     index: int = 0
     message: AssistantMessage
     finish_reason: FinishReason | None
     logprobs: ChatLogprobs | None = None
+    token_ids: list[int] | None = None  # with `return_token_ids` only
 
 
 def _now() -> int:
@@ -318,11 +323,13 @@ class ChatCompletionChunk(_OmitNone):
     d3d: D3DStats | None = None
 
 
-class CompletionChoice(BaseModel):
+class CompletionChoice(_OmitNone):
+    _omit: ClassVar[tuple[str, ...]] = ("token_ids",)
     index: int = 0
     text: str
     finish_reason: FinishReason | None = None
     logprobs: CompletionLogprobs | None = None
+    token_ids: list[int] | None = None  # with `return_token_ids` only
 
 
 class CompletionResponse(BaseModel):

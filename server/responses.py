@@ -59,6 +59,7 @@ class Answer:
     finish: str | None
     scored: list[ScoredToken] | None = None
     tool_calls: list[ToolCall] | None = None  # a forced call that parsed (then `text` is its JSON)
+    token_ids: list[int] | None = None  # the choice's tokens, where `return_token_ids` asked
 
 
 def as_call(a: Answer) -> Answer:
@@ -82,6 +83,7 @@ class ChatFormat:
                                          tool_calls=a.tool_calls),
                 finish_reason=a.finish,
                 logprobs=self.logprobs(a.scored, names),
+                token_ids=a.token_ids,
             )
             for a in answers
         ]
@@ -130,6 +132,7 @@ class CompletionFormat:
                 text=a.text,
                 finish_reason=a.finish,
                 logprobs=self.logprobs(a.scored, names),
+                token_ids=a.token_ids,
             )
             for a in answers
         ]

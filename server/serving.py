@@ -79,6 +79,7 @@ class Prepared:
     stream: bool
     include_usage: bool
     calls: bool = False  # the answer is a forced tool call (server/tools.py)
+    token_ids: bool = False  # each choice carries its token ids (`return_token_ids`)
 
 
 def check_model(cfg: ServerConfig, model: str | None) -> None:
@@ -127,7 +128,7 @@ def _prepare(state: ServerState, ep: Endpoint, body: Any) -> Prepared:
     return Prepared(
         engine, ids, choice_params(params, body.num_sequences), names, body.n,
         body.stop_strings(), body.num_logprobs, body.stream, body.include_usage,
-        asked is not None and asked[1] == "tool_choice",
+        asked is not None and asked[1] == "tool_choice", bool(body.return_token_ids),
     )  # fmt: skip
 
 
@@ -162,7 +163,8 @@ async def serve(state: ServerState, request: Request, ep: Endpoint) -> Any:
         return Response(status_code=CLIENT_CLOSED)
     answers = [
         Answer(g.index, piece.text, g.finish_reason,
-               piece.scored if g.num_logprobs is not None else None)
+               piece.scored if g.num_logprobs is not None else None,
+               token_ids=g.token_ids if p.token_ids else None)
         for g, piece in zip(gens, pieces)
     ]  # fmt: skip
     answers = best_answers(answers, [g.mean_logprob for g in gens], p.n)

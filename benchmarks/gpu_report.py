@@ -24,9 +24,9 @@ import json
 from pathlib import Path
 
 RESULTS = Path(__file__).resolve().parent / "results"
-DEFAULT_SOURCES = (  # the shipped drafter (sitting 25's rank-4 deltas)
-    "bench_s27_gsm8k30_fixed.json", "bench_s27_mtbench20_fixed.json",  # sync, async (sitting 27)
-    "bench_s26_fused_gsm8k30.json",  # fused (sitting 26)
+DEFAULT_SOURCES = (  # CPU runs of the shipped drafter (results/README.md gives their commands)
+    "bench_fixed_gsm8k30.json", "bench_fixed_mt_bench20.json",  # sync, async
+    "bench_fused_gsm8k30.json",  # fused
 )
 PROJECTED = ("async", "sync", "fused")  # fixed plans only: an adaptive row mixes plans
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+
 from sglang_d3d import cli_docs
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "cli.md"

@@ -1,18 +1,21 @@
 #!/usr/bin/env bash
-# Issue 9's two comparisons, each arm from the untrained drafter over the same data, seed and
+# Training choices compared, each arm from the untrained drafter over the same data, seed and
 # 600-step schedule as recipes/default_drafter.sh step 2, stopped at step 40 and evaluated on
-# the same 40 held-out samples:
+# the same 40 held-out samples (results: benchmarks/results/compare_formats.md and
+# compare_weights.md):
 #   kl   rank-32 deltas, KL to the target's distribution (the default)
 #   ce   rank-32 deltas, cross-entropy on the target's greedy tokens
 #   full full-rank deltas (rank 576 = hidden size: every projection free on mask slots, i.e. a
 #        full fine-tune of the mask path; not shippable, its checkpoint is ~0.5 GB)
-# and, with WEIGHTS=1 (sitting 22, over the data folder as it then stood: 66 shards), which
-# slots enter the loss:
+# and, with WEIGHTS=1 (measured over all 66 shards of data/distill), which slots enter the loss:
 #   weights_position    draft d with probability exp(-(d-1)/7) (the default)
 #   weights_confidence  each slot with the target's confidence in its block's earlier drafts
 #                       (`--slot-weights confidence`, after PARD-2)
-# Rerunning resumes an unfinished arm. Results: runs/compare/<arm>/history.jsonl;
-# benchmarks/results/compare_formats.md is written by benchmarks/compare_formats.py.
+# Rerunning resumes an unfinished arm. Each arm writes runs/compare/<arm>/history.jsonl; then
+#   .venv/bin/python benchmarks/compare_formats.py --runs runs/compare
+#   .venv/bin/python benchmarks/compare_formats.py --runs runs/compare \
+#     --arms weights_position,weights_confidence --out benchmarks/results/compare_weights
+# write the tables.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=.venv/bin/python

@@ -1,107 +1,90 @@
 #!/usr/bin/env bash
-# The default drafter for SmolLM2-135M-Instruct (docs/drafter.md), as it is being made on a
-# 2-core CPU with no GPU. Every step resumes where it stopped when rerun with the same command,
-# so one step may span several sittings; `d3d datagen|train|prune` run the same code as the
-# `python -m sglang_d3d.training.*` entry points used here. Run each long step on its own core
-# (taskset) and pause them (kill -STOP / -CONT) while benchmarking.
+# How the shipped drafter for SmolLM2-135M-Instruct (sglang_d3d/assets/drafter/) was made:
+# distillation data, four training schedules, each from the one before, the depth chosen by
+# pruning, the deltas cut to rank 4 and stored in int4, and the corpus of the target's answers.
+# Everything runs on a CPU, one thread a job: about 6 hours of data and 11 hours of training
+# on the machine it was made on (a two-core AMD EPYC VM). Every step resumes where
+# it stopped when rerun with the same command. `d3d datagen|train|prune` run the same code as
+# the `python -m sglang_d3d.training.*` entry points used here. docs/drafter.md explains each
+# choice; benchmarks/results/README.md holds what the result measures.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=.venv/bin/python
 
-# 1. Distillation data: greedy responses of the target (max 256 new tokens) to GSM8K train
-#    questions and the built-in instruction/code mix (2:1), 128 prompts per shard, 48 sequences
-#    in flight on one thread. Target: >= 1M response tokens (issue 9); shards are committed as
-#    they land in data/distill.
-$PY -m sglang_d3d.training.datagen --out-dir data/distill --batch-size 48
+# 1. Distillation data: the target's greedy answers (up to 256 new tokens) to the GSM8K train
+#    questions and the built-in instruction and code mix (2:1), 128 prompts per shard, 48
+#    sequences in flight. The result is committed (data/distill: 8,361 answers, 1.58M answer
+#    tokens), so this step runs only where that folder is missing. The GSM8K train questions
+#    are not bundled: point GSM8K_TRAIN (or $D3D_DATASETS/gsm8k/train.jsonl) at them.
+if [ ! -f data/distill/manifest.json ]; then
+  GSM8K_TRAIN=${GSM8K_TRAIN:-${D3D_DATASETS:?set D3D_DATASETS or GSM8K_TRAIN}/gsm8k/train.jsonl}
+  $PY -m sglang_d3d.training.datagen --out-dir data/distill --gsm8k-path "$GSM8K_TRAIN" \
+    --batch-size 48
+fi
 
-# 2. Training (the paper's start): the whole target (all 30 layers, embedding, head; shared and
-#    frozen) + rank-32 deltas on mask slots + a learned mask embedding; 32 anchors per
-#    sequence, each with a block of 4..16 (so the engine can verify any block size in that
-#    range), KL to the target's distribution, draft d trained with probability
-#    exp(-(d-1)/7), AdamW 6e-4, cosine over 600 steps of 4 sequences. fp32 (--dtype auto).
-#    Between sittings data/train_v2/{drafter,trainer_meta.json,history.jsonl} are committed; a
-#    fresh clone resumes from them (optimizer moments restart, schedule and data continue).
+# 2. The first schedule, from the target: the whole target (all 30 layers, embedding and head,
+#    shared and frozen) with rank-32 deltas on mask slots and a learned mask embedding; 32
+#    anchors per sequence, each with a block of 4 to 16 (so the engine can verify any block
+#    size in that range); KL to the target's distribution, draft d in the loss with
+#    probability exp(-(d-1)/7); AdamW 6e-4, cosine over 600 steps of 4 sequences; fp32.
+#    Its drafter and trainer_meta.json are committed: this resumes from them, at its end.
 $PY -m sglang_d3d.training.train --out-dir data/train_v2 --block-size 16 \
   --min-block-size 4 --num-anchors 32 --rank 32 --alpha 32 --loss kl --gamma 7 --batch-size 4 \
-  --lr 6e-4 --warmup-steps 20 --max-steps 600 --eval-every 50 --eval-samples 40 --ckpt-minutes 5 --threads 1
+  --lr 6e-4 --warmup-steps 20 --max-steps 600 --eval-every 50 --eval-samples 40 \
+  --ckpt-minutes 5 --threads 1
 
-# 2b. A second schedule from the step-600 drafter (sitting 20; v2's held-out accepted length
-#     had flattened at 2.94-2.98 over its last 200 steps, at a learning rate decayed to 6e-5,
-#     having seen 2,400 of the 5,376 sequences): warm restart at 3e-4, cosine over 400 steps, a
-#     new data order (seed 1); the same objective and format. Resumes like step 2 where
-#     data/train_v3 is still on the machine; only its history.jsonl and trainer_meta.json are
-#     committed, not its weights: a further 19.6 MB checkpoint would take the packed repository
-#     over 100 MB (84.3 MiB in sitting 20).
-taskset -c 1 $PY -m sglang_d3d.training.train --init-from data/train_v2/drafter \
+# 2b. A second schedule from it: a warm restart at 3e-4, cosine over 400 steps, a new data
+#     order (seed 1). The first schedule's held-out accepted length had flattened at 2.94-2.98
+#     over its last 200 steps. Then its deltas in int4, the start of step 2d.
+$PY -m sglang_d3d.training.train --init-from data/train_v2/drafter \
   --out-dir data/train_v3 --block-size 16 --min-block-size 4 --num-anchors 32 --rank 32 \
   --alpha 32 --loss kl --gamma 7 --batch-size 4 --lr 3e-4 --warmup-steps 10 --max-steps 400 \
   --eval-every 100 --eval-samples 40 --ckpt-minutes 10 --no-initial-eval --threads 1 --seed 1
+$PY -m sglang_d3d.cli compact --src data/train_v3 --dst data/train_v3/drafter_int4 --store int4
 
-# 2d. A fourth schedule from the shipped (step-2b, int4) drafter (sitting 22), over the data
-#     folder as it stood at its start (datagen was adding shards meanwhile): lr 3e-4, 10 warm-up steps, cosine
-#     over 360 steps, data order seed 3. Held-out accepted length at block 16 (40 samples x 8
-#     blocks): 3.103 (step 120), 3.197 (240), 3.209 (360), against 3.078 for step 2b. Its
-#     deltas are committed in int4 (data/train_v5/drafter_int4, `d3d compact`). Shipped since
-#     sitting 23 (step 4), after `d3d bench` ran it beside step 2b's drafter in one run.
-#   taskset -c 1 $PY -m sglang_d3d.training.train --init-from sglang_d3d/assets/drafter \
-#     --out-dir data/train_v5 --block-size 16 --min-block-size 4 --num-anchors 32 --rank 32 \
-#     --alpha 32 --loss kl --gamma 7 --batch-size 4 --lr 3e-4 --warmup-steps 10 --max-steps 360 \
-#     --eval-every 120 --eval-samples 40 --ckpt-minutes 10 --no-initial-eval --threads 1 --seed 3
-#   $PY -m sglang_d3d.cli compact --src data/train_v5 --dst data/train_v5/drafter_int4 --store int4
-# 2e. A fifth schedule from the step-2d drafter (sitting 24), over all 1.58M tokens in a new
-#     order (seed 4): lr 3e-4, 10 warm-up steps, cosine over 300 steps. Only its history.jsonl
-#     and trainer_meta.json are committed; it resumes where data/train_v6 is still on the
-#     machine. It started from step 2d's bf16 deltas (data/train_v5/drafter, not committed;
-#     a fresh clone has the int4 ones, data/train_v5/drafter_int4). Its deltas ship cut to
-#     rank 4 (step 4) since sitting 25.
-#   taskset -c 1 $PY -m sglang_d3d.training.train --init-from data/train_v5/drafter \
-#     --out-dir data/train_v6 --block-size 16 --min-block-size 4 --num-anchors 32 --rank 32 \
-#     --alpha 32 --loss kl --gamma 7 --batch-size 4 --lr 3e-4 --warmup-steps 10 --max-steps 300 \
-#     --eval-every 100 --eval-samples 40 --ckpt-minutes 10 --no-initial-eval --threads 1 --seed 4
-# 2c. A third schedule from the step-2b drafter (sitting 21): level at its first evaluation
-#     (held-out 3.0875 at step 100 against 3.078) and stopped there; not shipped. Kept as a
-#     record (commented out): only data/train_v4/history.jsonl and trainer_meta.json are
-#     committed; it resumes where data/train_v4 is still on the machine.
-# taskset -c 1 $PY -m sglang_d3d.training.train --init-from data/train_v3/drafter \
-#   --out-dir data/train_v4 --block-size 16 --min-block-size 4 --num-anchors 32 --rank 32 \
-#   --alpha 32 --loss kl --gamma 7 --batch-size 4 --lr 2e-4 --warmup-steps 10 --max-steps 400 \
-#   --eval-every 100 --eval-samples 40 --ckpt-minutes 10 --no-initial-eval --threads 1 --seed 2
+# (A schedule from step 2b at 2e-4 was level at its first evaluation and stopped; it is left out.)
+# 2d. A third schedule from step 2b's int4 drafter: 3e-4, cosine over 360 steps, data order
+#     seed 3. Held-out accepted length at block 16 (40 samples x 8 blocks): 3.103 (step 120),
+#     3.197 (240), 3.209 (360), against 3.078 for step 2b. (It ran while datagen was still
+#     adding shards: over the first 5,351 answers.) Its int4 deltas are committed
+#     (data/train_v5/drafter_int4).
+$PY -m sglang_d3d.training.train --init-from data/train_v3/drafter_int4 \
+  --out-dir data/train_v5 --block-size 16 --min-block-size 4 --num-anchors 32 --rank 32 \
+  --alpha 32 --loss kl --gamma 7 --batch-size 4 --lr 3e-4 --warmup-steps 10 --max-steps 360 \
+  --eval-every 120 --eval-samples 40 --ckpt-minutes 10 --no-initial-eval --threads 1 --seed 3
 
-# 3. Pruning by acceptance length, 4 layers per round (one layer per round re-scores 30
-#    candidates 12 times: too slow on one core), re-distilled from the full drafter; the table
-#    (accepted length per position, draft-pass time, ar/sync/async tokens/s per depth) goes to
-#    benchmarks/results/prune_step600/prune_table.{json,md,png}. Resumes after its last
-#    finished round. (The step-194 table, benchmarks/results/prune_table.*, came from the same
-#    command with --out-dir runs/prune --results-dir benchmarks/results --min-layers 18.)
-taskset -c 1 $PY -m sglang_d3d.training.prune --drafter-path data/train_v2/drafter \
-  --out-dir runs/prune600 --results-dir benchmarks/results/prune_step600 --per-round 4 \
+# 2e. The fourth schedule, the one shipped, from step 2d's bf16 drafter, over all 1.58M tokens
+#     in a new order (seed 4): 3e-4, cosine over 300 steps. Held-out accepted length at block
+#     16: 3.156 / 3.216 / 3.269 at steps 100 / 200 / 300 (the shipped acceptance.json).
+$PY -m sglang_d3d.training.train --init-from data/train_v5/drafter \
+  --out-dir data/train_v6 --block-size 16 --min-block-size 4 --num-anchors 32 --rank 32 \
+  --alpha 32 --loss kl --gamma 7 --batch-size 4 --lr 3e-4 --warmup-steps 10 --max-steps 300 \
+  --eval-every 100 --eval-samples 40 --ckpt-minutes 10 --no-initial-eval --threads 1 --seed 4
+
+# 3. Depth: prune by held-out acceptance length, 4 layers per round, re-distilled from the
+#    full drafter; the table (accepted length per position, draft-pass time, ar/sync/async
+#    tokens/s per depth) goes to benchmarks/results/prune/. Run on the first schedule's
+#    drafter, it found full depth the fastest end to end, so the later schedules keep all 30
+#    layers. The second command re-times every depth on an otherwise idle machine.
+$PY -m sglang_d3d.training.prune --drafter-path data/train_v2/drafter \
+  --out-dir runs/prune600 --results-dir benchmarks/results/prune --per-round 4 \
   --min-layers 22 --eval-samples 24 --score-samples 6 --recover-steps 20 --e2e-prompts 4 \
   --e2e-max-new-tokens 64 --e2e-block 8 --threads 1
-
-# 3b. The rounds above time end to end while other jobs share the machine; re-time every depth
-#     with them paused (kill -STOP) before choosing:
 $PY -m sglang_d3d.training.prune --drafter-path data/train_v2/drafter --out-dir runs/prune600 \
-  --results-dir benchmarks/results/prune_step600 --e2e-prompts 4 --e2e-max-new-tokens 64 \
+  --results-dir benchmarks/results/prune --e2e-prompts 4 --e2e-max-new-tokens 64 \
   --e2e-block 8 --remeasure
 
-# 4. Ship the depth with the highest measured end-to-end tokens/s (prune_table.md says which:
-#    full depth), with its deltas quantised to int4 and cut to rank 4 (0.72 MB against 5.4 MB
-#    at rank 32; the repository keeps every shipped checkpoint and packs under 100 MB).
-#    `d3d compact` reads the fp32 deltas from trainer_state.pt where it is still on the
-#    machine. Shipped since sitting 25: the fifth schedule's drafter (step 2e) at rank 4, after
-#    six `d3d bench` runs beside the step-2d drafter had it ahead or level (docs/drafter.md,
-#    "Choosing the drafter to ship"); this command wrote the shipped bytes. In sittings 23-24
-#    the fourth schedule's (step 2d, rank 32, the bytes of data/train_v5/drafter_int4); in
-#    21-22 the second schedule's (step 2b); before it, data/train_v2/drafter in bf16. Commented
-#    out: a clean clone has no data/train_v6/trainer_state.pt, and the pack has no room for
-#    another drafter (about 0.5 MB left).
-#  $PY -m sglang_d3d.cli compact --src data/train_v6 --dst sglang_d3d/assets/drafter --store int4 --rank 4
+# 4. Ship: step 2e's deltas cut to rank 4 (their 4 largest singular directions keep 98.7% of
+#    the squared singular values) and stored in int4: 0.72 MB against 5.4 MB at rank 32.
+#    Offline accepted length at blocks 16 / 8 (benchmarks/bench_accept.py): GSM8K 3.38 / 3.35,
+#    MT-Bench 2.66 / 2.53, MBPP 2.89 / 2.69, ahead of step 2d's rank-32 drafter on all six;
+#    end to end (`d3d bench --alt-drafter`) ahead or level in six runs on the three sets.
+$PY -m sglang_d3d.cli compact --src data/train_v6 --dst sglang_d3d/assets/drafter --store int4 \
+  --rank 4
 
-# 5. The target's own answers beside it, for copies where a request's text has none
+# 5. The target's own answers beside the drafter, for copies where a request's text has none
 #    (speculative/corpus_lookup.py, --corpus-tokens): the first 1.02M tokens (5,376 answers),
-#    0.6 MB. All 1.58M were measured in sitting 23 beside the first 1.02M, in one `d3d bench`
-#    run (-corpus<N> modes): no faster on GSM8K or MT-Bench, so they do not ship. The shipped
-#    file predates the xz format (models/corpus.py) and reads as before; this command writes
-#    the same tokens in xz, in other bytes: commented out, as step 4 is, for the pack's sake.
-#  $PY -m sglang_d3d.cli corpus --data data/distill --drafter sglang_d3d/assets/drafter \
-#    --max-tokens 1020917
+#    0.6 MB. All 1.58M were no faster on GSM8K or MT-Bench in `d3d bench`. (The shipped file
+#    predates the xz format of models/corpus.py; this writes the same tokens in xz.)
+$PY -m sglang_d3d.cli corpus --data data/distill --drafter sglang_d3d/assets/drafter \
+  --max-tokens 1020917

@@ -1,121 +1,121 @@
 """`d3d datagen`: the target answers training prompts; the answers are the drafter's labels.
 
-Prompt order: GSM8K train questions and the instruction/code mix interleaved (ratio
-`gsm8k_per_mix`), so any prefix of a run is a usable, mixed dataset. Shard k always holds prompts
-[k*S, (k+1)*S) of that deterministic order; a restart skips shards already on disk, so a killed
-run resumes where it stopped and never writes a prompt twice. Generation is continuously
-batched on the engine's own target runner (training/generation.py).
+Two generators: a serving engine (`--server URL`: SGLang, vLLM or `d3d serve`, many requests in
+flight, datagen_async.py), or, by default, the embedded engine on `--device` (continuous
+batching on the engine's own target runner, training/generation.py). The prompts are the
+user's files (`--prompts`) or the built-in GSM8K/mix order (datagen_prompts.py).
 
-Greedy responses (temperature 0) are exactly the target's greedy continuation, which is what
-lets training measure greedy acceptance length offline.
+Shard k always holds records [k*S, (k+1)*S) of that deterministic order. A restart skips shards
+already listed and, with a server, the records already journaled, so a stopped run resumes
+where it stopped and never stores a record twice. Greedy responses (temperature 0) are exactly
+the target's greedy continuation, which is what lets training measure greedy acceptance length
+offline.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
+import asyncio
+import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-import numpy as np
-
-from sglang_d3d.training.generation import generate_continuous
-from sglang_d3d.training.prompt_mix import build_mix
-from sglang_d3d.training.shards import (
-    Sample,
-    read_manifest,
-    shard_name,
-    write_manifest,
-    write_shard,
+from sglang_d3d.training.datagen_async import (
+    Progress,
+    ServerRun,
+    encode_chat,
+    record_shard,
+    resume_state,
+    run_server_datagen,
 )
+from sglang_d3d.training.datagen_journal import Record, Turn, pack_shard
+from sglang_d3d.training.datagen_prompts import (  # noqa: F401 - interleave: public helper
+    PromptList,
+    build_prompt_list,
+    gsm8k_train_path,
+    interleave,
+)
+from sglang_d3d.training.datagen_server import ServerError, TokenIdMode
+from sglang_d3d.training.generation import generate_continuous
+from sglang_d3d.training.prompt_files import PromptFileError
+from sglang_d3d.training.shards import read_manifest, shard_name, write_manifest
+from sglang_d3d.training.tokenizer_check import TokenizerMismatch
 
-GSM8K_TRAIN = "/work/shared/datasets/gsm8k/train.jsonl"
-SOURCE_GSM8K, SOURCE_MIX = 0, 1
+EMBEDDED_MAX_NEW, SERVER_MAX_NEW = 256, 2048
+
+
+class DatagenError(ValueError):
+    """A run that cannot start or go on; one line for the user."""
 
 
 @dataclass(frozen=True)
 class DatagenConfig:
     out_dir: str = "data/distill"
     target_path: str | None = None  # None: the default SmolLM2-135M-Instruct
-    gsm8k_path: str = GSM8K_TRAIN
+    prompt_files: tuple[str, ...] = ()  # the user's JSONL files; () = the GSM8K/mix default
+    gsm8k_path: str | None = None  # None: $D3D_DATASETS/gsm8k/train.jsonl if there, else mix only
     gsm8k_per_mix: int = 2  # GSM8K prompts per mix prompt in the interleaved order
     max_prompts: int | None = None  # cap on the prompt list (None: all)
     shard_size: int = 128
-    batch_size: int = 32  # concurrent sequences (cache slots) of continuous batching
-    max_new_tokens: int = 256
+    max_new_tokens: int | None = None  # None: 2048 with a server, 256 embedded
     temperature: float = 0.0  # 0: greedy
     seed: int = 0
-    threads: int = 1
     max_shards: int | None = None  # stop after writing this many new shards (None: all)
+    # the embedded engine
+    batch_size: int = 32  # concurrent sequences (cache slots) of continuous batching
+    threads: int = 1
+    device: str = "cpu"
+    dtype: str = "float32"
+    # a serving engine
+    server: str | None = None  # base URL; None: the embedded engine
+    server_model: str | None = None  # None: the first model /v1/models lists
+    api_key: str | None = None
+    concurrency: int = 8
+    token_ids: str = "auto"  # TokenIdMode
+    retries: int = 2  # per request, by the openai client, before the run stops
+    request_timeout: float = 600.0
 
     def __post_init__(self) -> None:
-        if self.shard_size < 1 or self.batch_size < 1 or self.max_new_tokens < 1:
-            raise ValueError("shard_size, batch_size and max_new_tokens must be >= 1")
+        if min(self.shard_size, self.batch_size, self.concurrency) < 1:
+            raise ValueError("shard_size, batch_size and concurrency must be >= 1")
+        if self.max_new_tokens is not None and self.max_new_tokens < 1:
+            raise ValueError("max_new_tokens must be >= 1")
+        TokenIdMode(self.token_ids)
+
+    @property
+    def resolved_max_new(self) -> int:
+        if self.max_new_tokens is not None:
+            return self.max_new_tokens
+        return SERVER_MAX_NEW if self.server else EMBEDDED_MAX_NEW
+
+    def server_run(self) -> ServerRun:
+        return ServerRun(self.server, self.server_model, self.api_key, TokenIdMode(self.token_ids),
+                         self.concurrency, self.retries, self.request_timeout,
+                         self.resolved_max_new, self.temperature, self.seed, self.shard_size,
+                         self.max_shards)
 
 
-def load_gsm8k_questions(path: str) -> list[str]:
-    with open(path) as f:
-        return [json.loads(line)["question"] for line in f if line.strip()]
+# ---- manifest ---------------------------------------------------------------------------------
+# Settings that change which sample lands in which shard; the others (batch size, concurrency,
+# server address, caps) may differ between a run and its resumption.
+CONTENT_KEYS = ("target_path", "gsm8k_per_mix", "shard_size", "max_new_tokens", "temperature",
+                "seed")
+PRIVATE_KEYS = ("out_dir", "max_shards", "api_key")
 
 
-def interleave(a: list, b: list, a_per_b: int) -> list[tuple[int, object]]:
-    """[(0, a0), (0, a1), (1, b0), ...]: `a_per_b` items of a, then one of b, until both run out."""
-    out, ia, ib = [], 0, 0
-    while ia < len(a) or ib < len(b):
-        for _ in range(a_per_b):
-            if ia < len(a):
-                out.append((0, a[ia]))
-                ia += 1
-        if ib < len(b):
-            out.append((1, b[ib]))
-            ib += 1
-    return out
-
-
-def build_prompt_list(cfg: DatagenConfig) -> list[tuple[int, str]]:
-    """(source, question text) in the deterministic order shards are cut from."""
-    gsm = load_gsm8k_questions(cfg.gsm8k_path) if cfg.gsm8k_path else []
-    items = interleave(gsm, build_mix(cfg.seed), cfg.gsm8k_per_mix)
-    return items[: cfg.max_prompts] if cfg.max_prompts else items
-
-
-def encode_chat(tokenizer, question: str) -> list[int]:
-    """The target's chat template with the assistant turn opened, as the engine's clients use it."""
-    text = tokenizer.apply_chat_template(
-        [{"role": "user", "content": question}], tokenize=False, add_generation_prompt=True
-    )
-    return tokenizer(text, add_special_tokens=False)["input_ids"]
-
-
-def generate_shard(target, tok, items, first_index: int, cfg: DatagenConfig, eos_ids, pbar=None):
-    """Samples for prompts `items` (absolute indices from first_index)."""
-    encoded = [encode_chat(tok, q) for _, q in items]
-    results = generate_continuous(
-        target, encoded, cfg.max_new_tokens, eos_ids, num_slots=cfg.batch_size,
-        temperature=cfg.temperature, seed=cfg.seed + first_index,
-        on_done=(lambda _: pbar.update(1)) if pbar is not None else None,
-    )
-    samples = [
-        Sample(np.array(encoded[i]), np.array(results[i][0]), items[i][0], first_index + i)
-        for i in range(len(items))
-    ]
-    return samples, [r[1] for r in results]
-
-
-def _eos_ids(model, tok) -> set[int]:
-    eos = model.generation_config.eos_token_id
-    ids = set(eos if isinstance(eos, list) else [eos]) if eos is not None else set()
-    return ids | ({tok.eos_token_id} if tok.eos_token_id is not None else set())
-
-
-def _base_manifest(cfg: DatagenConfig, target: Path, num_prompts: int) -> dict:
+def base_manifest(cfg: DatagenConfig, target: Path, prompts: PromptList) -> dict:
+    generation = {k: v for k, v in asdict(cfg).items() if k not in PRIVATE_KEYS}
+    generation.update(max_new_tokens=cfg.resolved_max_new, prompt_files=list(cfg.prompt_files),
+                      prompts_sha256=prompts.fingerprint())
     return {
         "target": str(target.name),
-        "prompts_source": {"gsm8k_train": cfg.gsm8k_path, "mix": "sglang_d3d.training.prompt_mix"},
-        "num_prompts_planned": num_prompts,
-        "generator": "sglang_d3d TargetRunner, float32, continuous batching (training/generation.py)",
-        "generation": {k: v for k, v in asdict(cfg).items() if k not in ("out_dir", "max_shards")},
+        "prompts_source": prompts.sources,
+        "prompt_lines_skipped": prompts.skipped,
+        "num_prompts_planned": len(prompts.items),
+        "generator": (f"server {cfg.server}" if cfg.server else
+                      f"sglang_d3d TargetRunner, {cfg.dtype}, continuous batching on {cfg.device}"),
+        "generation": generation,
         "shards": [],
         "num_samples": 0,
         "num_prompt_tokens": 0,
@@ -124,89 +124,183 @@ def _base_manifest(cfg: DatagenConfig, target: Path, num_prompts: int) -> dict:
     }
 
 
-def _record_shard(manifest: dict, name: str, samples: list[Sample], seconds: float) -> None:
-    manifest["shards"].append(name)
-    manifest["num_samples"] += len(samples)
-    manifest["num_prompt_tokens"] += int(sum(len(s.prompt) for s in samples))
-    manifest["num_response_tokens"] += int(sum(len(s.response) for s in samples))
-    manifest["seconds"] = round(manifest["seconds"] + seconds, 1)
+def check_compatible(old: dict, new: dict, out: Path) -> None:
+    """Refuse to add to a folder whose shards or journals came from another prompt list or
+    other generation settings."""
+    if not (old.get("shards") or any(out.glob("shard_*.partial.jsonl"))):
+        return
+    g_old, g_new = old.get("generation", {}), new["generation"]
+    same = all(g_old.get(k) == g_new.get(k) for k in CONTENT_KEYS)
+    if "prompts_sha256" in g_old:
+        same = same and g_old["prompts_sha256"] == g_new["prompts_sha256"]
+    else:  # folders made before the prompt list had a fingerprint
+        same = same and g_old.get("gsm8k_path") == g_new.get("gsm8k_path") and not g_new["prompt_files"]
+    if not same:
+        raise DatagenError(f"{out} holds shards made with other settings or prompts; "
+                           "use another --out-dir")
 
 
-# Settings that change which sample lands in which shard; the others (batch size, threads, caps)
-# may differ between a run and its resumption.
-CONTENT_KEYS = ("target_path", "gsm8k_path", "gsm8k_per_mix", "shard_size", "max_new_tokens",
-                "temperature", "seed")
+def open_manifest(cfg: DatagenConfig, target: Path, prompts: PromptList) -> dict:
+    new = base_manifest(cfg, target, prompts)
+    old = read_manifest(Path(cfg.out_dir))
+    check_compatible(old, new, Path(cfg.out_dir))
+    return {**old, "generation": new["generation"], "generator": new["generator"]} if old else new
 
 
-def _check_compatible(old: dict, new: dict) -> None:
-    def key(m: dict) -> dict:
-        return {k: m.get("generation", {}).get(k) for k in CONTENT_KEYS}
+# ---- the embedded engine ----------------------------------------------------------------------
+def generate_shard(target, tok, items, first_index: int, cfg: DatagenConfig, eos_ids,
+                   pbar=None) -> list[Record]:
+    """Records for `items` (absolute indices from first_index): turn t of every conversation
+    is generated in one continuous batch, after turn t-1 of all of them."""
+    answers: list[list[str]] = [[] for _ in items]
+    turns: list[list[Turn]] = [[] for _ in items]
+    for t in range(max(len(c.user_turns) for _, c in items)):
+        active = [j for j, (_, c) in enumerate(items) if t < len(c.user_turns)]
+        prompts = [encode_chat(tok, items[j][1].messages(answers[j])) for j in active]
+        results = generate_continuous(
+            target, prompts, cfg.resolved_max_new, eos_ids, num_slots=cfg.batch_size,
+            temperature=cfg.temperature, seed=cfg.seed + first_index + t * 1_000_003,
+            on_done=(lambda _: pbar.update(1)) if pbar is not None else None, device=cfg.device,
+        )  # fmt: skip
+        for j, prompt, (ids, finished) in zip(active, prompts, results, strict=True):
+            turns[j].append(Turn(prompt, list(ids), finished))
+            answers[j].append(tok.decode(ids, skip_special_tokens=True))
+    return [Record(first_index + j, items[j][0], tuple(turns[j])) for j in range(len(items))]
 
-    if old and key(old) != key(new):
-        raise ValueError(
-            "the output folder holds shards made with other settings; use another --out-dir"
-        )
+
+def eos_ids_of(gen, tok) -> list[int]:
+    """The target's end ids (generation config `gen`, may be None, then the tokenizer's), the
+    generation config's first: it is appended to finished answers a server returned without it."""
+    eos = getattr(gen, "eos_token_id", None)
+    ids = list(eos if isinstance(eos, list) else [eos]) if eos is not None else []
+    if tok.eos_token_id is not None and tok.eos_token_id not in ids:
+        ids.append(tok.eos_token_id)
+    return ids
 
 
-def run_datagen_config(cfg: DatagenConfig) -> dict:
-    """Generate every missing shard; returns the final manifest."""
+def run_embedded(cfg: DatagenConfig, target: Path, tok, prompts: PromptList, prog: Progress) -> None:
     import torch
     from tqdm import tqdm
 
     from sglang_d3d.models.decoder import Decoder
-    from sglang_d3d.models.loading import load_hf_model, load_tokenizer, resolve_target_path
+    from sglang_d3d.models.loading import load_hf_model
 
     torch.set_num_threads(cfg.threads)
     torch.manual_seed(cfg.seed)
-    out = Path(cfg.out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    target = resolve_target_path(cfg.target_path)
-    items = build_prompt_list(cfg)
-    manifest = _base_manifest(cfg, target, len(items))
-    old = read_manifest(out)
-    _check_compatible(old, manifest)
-    manifest = {**old, "generation": manifest["generation"]} if old else manifest
-    model, tok = load_hf_model(target), load_tokenizer(target)
-    eos_ids = _eos_ids(model, tok)
+    model = load_hf_model(target, cfg.dtype).to(cfg.device)
+    eos = eos_ids_of(model.generation_config, tok)
     decoder = Decoder.from_hf(model)
-    num_shards = -(-len(items) // cfg.shard_size)
-    todo = [k for k in range(num_shards) if shard_name(k) not in manifest["shards"]]
+    s, items = cfg.shard_size, prompts.items
+    todo = [k for k in range(-(-len(items) // s)) if shard_name(k) not in prog.manifest["shards"]]
     todo = todo[: cfg.max_shards] if cfg.max_shards is not None else todo
-    pbar = tqdm(total=sum(len(items[k * cfg.shard_size : (k + 1) * cfg.shard_size]) for k in todo),
-                desc="datagen", unit="prompt", mininterval=10)
+    total = sum(sum(len(c.user_turns) for _, c in items[k * s : (k + 1) * s]) for k in todo)
+    pbar = tqdm(total=total, desc="datagen", unit="turn", mininterval=10)
     for k in todo:
         t0 = time.perf_counter()
-        chunk = items[k * cfg.shard_size : (k + 1) * cfg.shard_size]
-        samples, finished = generate_shard(decoder, tok, chunk, k * cfg.shard_size, cfg, eos_ids, pbar)
-        write_shard(out / shard_name(k), samples, finished)
-        _record_shard(manifest, shard_name(k), samples, time.perf_counter() - t0)
-        write_manifest(out, manifest)  # after the shard: a listed shard always exists whole
+        records = generate_shard(decoder, tok, items[k * s : (k + 1) * s], k * s, cfg, set(eos), pbar)
+        samples = pack_shard(prog.out, k, records)
+        record_shard(prog.manifest, shard_name(k), samples, records, time.perf_counter() - t0)
+        write_manifest(prog.out, prog.manifest)  # after the shard: a listed shard exists whole
     pbar.close()
-    return manifest
+
+
+# ---- both ---------------------------------------------------------------------------------------
+def run_datagen_config(cfg: DatagenConfig) -> dict:
+    """Generate every missing shard; returns the final manifest. Raises DatagenError,
+    PromptFileError, ServerError or TokenizerMismatch with a one-line message."""
+    from sglang_d3d.models.loading import load_tokenizer, resolve_target_path
+
+    cfg = replace(cfg, gsm8k_path=gsm8k_train_path(cfg.gsm8k_path) if not cfg.prompt_files else None)
+    target = resolve_target_path(cfg.target_path)
+    prompts = build_prompt_list(cfg.prompt_files, cfg.gsm8k_path, cfg.gsm8k_per_mix, cfg.seed,
+                                cfg.max_prompts)
+    out = Path(cfg.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    manifest = open_manifest(cfg, target, prompts)
+    write_manifest(out, manifest)
+    tok = load_tokenizer(target)
+    prog = resume_state(out, manifest, cfg.shard_size, len(prompts.items))
+    if cfg.server is None:
+        run_embedded(cfg, target, tok, prompts, prog)
+        return prog.manifest
+    eos = eos_ids_of(_generation_config(target), tok)
+    try:
+        facts = asyncio.run(run_server_datagen(cfg.server_run(), tok, prompts, prog, eos))
+    except ServerError as e:
+        kept = prog.manifest.get("num_records", 0) + sum(len(p) for p in prog.pending.values())
+        raise ServerError(f"{e}; the {kept} records done are kept in {out}: run the same "
+                          "command again to resume") from e
+    prog.manifest["server"] = facts
+    write_manifest(out, prog.manifest)
+    return prog.manifest
+
+
+def _generation_config(target: Path):
+    from transformers import GenerationConfig
+
+    try:
+        return GenerationConfig.from_pretrained(str(target))
+    except OSError:  # no generation_config.json: the tokenizer's EOS alone
+        return None
 
 
 def add_datagen_args(p: argparse.ArgumentParser) -> None:
     d = DatagenConfig()
     p.add_argument("--out-dir", default=d.out_dir)
-    p.add_argument("--target", dest="target_path", default=None, help="HF folder (default: SmolLM2)")
-    p.add_argument("--gsm8k-path", default=d.gsm8k_path)
+    p.add_argument("--target", dest="target_path", default=None,
+                   help="HF folder of the target: its tokenizer and chat template (default: SmolLM2)")
+    p.add_argument("--prompts", dest="prompt_files", action="append", default=[], metavar="FILE",
+                   help="JSONL of ShareGPT `conversations`, OpenAI `messages` or `prompt` "
+                        "(repeatable; default: GSM8K train and the built-in mix)")
+    p.add_argument("--gsm8k-path", default=None,
+                   help="GSM8K train JSONL (default: $D3D_DATASETS/gsm8k/train.jsonl if present)")
     p.add_argument("--gsm8k-per-mix", type=int, default=d.gsm8k_per_mix)
     p.add_argument("--max-prompts", type=int, default=None)
     p.add_argument("--shard-size", type=int, default=d.shard_size)
-    p.add_argument("--batch-size", type=int, default=d.batch_size)
-    p.add_argument("--max-new-tokens", type=int, default=d.max_new_tokens)
+    p.add_argument("--max-new-tokens", type=int, default=None,
+                   help=f"per answer (default: {SERVER_MAX_NEW} with --server, {EMBEDDED_MAX_NEW} "
+                        "embedded)")
     p.add_argument("--temperature", type=float, default=d.temperature)
     p.add_argument("--seed", type=int, default=d.seed)
-    p.add_argument("--threads", type=int, default=d.threads)
     p.add_argument("--max-shards", type=int, default=None)
+    e = p.add_argument_group("embedded engine (no --server)")
+    e.add_argument("--batch-size", type=int, default=d.batch_size)
+    e.add_argument("--threads", type=int, default=d.threads)
+    e.add_argument("--device", default=d.device, help="cpu, cuda, cuda:1, ...")
+    e.add_argument("--dtype", default=d.dtype, help="float32, bfloat16 or auto")
+    s = p.add_argument_group("serving engine")
+    s.add_argument("--server", default=None, help="base URL of an OpenAI-compatible server")
+    s.add_argument("--server-model", default=None, help="model name (default: the first listed)")
+    s.add_argument("--api-key", default=None)
+    s.add_argument("--concurrency", type=int, default=d.concurrency, help="requests in flight")
+    s.add_argument("--token-ids", default=d.token_ids, choices=[m.value for m in TokenIdMode],
+                   help="how answers' token ids come back (default: the first the server offers)")
+    s.add_argument("--retries", type=int, default=d.retries)
+    s.add_argument("--request-timeout", type=float, default=d.request_timeout)
+
+
+USER_ERRORS = (DatagenError, PromptFileError, ServerError, TokenizerMismatch)
 
 
 def run_datagen(args: argparse.Namespace) -> int:
     fields = DatagenConfig.__dataclass_fields__
-    cfg = DatagenConfig(**{k: v for k, v in vars(args).items() if k in fields})
-    m = run_datagen_config(cfg)
+    values = {k: v for k, v in vars(args).items() if k in fields}
+    values["prompt_files"] = tuple(values.get("prompt_files") or ())
+    cfg = DatagenConfig(**values)
+    try:
+        m = run_datagen_config(cfg)
+    except USER_ERRORS as e:
+        print(f"d3d datagen: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print(f"d3d datagen: stopped; run the same command again to resume ({cfg.out_dir})",
+              file=sys.stderr)
+        return 130
+    rt = m.get("retokenized", {})
     print(f"{m['num_samples']} samples, {m['num_response_tokens']} response tokens "
-          f"in {len(m['shards'])} shards under {cfg.out_dir}")
+          f"in {len(m['shards'])} shards under {cfg.out_dir}"
+          + (f"; {rt['round_trip_mismatches']} of {rt['turns']} re-tokenized answers failed the "
+             "round trip" if rt.get("turns") else ""))
     return 0
 
 

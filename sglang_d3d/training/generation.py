@@ -28,6 +28,7 @@ def generate_continuous(
     temperature: float = 0.0,
     seed: int = 0,
     on_done: Callable[[int], None] | None = None,
+    device: str = "cpu",  # where `target` is
 ) -> list[tuple[list[int], bool]]:
     """[(response ids incl. EOS, finished)] in prompt order. Prompt i samples (temperature > 0)
     from its own stream, seeded `seed + i`. on_done(i) when prompt i's response is complete."""
@@ -36,7 +37,7 @@ def generate_continuous(
     cfg = EngineConfig(
         mode=Mode.AR, max_batch_size=num_slots, max_context=max(8, longest + max_new_tokens),
         max_queue=len(prompts), prefill_chunk=chunk, max_prefill_tokens=chunk,
-        target_threads=torch.get_num_threads(),
+        target_threads=torch.get_num_threads(), device=device,
     )
     engine = SpecEngine(cfg, target, None, tuple(sorted(eos_ids)))
     params = [SamplingParams(temperature=temperature, max_new_tokens=max_new_tokens, seed=seed + i)

@@ -10,6 +10,7 @@ from the target computes the target's layers exactly on clean tokens.
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -34,20 +35,38 @@ VOCAB = {"llama3": LARGE_VOCAB}  # the others: TINY_VOCAB
 NEW_TOKENS = 16
 
 
+@dataclass(frozen=True)
+class Family:
+    arch: str
+    target_dir: str
+    hf: object  # the transformers model, float64
+    target: Decoder  # over the same weights
+    drafter: D3DDrafter  # small random deltas over two layers
+
+    @property
+    def models(self) -> tuple:
+        return self.hf, self.target, self.drafter
+
+    @property
+    def vocab(self) -> int:
+        return self.target.arch.vocab_size
+
+
 def _prompts(vocab: int) -> list[list[int]]:
+    """Three prompts, each with the vocabulary's last id (above uint16 in the large one)."""
     g = torch.Generator().manual_seed(7)
-    return [torch.randint(3, vocab, (n,), generator=g).tolist() for n in (5, 11, 2)]
+    return [torch.randint(3, vocab, (n,), generator=g).tolist() + [vocab - 1] for n in (5, 11, 1)]
 
 
 @pytest.fixture(scope="module")
-def family(request, tmp_path_factory):
-    """(arch, hf_model, target Decoder, drafter) in float64, built once per family."""
+def family(request, tmp_path_factory) -> Family:
+    """Built once per family, in float64 (no argmax ties between passes of other shapes)."""
     arch = request.param
     target_dir, drafter_dir = make_tiny_pair(tmp_path_factory.mktemp(arch), arch=arch, seed=2,
                                              vocab=VOCAB.get(arch, TINY_VOCAB))
     hf = load_hf_model(Path(target_dir)).double()
     target = Decoder.from_hf(hf)
-    return arch, hf, target, D3DDrafter.from_pretrained(drafter_dir, target)
+    return Family(arch, target_dir, hf, target, D3DDrafter.from_pretrained(drafter_dir, target))
 
 
 def hf_greedy(hf, prompt: list[int], n: int) -> list[int]:
@@ -58,37 +77,61 @@ def hf_greedy(hf, prompt: list[int], n: int) -> list[int]:
     return out[0, len(prompt):].tolist()
 
 
-@pytest.mark.parametrize("family", TINY_ARCHS, indirect=True)
-def test_greedy_with_a_drafter_equals_ar_and_transformers(family):
-    arch, hf, target, drafter = family
-    models = (hf, target, drafter)
-    prompts = _prompts(target.arch.vocab_size)
+def assert_exact(f: Family, drafter: D3DDrafter) -> None:
+    """sync mode with `drafter` == ar == transformers' generate, token for token."""
+    models = (f.hf, f.target, drafter)
+    prompts = _prompts(f.vocab)
     params = SamplingParams(max_new_tokens=NEW_TOKENS)
     ar = generate(make_engine(models, Mode.AR), prompts, params)
     sync = generate(make_engine(models, Mode.SYNC, block=4), prompts, params)
     for prompt, a, s in zip(prompts, ar, sync, strict=True):
         assert a.error is None and s.error is None
-        assert s.token_ids == a.token_ids == hf_greedy(hf, prompt, NEW_TOKENS), arch
-    assert max(o.stats.mean_accepted_length for o in sync) > 1  # drafts were accepted
+        assert s.token_ids == a.token_ids == hf_greedy(f.hf, prompt, NEW_TOKENS), f.arch
+
+
+@pytest.mark.parametrize("family", TINY_ARCHS, indirect=True)
+def test_greedy_with_a_drafter_equals_ar_and_transformers(family):
+    assert_exact(family, family.drafter)
+
+
+def _causal(ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """ids [1, T] -> (positions [1, T], causal mask [1, T, T])."""
+    t = ids.shape[1]
+    return torch.arange(t).unsqueeze(0), torch.ones(t, t, dtype=torch.bool).tril().unsqueeze(0)
 
 
 @pytest.mark.parametrize("family", TINY_ARCHS, indirect=True)
 def test_a_full_depth_drafter_is_the_target_on_clean_tokens(family):
     """A fresh drafter (zero deltas) over every layer: its clean-token logits are the
     target's, so biases, q/k norms and rope scaling reach the drafter's path too."""
-    arch, hf, target, _ = family
-    drafter = D3DDrafter.init_from_target(target, None, block_size=4, rank=4, alpha=4.0)
-    assert drafter.cfg.base_model_type == hf.config.model_type and drafter.is_full_depth
-    ids = torch.tensor([_prompts(target.arch.vocab_size)[1]])  # [1, T]
-    t = ids.shape[1]
-    pos = torch.arange(t).unsqueeze(0)
-    causal = torch.ones(t, t, dtype=torch.bool).tril().unsqueeze(0)  # [1, T, T]
+    f = family
+    drafter = D3DDrafter.init_from_target(f.target, None, block_size=4, rank=4, alpha=4.0)
+    assert drafter.cfg.base_model_type == f.hf.config.model_type and drafter.is_full_depth
+    ids = torch.tensor([_prompts(f.vocab)[1]])  # [1, T]
+    pos, causal = _causal(ids)
     with torch.no_grad():
-        got = drafter.logits(drafter.hidden(ids, pos, causal))
-        want = hf(ids).logits
-        ours = target(ids, Batch(pos, causal))
-    torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-9)
+        want = f.hf(ids).logits
+        ours = f.target(ids, Batch(pos, causal))
+        drafted = drafter.logits(drafter.hidden(ids, pos, causal))
     torch.testing.assert_close(ours, want, rtol=1e-9, atol=1e-9)
+    torch.testing.assert_close(drafted, want, rtol=1e-9, atol=1e-9)
+
+
+@pytest.mark.parametrize("family", TINY_ARCHS, indirect=True)
+def test_the_fast_fp32_paths_match_transformers(family):
+    """In fp32 on a CPU the target and the drafter run fused, packed projections (biases
+    included); they agree with transformers up to float rounding."""
+    hf = load_hf_model(Path(family.target_dir))
+    target = Decoder.from_hf(hf)
+    drafter = D3DDrafter.init_from_target(target, None, block_size=4, rank=4, alpha=4.0)
+    ids = torch.tensor([_prompts(family.vocab)[1]])
+    pos, causal = _causal(ids)
+    with torch.no_grad():
+        want = hf(ids).logits
+        fast = target(ids, Batch(pos, causal), fast=True)
+        drafted = drafter.logits(drafter.hidden(ids, pos, causal, fast=True), fast=True)
+    torch.testing.assert_close(fast, want, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(drafted, want, rtol=1e-4, atol=1e-4)
 
 
 def test_the_tiny_families_carry_what_makes_each_one_different(tmp_path):
@@ -109,22 +152,20 @@ def test_the_tiny_families_carry_what_makes_each_one_different(tmp_path):
 def test_a_sliding_window_target_is_exact_up_to_its_window(family):
     """A request filling the whole window: transformers attends within the window, we attend
     over everything; inside the window the two are the same."""
-    _, hf, target, drafter = family
-    prompt = _prompts(TINY_VOCAB)[0] * (TINY_WINDOW // 5)
-    prompt = prompt[: TINY_WINDOW - NEW_TOKENS]
-    out = generate(make_engine((hf, target, drafter), Mode.SYNC, context=TINY_WINDOW), [prompt],
+    prompt = (_prompts(TINY_VOCAB)[0] * TINY_WINDOW)[: TINY_WINDOW - NEW_TOKENS]
+    out = generate(make_engine(family.models, Mode.SYNC, context=TINY_WINDOW), [prompt],
                    SamplingParams(max_new_tokens=NEW_TOKENS))[0]
-    assert out.error is None and out.token_ids == hf_greedy(hf, prompt, NEW_TOKENS)
+    assert out.error is None and out.token_ids == hf_greedy(family.hf, prompt, NEW_TOKENS)
 
 
 @pytest.mark.parametrize("family", ["mistral"], indirect=True)
 def test_a_context_beyond_the_sliding_window_is_refused(family):
-    _, hf, target, drafter = family
-    with pytest.raises(UnsupportedArchitectureError) as e:
-        make_engine((hf, target, drafter), Mode.SYNC, context=TINY_WINDOW + 1)
-    msg = str(e.value)
-    assert "\n" not in msg and "mistral" in msg and f"{TINY_WINDOW}" in msg
-    assert "--max-context" in msg
+    for mode in (Mode.AR, Mode.SYNC):
+        with pytest.raises(UnsupportedArchitectureError) as e:
+            make_engine(family.models, mode, context=TINY_WINDOW + 1)
+        msg = str(e.value)
+        assert "\n" not in msg and "mistral" in msg and f"{TINY_WINDOW}" in msg
+        assert "--max-context" in msg
 
 
 def test_check_context_allows_no_window_and_a_window_at_least_the_context():
@@ -180,3 +221,32 @@ def test_other_families_are_refused_from_config_json_before_any_weight(tmp_path,
 def test_the_supported_list_is_the_tested_one():
     assert sorted(SUPPORTED) == ["llama", "mistral", "qwen2", "qwen3"]
     assert {"llama" if a == "llama3" else a for a in TINY_ARCHS} == set(SUPPORTED)
+
+
+# ---- the drafter pipeline -------------------------------------------------------------------
+@pytest.mark.parametrize("family", TINY_ARCHS, indirect=True)
+def test_datagen_train_and_serve_each_family(family, tmp_path):
+    """`d3d datagen` on the target, two training steps, and the trained drafter served
+    exactly (its greedy output is ar's and transformers')."""
+    from sglang_d3d.training.datagen import DatagenConfig, run_datagen_config
+    from sglang_d3d.training.shards import load_samples
+    from sglang_d3d.training.train import TrainConfig, Trainer
+
+    top = family.vocab - 1  # above uint16 in the large vocabulary
+    questions = tmp_path / "questions.jsonl"
+    questions.write_text("".join(json.dumps({"question": f"w{5 + i} w{top - i} w7"}) + "\n"
+                                 for i in range(8)))
+    data = tmp_path / "data"
+    run_datagen_config(DatagenConfig(out_dir=str(data), target_path=family.target_dir,
+                                     gsm8k_path=str(questions), max_prompts=8, shard_size=8,
+                                     batch_size=8, max_new_tokens=8))
+    assert max(int(s.ids.max()) for s in load_samples(data)) == top
+    export = tmp_path / "drafter"
+    final = Trainer(TrainConfig(
+        data_dir=str(data), out_dir=str(tmp_path / "run"), target_path=family.target_dir,
+        layers=(0, 3), block_size=4, num_anchors=3, rank=4, alpha=4.0, batch_size=4,
+        max_steps=2, warmup_steps=1, eval_every=2, heldout_every=4, eval_samples=2, lr=1e-2,
+        export_to=str(export),
+    )).run()
+    assert final["step"] == 2 and 1.0 <= final["accept_len"] <= 4.0
+    assert_exact(family, D3DDrafter.from_pretrained(export, family.target))

@@ -8,6 +8,7 @@ the cache and loaded from there afterwards.
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import shutil
 import tempfile
@@ -107,10 +108,21 @@ def resolve_drafter_path(path: str | None) -> Path:
     return p
 
 
-def load_tokenizer(path: Path):
-    _offline()
-    from transformers import AutoTokenizer
+GENERIC_TOKENIZERS = ("TokenizersBackend", "PreTrainedTokenizerFast")
 
+
+def load_tokenizer(path: Path):
+    """The folder's tokenizer. One that declares a generic class is its tokenizer.json as
+    written: transformers would otherwise rebuild some families' own class from the vocabulary
+    alone (a `qwen2` folder always gets Qwen2's byte-level BPE), losing a custom pipeline."""
+    _offline()
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+    config = Path(path) / "tokenizer_config.json"
+    if (Path(path) / "tokenizer.json").exists() and config.exists():
+        declared = json.loads(config.read_text()).get("tokenizer_class")
+        if declared in GENERIC_TOKENIZERS:
+            return PreTrainedTokenizerFast.from_pretrained(str(path))
     return AutoTokenizer.from_pretrained(str(path))
 
 

@@ -1,0 +1,80 @@
+"""Greedy output of SGLang alone against SGLang with D3D, on any pair, and D3D's sampled output.
+
+    python -m sglang_d3d.sglang_worker.cpu_harness.compare TARGET DRAFTER PROMPTS_JSON MAX_NEW
+        [DEVICE [DTYPE]]
+
+PROMPTS_JSON: a list of token-id lists. Runs under `cpu_harness.subprocess_env()` on CPU (as
+e2e.py). Prints one JSON line, `COMPARE-RESULT {...}`:
+  baseline  greedy output ids of SGLang without speculative decoding, per prompt
+  d3d       the same prompts through SGLang + D3DWorker: ids, finish reason, error and the
+            accepted lengths per cycle
+  sampled   the prompts at temperature 0.7 through SGLang + D3D (ids, finish reason, error)
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from sglang_d3d.sglang_worker.cpu_harness.e2e import _attention, _collect
+
+
+def baseline(target: str, prompts: list, max_new: int, device: str, dtype: str) -> list:
+    import sglang
+
+    engine = sglang.Engine(
+        model_path=target, device=device, max_running_requests=len(prompts), dtype=dtype,
+        skip_tokenizer_init=True, log_level="error", max_total_tokens=8192,
+        disable_overlap_schedule=True, **_attention(device),
+    )  # fmt: skip
+    try:
+        out = engine.generate(input_ids=prompts,
+                              sampling_params={"temperature": 0, "max_new_tokens": max_new})
+        return [o["output_ids"] for o in out]
+    finally:
+        engine.shutdown()
+
+
+def run_d3d(target: str, drafter: str, prompts: list, max_new: int, device: str,
+            dtype: str) -> dict:
+    from sglang_d3d.api import GenerationRequest
+    from sglang_d3d.config import EngineConfig, Mode, SamplingParams, SpecConfig
+    from sglang_d3d.sglang_worker.backend import build_engine_loop
+
+    block = json.loads((Path(drafter) / "config.json").read_text())["block_size"]  # its own
+    cfg = EngineConfig(mode=Mode.ASYNC, spec=SpecConfig(block_size=block), target_path=target,
+                       drafter_path=drafter, device=device, max_batch_size=len(prompts),
+                       max_context=2048, dtype=dtype)
+    loop = build_engine_loop(cfg, max_total_tokens=8192, log_level="error",
+                             max_running_requests=None, **_attention(device))
+    loop.start()
+    try:
+        greedy = SamplingParams(temperature=0.0, max_new_tokens=max_new)
+        sampled = SamplingParams(temperature=0.7, seed=11, max_new_tokens=max_new)
+        return {
+            "d3d": _collect(loop, [GenerationRequest(f"g{i}", p, greedy)
+                                   for i, p in enumerate(prompts)]),
+            "sampled": _collect(loop, [GenerationRequest(f"s{i}", p, sampled)
+                                       for i, p in enumerate(prompts)]),
+        }
+    finally:
+        loop.shutdown(5)
+
+
+def main() -> None:
+    target, drafter, prompts_json, max_new = sys.argv[1:5]
+    device = sys.argv[5] if len(sys.argv) > 5 else "cpu"
+    dtype = sys.argv[6] if len(sys.argv) > 6 else "float32"
+    prompts, max_new = json.loads(prompts_json), int(max_new)
+    if device == "cpu":
+        from sglang_d3d.sglang_worker.cpu_harness import install
+
+        install()
+    result = {"baseline": baseline(target, prompts, max_new, device, dtype)}
+    result.update(run_d3d(target, drafter, prompts, max_new, device, dtype))
+    print("COMPARE-RESULT " + json.dumps(result), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -147,6 +147,25 @@ def test_the_tiny_families_carry_what_makes_each_one_different(tmp_path):
     assert sliding_window(qwen2.config) is None
 
 
+@pytest.mark.parametrize("family", TINY_ARCHS, indirect=True)
+def test_the_sglang_plugin_builds_the_same_drafter_from_the_files(family, tmp_path):
+    """The SGLang worker's loader (target on the meta device, the drafter's layers read from
+    the target's safetensors) gives the drafter the engine loads, for every family."""
+    from sglang_d3d.models.drafter import MASK_ID
+    from sglang_d3d.sglang_worker.drafter_loading import build_drafter
+
+    drafter_dir = str(tmp_path / "drafter")
+    family.drafter.save_pretrained(drafter_dir, dtype=torch.float64)
+    built = build_drafter(drafter_dir, family.target_dir, "cpu", torch.float64)
+    ids = torch.tensor([_prompts(family.vocab)[1][:6] + [MASK_ID] * 3])  # [1, 9]
+    pos, causal = _causal(ids)
+    mask = causal | (ids == MASK_ID).unsqueeze(1) & (ids == MASK_ID).unsqueeze(2)
+    with torch.no_grad():
+        got = built.logits(built.hidden(ids, pos, mask))
+        want = family.drafter.logits(family.drafter.hidden(ids, pos, mask))
+    torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-9)
+
+
 # ---- sliding window -------------------------------------------------------------------------
 @pytest.mark.parametrize("family", ["mistral"], indirect=True)
 def test_a_sliding_window_target_is_exact_up_to_its_window(family):
@@ -216,6 +235,15 @@ def test_other_families_are_refused_from_config_json_before_any_weight(tmp_path,
         load_hf_model(tmp_path)
     _assert_names(e.value, model_type)
     assert "SomethingForCausalLM" in str(e.value)
+
+
+def test_the_sglang_plugin_refuses_another_family_before_building_it(tmp_path):
+    from sglang_d3d.sglang_worker.drafter_loading import build_drafter
+
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "qwen3_moe"}))
+    with pytest.raises(UnsupportedArchitectureError) as e:
+        build_drafter(tmp_path / "no-drafter", tmp_path, "cpu", torch.float32)
+    _assert_names(e.value, "qwen3_moe")
 
 
 def test_the_supported_list_is_the_tested_one():

@@ -18,6 +18,7 @@ import torch
 from safetensors import safe_open
 from torch import nn
 
+from sglang_d3d.models.architectures import check_architecture
 from sglang_d3d.models.decoder import Decoder
 from sglang_d3d.models.drafter import D3DDrafter, fingerprint
 
@@ -36,6 +37,7 @@ def build_drafter(
     from transformers import AutoConfig, AutoModelForCausalLM
 
     hf_cfg = AutoConfig.from_pretrained(str(target_path))
+    check_architecture(hf_cfg)  # before building it: another family's layers may not fit
     source_layers = json.loads((Path(drafter_path) / "config.json").read_text())["source_layers"]
     with torch.device("meta"):
         hf = AutoModelForCausalLM.from_config(hf_cfg, dtype=dtype)
@@ -106,13 +108,25 @@ def read_embed_and_head(target_path: str | Path, hf_cfg) -> tuple[torch.Tensor, 
     return found[EMBED_KEY], head
 
 
-def shared_target_weights(model, vocab_size: int, tp_size: int):
-    """SGLang's own embedding and head as [V, H] views, when they hold the whole vocabulary.
+def concrete_device(device: torch.device | str, gpu_id: int) -> torch.device:
+    """A bare "cuda" as the GPU SGLang gave this worker, "cuda:`gpu_id`". SGLang's model runner
+    says "cuda" while a drafter built there says "cuda:N"; the two compare unequal, and the
+    drafter would load a second embedding and head (about 2.5 GB for Qwen3-8B)."""
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        return torch.device("cuda", gpu_id)
+    return device
 
-    -> (embed, head), or (None, None) when they are sharded (tensor parallel) or quantised.
-    SGLang pads the vocabulary dimension; the views drop the padding.
+
+def shared_target_weights(model, vocab_size: int, tp_size: int, target_device: torch.device,
+                          draft_device: torch.device):
+    """SGLang's own embedding and head as [V, H] views, when they hold the whole vocabulary
+    and the drafter runs on the target's device (both concrete: `concrete_device`).
+
+    -> (embed, head), or (None, None) when they are sharded (tensor parallel), quantised, or
+    on another device. SGLang pads the vocabulary dimension; the views drop the padding.
     """
-    if tp_size != 1:
+    if tp_size != 1 or torch.device(target_device) != torch.device(draft_device):
         return None, None
     embed = getattr(getattr(getattr(model, "model", None), "embed_tokens", None), "weight", None)
     head = getattr(getattr(model, "lm_head", None), "weight", None)

@@ -5,8 +5,9 @@ under runs/accept_cache/ by dataset and length), then the drafter drafts blocks 
 anchors of each response exactly as in training's held-out evaluation (training/evaluate.py):
 accepted length = leading drafts equal to the target's own continuation, + 1.
 
-    .venv/bin/python benchmarks/bench_accept.py --drafter data/train_v2/drafter \
-        --dataset gsm8k --num-prompts 30 --blocks 16,8 --out benchmarks/results/accept_gsm8k.json
+    .venv/bin/python benchmarks/bench_accept.py --drafter sglang_d3d/assets/drafter \
+        --dataset gsm8k --num-prompts 30 --blocks 16,8 --threads 1 \
+        --out benchmarks/results/accept_gsm8k.json
 """
 
 from __future__ import annotations

@@ -8,8 +8,8 @@ estimates per bucket. No timing is asserted; pause background jobs first.
 
 `--plain-after-calibration`: the async engines decode plainly once calibrated (cycles of copies
 still run), so that the cycles at each batch size compare what each engine adds to a plain
-step (sitting 25: through the server async's plain steps ran up to 25% slower than ar's in
-some rounds; in one process they were level).
+step (through the server, async's plain steps ran up to 25% slower than ar's in some rounds;
+in one process they were level).
 
     .venv/bin/python benchmarks/bench_controller.py --concurrency 4 --num-prompts 16
 """

@@ -7,11 +7,12 @@ run through the drafter's weights. Counts the leading drafts equal to the target
 continuation. Settings, side by side on the same blocks:
     full   fp32 weights (the reference)
     w7a8   7-bit weights, 8-bit activations (shipped where fbgemm sums pairs in int16: AVX2)
-    w8a7   8-bit weights, 7-bit activations (sitting 7's setting, reduce_range)
+    w8a7   8-bit weights, 7-bit activations (reduce_range: no int16 overflow anywhere)
     w8a8   8-bit weights, 8-bit activations (shipped where it sums in int32: AVX-512 VNNI;
            elsewhere its sums saturate)
 
-    .venv/bin/python benchmarks/bench_int8_accuracy.py --dataset gsm8k --num-prompts 30
+    .venv/bin/python benchmarks/bench_int8_accuracy.py --dataset gsm8k --num-prompts 30 \
+        --out benchmarks/results/int8_accuracy_gsm8k.json
 """
 
 from __future__ import annotations

@@ -15,7 +15,8 @@ NOTE: llama.cpp computes in the GGUF's 4-bit format (Q4_1); HF and d3d compute i
 the same weights dequantised. Their outputs are not expected to match llama.cpp's.
 llama.cpp is a benchmark extra (`make bench-peers` builds it from source), not a dependency.
 
-    /work/bg/quiet .venv/bin/python benchmarks/bench_peers.py --out benchmarks/results/peers.json
+    make bench-peers    # builds llama.cpp, runs this, plots benchmarks/results/peers.png
+    .venv/bin/python benchmarks/bench_peers.py --out benchmarks/results/peers.json
 """
 
 from __future__ import annotations
@@ -41,10 +42,11 @@ PLAIN = {"hf-pld": "hf", "llama-pld": "llama", "d3d-sync": "d3d-ar", "d3d-async"
 
 def main() -> None:
     a = _args()
+    questions = load_questions(a.dataset, a.num_prompts)  # a bad --dataset fails before any load
     torch.set_grad_enabled(False)
     torch.set_num_threads(a.threads)
     runners, tok = _build(a)
-    prompts = [chat_ids(tok, q) for q in load_questions(a.dataset, a.num_prompts)]
+    prompts = [chat_ids(tok, q) for q in questions]
     for run in runners.values():
         run(prompts[0], 8)  # warm-up
     results = {name: [] for name in runners}
@@ -62,7 +64,8 @@ def main() -> None:
 
 def _args():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--dataset", default="gsm8k")
+    p.add_argument("--dataset", default="gsm8k",
+                   help="gsm8k | mt_bench | mbpp (bundled; $D3D_DATASETS overrides) | FILE.jsonl")
     p.add_argument("--num-prompts", type=int, default=8)
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--threads", type=int, default=2, help="CPU threads for every engine")

@@ -1,4 +1,4 @@
-"""Does a long prompt stall the requests already decoding? (issue 12, chunked prefill)
+"""How long a long prompt stalls the requests already decoding, by prefill chunk size.
 
 Starts STREAMS short requests, lets them decode, then submits one LONG-token prompt. Reports
 the streams' inter-token latency (time between their token events) before the long prompt
@@ -6,7 +6,8 @@ arrived and while it was prefilled, the long prompt's time to first token and pr
 Runs once per --chunks value (prompt tokens prefilled per step while others decode; a value
 as large as the prompt is the old behaviour: the whole prompt in one pass).
 
-    /work/bg/quiet .venv/bin/python benchmarks/bench_prefill_stall.py --json benchmarks/results/prefill_stall.json
+    .venv/bin/python benchmarks/bench_prefill_stall.py --threads 1 --chunks 64 256 4096 \
+        --json benchmarks/results/prefill_stall.json
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Issue 9's comparisons from `recipes/compare_formats.sh`: KL against CE, the shipped
+"""The training comparisons of `recipes/compare_formats.sh`: KL against CE, the
 rank-32 delta format against full-rank deltas (a full fine-tune of the mask path), and which
 slots enter the loss (by position, or by the target's confidence in the earlier drafts), each
 arm trained the same number of steps over the same schedule and data, evaluated on the same

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The one-command GPU check (issue 10): the CUDA-path tests, then the scaling benchmark.
+# The one-command GPU check: the CUDA-path tests, then the scaling benchmark.
 #
 #   bash benchmarks/gpu_check.sh                      # one CUDA GPU, under 8 minutes on an H200
 #   bash benchmarks/gpu_check.sh --device cpu --tiny  # the same script end to end on a CPU

@@ -3,18 +3,21 @@ back to back, so a round's ratio (mode / baseline) sees the same machine state o
 and the spread of those ratios over rounds says how far the figure can be trusted.
 
 Measured why: two servers that both decoded plainly came out 0.93x-1.05x of each other on
-single loads of 48 requests (benchmarks/results/README.md), so one load cannot tell a 3% loss
-from noise.
+single loads of 48 requests, so one load cannot tell a 3% loss from noise.
 
 Each round also compares the two servers' plain steps (the mean time of their cycles of plan
 1, which both run): where a mode decodes plainly most of the time, a ratio far from 1 there is
 the machine's or the process's speed, not the mode's doing. `tok_s_equal_plain` is the tok/s
 ratio scaled by that plain-step ratio, round by round: what the mode would have made at the
-base's speed (measured, sitting 16: one server's plain steps at 125 ms against the other's
-116 in the same round, with 1 speculative cycle in 61). It is derived, not measured, and
+base's speed (measured: one server's plain steps at 125 ms against the other's 116 in the
+same round, with 1 speculative cycle in 61). It is derived, not measured, and
 assumes the plain steps differ by speed alone. The plain steps compared are those at the
-load's batch-size bucket where the server labels them (since sitting 16); older files mix
-every batch size, which the two modes' plain cycles need not share.
+load's batch-size bucket where the server labels them; files from servers that did not
+label them mix every batch size, which the two modes' plain cycles need not share.
+
+Reprints the paired table of a saved run:
+
+    .venv/bin/python benchmarks/paired.py benchmarks/results/serving_c1c4c16.json
 """
 
 from __future__ import annotations

@@ -191,14 +191,14 @@ class EngineConfig:
     # Off by default: on this CPU 0.05 made a fixed block of 8 faster (sync@8 on GSM8K 1.46x of
     # ar against 1.35x whole) but not the adaptive controller, which already verifies blocks
     # of 4, and a verify pass of up to about 4 tokens costs what one token's does, so cutting
-    # below that loses tokens and saves nothing (benchmarks/results/README.md, sitting 10).
+    # below that loses tokens and saves nothing (`d3d bench`, the step-600 drafter).
     draft_cutoff: float = 0.0
     # sync/async, cycles without pre-drafting: verify a tree of this many draft tokens
     # (greedy rows: the drafter's likeliest paths, several guesses per position; sampled rows:
     # the same shape filled with draws) instead of a chain of block_size - 1
     # (speculative/tree.py, tree_sampling.py); 0: chains. Exact either way. 5 (a verify pass
     # of 6 tokens, which costs about what one of 4 does on this CPU) was faster than chains
-    # on GSM8K, MT-Bench and code at batch 1 (benchmarks/results/README.md, sitting 11).
+    # on GSM8K, MT-Bench and code at batch 1 (`d3d bench`, the step-600 drafter).
     tree_nodes: int = 5
     # ... and up to this many more guesses copied from the request's own text after its first
     # draft (prompt lookup, speculative/lookup.py), where a 2-4 token suffix occurred before;

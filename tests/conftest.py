@@ -48,7 +48,7 @@ def tiny_prod_models(tmp_path_factory):
     return _load(*pair)
 
 
-# Block layouts the sampling and fault tests run (issue 11): the tiny drafter at its own block,
+# Block layouts the sampling and fault tests run: the tiny drafter at its own block,
 # and the production layout (a block-16 drafter trained down to block 4).
 LAYOUT_MODELS = {"tiny": "tiny_models", "production": "tiny_prod_models"}
 

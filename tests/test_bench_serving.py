@@ -1,5 +1,5 @@
 """`d3d bench-serving` against a running tiny server: plain, logprobs and n requests, and the
-cost of the last two against plain (issue 13). A few requests; no timing is asserted."""
+cost of the last two against plain. A few requests; no timing is asserted."""
 
 from __future__ import annotations
 

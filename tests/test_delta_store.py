@@ -136,7 +136,7 @@ def test_short_rows_are_stored_transposed_and_read_back():
 @pytest.mark.parametrize("bits", [8, 4])
 def test_files_that_stored_every_matrix_by_rows_still_load(bits):
     b = torch.randn(128, 4)
-    q, scale = quantize(b, bits)  # how sittings 21-23 wrote B
+    q, scale = quantize(b, bits)  # how earlier files wrote B: by rows
     old = {"delta.0.q_proj.b.q": pack_int4(q) if bits == 4 else q, "delta.0.q_proj.b.scale": scale}
     store = {8: "int8", 4: "int4"}[bits]
     got = decode_state(old, store, {"delta.0.q_proj.b": b.shape})

@@ -1,4 +1,4 @@
-"""A drafter fault is charged to the request that caused it (issue 10): batched with requests
+"""A drafter fault is charged to the request that caused it: batched with requests
 whose drafting fails, the others keep real drafts, even past MAX_DRAFTER_FAULTS cycles."""
 
 from __future__ import annotations
@@ -89,8 +89,8 @@ def test_request_random_streams_are_per_device_and_seeded():
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_sampled_drafts_on_cuda_use_a_cuda_generator(tiny_models):
-    """Issue 10: a seeded CPU generator met CUDA probabilities in drafting, so sampled requests
-    silently drafted placeholders on GPUs."""
+    """A seeded CPU generator meeting CUDA probabilities in drafting would make sampled
+    requests silently draft placeholders on GPUs."""
     from sglang_d3d.speculative.sampling import sample, sample_rows
 
     q = torch.softmax(torch.randn(5, 96, device="cuda"), -1)

@@ -1,4 +1,4 @@
-"""Log-probabilities from the verify logits, and `n` choices sharing one prefill (issue 13)."""
+"""Log-probabilities from the verify logits, and `n` choices sharing one prefill."""
 
 from __future__ import annotations
 

@@ -56,7 +56,7 @@ def test_inputs_needing_gradients_take_the_differentiable_path():
 
 @pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), reason="measured on x86 only")
 def test_this_machine_has_the_fast_kernels():
-    """The speed-up of issue 12 needs oneDNN (torch's CPU build) and numpy's OpenBLAS; if
+    """The CPU target's fast path needs oneDNN (torch's CPU build) and numpy's OpenBLAS; if
     either goes missing the runner still works (F.linear) but silently loses its speed."""
     k = probe()
     assert k.onednn and k.openblas is not None

@@ -1,5 +1,5 @@
 """The layering docs/design.md states, as imported: the SGLang worker and the embedded engine sit
-side by side over speculative/ and models/, so the worker imports nothing from engine/ (issue 11)."""
+side by side over speculative/ and models/, so the worker imports nothing from engine/."""
 
 from __future__ import annotations
 

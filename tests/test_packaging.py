@@ -1,5 +1,5 @@
 """pyproject.toml lists every package of the tree, and installs server/ and benchmarks/ inside
-sglang_d3d (issue 11): nothing named `server` at the top of site-packages."""
+sglang_d3d: nothing named `server` at the top of site-packages."""
 
 from __future__ import annotations
 

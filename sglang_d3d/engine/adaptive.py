@@ -190,7 +190,7 @@ class BlockController:
     # about the last `window` row-cycles, and its expected tokens are scaled by their ratio
     # (`tree_factor`). Measured before this: the controller, scoring trees as chains, ran
     # blocks of 8 whose trees yielded what blocks of 4 did for a dearer draft pass, 2.5-4%
-    # behind sync at block 4 (benchmarks/results/README.md, sitting 11).
+    # behind sync at block 4 (measured with `d3d bench` at batch 1).
     tree_yield: dict[Plan, list[float]] = field(default_factory=dict)
     tree_prior: float = 16.0  # tokens' worth of evidence for a factor of 1 (the chain's)
     reason: str = ESTIMATE  # why `choose` returned its last plan
@@ -311,8 +311,8 @@ class BlockController:
         re-measurement catches the rare unlucky sample. Plain decoding's calibrated time is
         served once at each bucket before it is trusted: a plain step is the cheapest cycle
         there is, and a calibration that timed it slow would otherwise stand until
-        re-measurement reached it (measured in sitting 19: plain at batch 4 calibrated at
-        twice its served cost, and the engine speculated through a whole load)."""
+        re-measurement reached it (measured: plain at batch 4 calibrated at twice its served
+        cost, and the engine speculated through a whole load)."""
         if plan == PLAIN and (batch, plan) in self.calibrated:
             return True
         if self.samples.get((batch, plan), 0) >= self.warmup:

@@ -42,7 +42,7 @@ class CalibrationConfig:
     # (decoder._cached_attention). Equal rows take the one-call path: at batch 16 that timed
     # a plain cycle at 52 ms and block 4 at 230 ms against 83 and 347 ms served, and a
     # speculative plan's estimate stays its calibrated one until it is re-measured. Staggered:
-    # 86 and 300 ms (benchmarks/results/README.md, sitting 7).
+    # 86 and 300 ms.
     stagger: int = 16
     max_steps_per_plan: int = 64  # a bucket whose cycles cannot be had gives up, not hangs
 

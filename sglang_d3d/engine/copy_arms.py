@@ -6,10 +6,9 @@ with them, a batch of one also tries the whole copy alone (ALONE).
 
 The guesses add tokens a cycle and cost verify width, and what a token of width costs depends
 on the hardware: simulated offline with a token at 1.2% of a plain step they paid 9% on GSM8K;
-on this project's CPU in sitting 19 (3-4% a token: a 16-token verify 1.4-1.6 plain steps) they
-ran level, -3% to +6% in eight side-by-side runs (benchmarks/results/README.md). And at batch 4
-a verify pass is compute there, not weights read: in sitting 20, GSM8K at concurrency 4 in one
-process, a plain step took 23 ms at batch 1 and at batch 4 alike, a cycle of 8-token copies at
+on this project's two-core CPU (3-4% a token: a 16-token verify 1.4-1.6 plain steps) they
+ran level, -3% to +6% in eight side-by-side `d3d bench` runs. And at batch 4 a verify pass is
+compute there, not weights read: GSM8K at concurrency 4 in one process, a plain step took 23 ms at batch 1 and at batch 4 alike, a cycle of 8-token copies at
 batch 4 51 ms for 2.51 tokens a row, and of 4-token copies 40 ms for 2.32
 (`benchmarks/bench_controller.py --also-engine lookup_tokens=4`): the shorter copy gives more
 tokens a second where rows are many, the longer where they are few.
@@ -23,12 +22,12 @@ the fastest serves. Rates are tokens a second per row, so sizes within a bucket 
 The others are re-tried now and then, so a change of load or text is seen: the first after
 `explore_every` cycles of the bucket's leader, and each further one after twice as many as the
 last, up to `max_interval`, while the leader stays; a new leader starts over. Measured before
-(sitting 19): with 8 warm-up cycles a way for every exact batch size and a fixed re-try every
+this: with 8 warm-up cycles a way for every exact batch size and a fixed re-try every
 8th cycle, a load at concurrency 4 made about 15 cycles of copies and so ran almost all of them
 in warm-up, copies at twice a plain step's cost (code through the server: 0.86x-0.99x of ar).
 At a batch of one (`alone_upto`) the whole copy alone is a third way beside the guesses: there
 a verify pass reads weights, so width costs what it is worth only where guesses are often
-right. Sitting 21, `d3d bench` at batch 1, each against no guesses at all in the same run:
+right. Measured with `d3d bench` at batch 1, each against no guesses at all in the same run:
 the two ways ran 2.2-5.7% behind on GSM8K in three runs out of three (a copy alone was not
 among them), the three ways 0.9% and 3.5% ahead on GSM8K, and +5.5% and -4.1% on MT-Bench.
 Above a batch of one the two ways stay (a third way's warm-up cycles are what short loads at 4

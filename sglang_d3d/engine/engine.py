@@ -220,7 +220,7 @@ class SpecEngine:
         of 16 prefilled were allowed a block of 8, never measured at 16 rows, so the
         controller warmed it up there again and again: each warm-up ran at the few rows'
         bucket, where it was recorded (measured: 6 such warm-ups in one MT-Bench load at
-        concurrency 16, `benchmarks/results/README.md`, sitting 27)."""
+        concurrency 16, from the server's d3d:controller_plan_cycles_total)."""
         if self.drafting is None:
             return Plan(1)
         if self.controller is not None:

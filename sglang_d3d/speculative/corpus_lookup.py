@@ -16,8 +16,10 @@ Each order n keeps, for every n tokens that occurred, the `TOP` tokens that most
 them and their shares of what followed, as sorted 64-bit hashes (a collision costs a guess, never
 an output). Beside a row's first copy, a cycle of copies also verifies the corpus's other likely
 continuations as one token tree (`guesses`, best first by the product of shares along a path):
-where the target's answers went several ways, the tree holds the likeliest of them. Measured in
-benchmarks/results/README.md ("sitting 18", "sitting 19").
+where the target's answers went several ways, the tree holds the likeliest of them. Measured
+with `d3d bench` (batch 1, greedy, 128 tokens, the step-600 drafter, side by side in one run):
+async with the corpus 1.92x of ar against 1.82x without on GSM8K, 2.12x against 1.94x on code
+(MBPP 1-20), level on MT-Bench (1.51x); the tree beside a copy ran level with the copy alone.
 """
 
 from __future__ import annotations

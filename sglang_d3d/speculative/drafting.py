@@ -7,7 +7,7 @@ placeholder draft whose proposal distribution is a point mass. Verification agai
 mass is still exact (greedy: it is just compared; sampling: accepted with probability p(x), else
 the residual), so the request carries on target-only until the drafter recovers. A fault is
 charged to the request that caused it: a failed batched pass is retried row by row, so one bad
-request never costs the others their drafts (issue 10).
+request never costs the others their drafts.
 """
 
 from __future__ import annotations
@@ -163,8 +163,8 @@ class Drafting:
         """Long pending tokens (a prompt) are read by causal prefill, at most `budget` tokens
         per cycle: a chunk while other requests decode (they wait for the drafter), all at once
         when nobody else would wait. A row still catching up decodes this cycle with a
-        placeholder draft, which keeps verification exact (issue 10: a 3k-token prompt's first
-        draft used to stall every stream for seconds)."""
+        placeholder draft, which keeps verification exact (read whole, a 3k-token prompt's first
+        draft stalled every stream for seconds)."""
         for s in rows:
             n = min(budget, len(s.pending) - 1)
             if len(s.pending) <= PREFILL_OVER or n <= 0:

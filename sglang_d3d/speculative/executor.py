@@ -11,7 +11,7 @@ the caller's thread instead (`run`), still on the drafter's stream, with every c
 second thread that once ran with several intra-op threads keeps its own OpenMP team, and with two
 teams on two cores every later target pass was slower, even with the drafter idle (measured
 side by side in one `d3d bench` process: plain decoding 21-22 tok/s before this change, 27-28
-after; `benchmarks/results/README.md`, sxs_executor_*).
+after).
 """
 
 from __future__ import annotations

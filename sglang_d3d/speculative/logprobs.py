@@ -4,7 +4,7 @@ Reported log-probabilities are those of the target's raw distribution, log_softm
 before temperature, top-k and top-p (what OpenAI and vLLM's default report). They therefore do
 not depend on the sampling parameters, nor on whether a token came from a draft the target
 accepted or from the target's own pick: in both cases row j of the verify logits scores the
-token emitted at position j (issue 13).
+token emitted at position j.
 """
 
 from __future__ import annotations

@@ -7,7 +7,9 @@ mask slots guesses alone, so its third draft is right about a third of the time,
 run stays right as long as the text keeps repeating. The guesses cost no model pass. They ride
 in the token tree the target verifies anyway (tree.py `graft`), or replace the drafter's pass
 for a cycle (cycle.py `run_copy_cycle`); either way the target verifies them, so the output
-never changes. Measured in benchmarks/results/README.md ("sitting 13").
+never changes. Measured with `d3d bench` (batch 1, greedy, 128 tokens, the step-600 drafter,
+against no copies in the same run): sync@4 1.90x of ar against 1.64x on GSM8K, 1.50x against
+1.36x on MT-Bench, 1.59x against 1.46x on code (MBPP 1-10).
 """
 
 from __future__ import annotations

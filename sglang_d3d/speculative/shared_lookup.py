@@ -6,7 +6,7 @@ said yet; a server's traffic says the same things again and again (the phrasing 
 GSM8K step, a code answer's boilerplate). Copies from either are verified by the target in a
 cycle without a drafter pass, so the output never changes; a wrong guess costs that cycle.
 Measured with `d3d bench` (batch 1, greedy, 128 tokens, with and without the index side by
-side; benchmarks/results/README.md, sitting 17): copy cycles 20% -> 40% of cycles on MBPP
+side, the step-600 drafter): copy cycles 20% -> 40% of cycles on MBPP
 code, 1.71x -> 1.86x of ar; MT-Bench 19% -> 21%, 1.55x -> 1.62x; GSM8K 37% -> 54% of cycles
 but fewer tokens each, 1.87x and 1.85x.
 

@@ -6,7 +6,7 @@ not depend on which token was guessed at the slots before it. A tree of candidat
 cheap: a node at depth d carries one of q_d's likely tokens, under any parent. The tree keeps
 the `nodes` paths the drafter thinks likeliest (product of q along the path) and the target
 scores all of them in one pass, each node attending to the accepted prefix and its own
-ancestors. Measured with the shipped drafter (benchmarks/results/README.md, sitting 11): on 300
+ancestors. Measured with the step-600 drafter (offline, on the target's own answers): on 300
 GSM8K blocks of 4, a tree of 5 drafts yields 3.03 tokens a cycle against 2.76 for the chain of
 3, and on this CPU a verify pass of 6 tokens costs about what one of 4 does.
 

@@ -118,6 +118,13 @@ def concrete_device(device: torch.device | str, gpu_id: int) -> torch.device:
     return device
 
 
+def placement(target: torch.device | str, draft: str, gpu_id: int) -> tuple[torch.device, torch.device]:
+    """-> (the target's device, the drafter's), both concrete. `draft`: SGLANG_D3D_DRAFT_DEVICE
+    ("" = the target's device)."""
+    target = concrete_device(target, gpu_id)
+    return target, concrete_device(draft or target, gpu_id)
+
+
 def shared_target_weights(model, vocab_size: int, tp_size: int, target_device: torch.device,
                           draft_device: torch.device):
     """SGLang's own embedding and head as [V, H] views, when they hold the whole vocabulary

@@ -31,7 +31,11 @@ from sglang.srt.speculative.base_spec_worker import BaseSpecWorker
 from sglang_d3d.config import Mode
 from sglang_d3d.sglang_worker.accept import unsupported_reason
 from sglang_d3d.sglang_worker.draft_input import D3DDraftInput
-from sglang_d3d.sglang_worker.drafter_loading import build_drafter, shared_target_weights
+from sglang_d3d.sglang_worker.drafter_loading import (
+    build_drafter,
+    placement,
+    shared_target_weights,
+)
 from sglang_d3d.sglang_worker.options import PluginOptions
 from sglang_d3d.sglang_worker.requests import RequestRow, RequestTable
 from sglang_d3d.sglang_worker.validation import DEFAULT_MAX_RUNNING_REQUESTS, check_vocab
@@ -67,8 +71,8 @@ class D3DWorker(BaseSpecWorker):
         self.block = int(get_spec().speculative_num_draft_tokens)
         self.vocab_size = int(runner.model_config.vocab_size)
         check_vocab(get_spec().speculative_draft_model_path, self.vocab_size, get_model().model_path)
-        self.device = torch.device(runner.device)
-        self.draft_device = _draft_device(self.options, self.device, gpu_id)
+        # Concrete devices ("cuda:N", never a bare "cuda"), so that "same device" compares true.
+        self.device, self.draft_device = placement(runner.device, self.options.draft_device, gpu_id)
         self.plan = Plan(self.block, self.options.mode is Mode.ASYNC)
         self.drafting = self._drafting(runner)
         # The drafter's corpus of the target's answers, for greedy batches' copies (or None).
@@ -93,10 +97,8 @@ class D3DWorker(BaseSpecWorker):
 
     def _drafting(self, runner) -> Drafting:
         dtype = _dtype(self.options.draft_dtype) or runner.dtype
-        embed = head = None
-        if self.draft_device == self.device:
-            tp_size = get_parallel().tp_size
-            embed, head = shared_target_weights(runner.model, self.vocab_size, tp_size)
+        embed, head = shared_target_weights(runner.model, self.vocab_size, get_parallel().tp_size,
+                                            self.device, self.draft_device)
         drafter = build_drafter(
             get_spec().speculative_draft_model_path,
             get_model().model_path,
@@ -232,14 +234,6 @@ def _abort(req, reason: str) -> None:
 
     log.warning(reason)
     req.to_finish = FINISH_ABORT(reason)
-
-
-def _draft_device(options: PluginOptions, target: torch.device, gpu_id: int) -> torch.device:
-    if options.draft_device:
-        return torch.device(options.draft_device)
-    if target.type == "cuda" and target.index is None:
-        return torch.device("cuda", gpu_id)
-    return target
 
 
 def _dtype(name: str) -> torch.dtype | None:

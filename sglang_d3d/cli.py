@@ -10,6 +10,7 @@ import time
 
 from sglang_d3d.cli_args import add_engine_args, add_request_args, engine_config, request_fields
 from sglang_d3d.config import SamplingParams
+from sglang_d3d.models.architectures import UnsupportedArchitectureError
 from sglang_d3d.speculative.grammar import GrammarError
 
 # Subcommands implemented elsewhere: name -> (module, add-args function, run function).
@@ -24,6 +25,14 @@ DELEGATED = {
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    try:
+        return _dispatch(argv)
+    except UnsupportedArchitectureError as e:  # the user's target: one line, no traceback
+        print(f"d3d: {e}", file=sys.stderr)
+        return 2
+
+
+def _dispatch(argv: list[str]) -> int:
     if argv[:1] == ["serve"]:  # the server owns its full option set
         from sglang_d3d.server.main import run_server
 

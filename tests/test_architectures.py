@@ -246,6 +246,15 @@ def test_the_sglang_plugin_refuses_another_family_before_building_it(tmp_path):
     _assert_names(e.value, "qwen3_moe")
 
 
+def test_the_cli_refuses_another_family_in_one_line(tmp_path, capsys):
+    from sglang_d3d.cli import main
+
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "phi3"}))
+    assert main(["generate", "--target", str(tmp_path), "--mode", "ar", "--prompt", "hi"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("d3d: unsupported target architecture phi3")
+
+
 def test_the_supported_list_is_the_tested_one():
     assert sorted(SUPPORTED) == ["llama", "mistral", "qwen2", "qwen3"]
     assert {"llama" if a == "llama3" else a for a in TINY_ARCHS} == set(SUPPORTED)

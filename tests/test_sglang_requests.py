@@ -59,3 +59,11 @@ def test_finished_requests_give_their_slot_back(table):
     (row,) = table.rows_for([_req("c", [3, 4])])
     assert table.drafting.runner.lengths[row.slot] == 0  # the slot's old cache is forgotten
     assert set(table.rows) == {"b", "c"}
+
+
+def test_drafting_and_verification_draw_from_streams_of_their_own(table):
+    """Verification's uniforms must not repeat the drafter's draws when the two run on
+    different devices (test_sglang_random.py has the chi-square)."""
+    (row,) = table.rows_for([_req("a", [5, 6])])
+    assert row.verify_random is not row.state.generator
+    assert row.verify_random.seed != row.state.generator.seed

@@ -12,9 +12,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sglang_d3d.sglang_worker.accept import request_generator, to_sampling_params
+from sglang_d3d.sglang_worker.accept import Role, request_generator, to_sampling_params
 from sglang_d3d.speculative.draft_state import DraftState
 from sglang_d3d.speculative.drafting import Drafting
+from sglang_d3d.speculative.sampling import RequestRandom
 from sglang_d3d.speculative.stats import RequestStats
 
 
@@ -25,6 +26,7 @@ class RequestRow:
     rid: str
     state: DraftState  # drafting's (speculative/draft_state.py); read, never written, here
     stats: RequestStats
+    verify_random: RequestRandom  # verification's draws; drafting has its own (accept.Role)
 
     @property
     def slot(self) -> int:
@@ -101,8 +103,9 @@ class RequestTable:
         # first sampled token) pending; the first synchronous draft reads it, as in the
         # embedded engine.
         state = self.drafting.start(self.free_slots.pop(), [], params,
-                                    request_generator(req.rid, params.seed))
-        row = RequestRow(req.rid, state, RequestStats(prompt_tokens=len(req.origin_input_ids)))
+                                    request_generator(req.rid, params.seed, Role.DRAFTING))
+        row = RequestRow(req.rid, state, RequestStats(prompt_tokens=len(req.origin_input_ids)),
+                         request_generator(req.rid, params.seed, Role.VERIFICATION))
         self.rows[req.rid] = row
         return row
 

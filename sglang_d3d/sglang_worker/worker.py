@@ -219,7 +219,7 @@ class D3DWorker(BaseSpecWorker):
             reshape_rows(logits, drafts, rows, [r.state.params for r in rows]),
             [r.state.params for r in rows],
             proposals,  # None: a placeholder draft
-            [r.state.generator for r in rows],
+            [r.verify_random for r in rows],  # verification's own streams (accept.Role)
         )
         # The one device -> host copy of the cycle: two ints per request (waits for the pass).
         verdicts = [Verdict(a, t) for a, t in torch.stack([n, token], 1).tolist()]

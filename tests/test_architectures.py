@@ -3,8 +3,10 @@
 Supported (models/architectures.py): Llama (also with Llama 3's rope scaling and a vocabulary
 above uint16), Mistral (sliding window), Qwen2 (q/k/v biases), Qwen3 (q/k norms). For each, on
 a tiny random target in float64: the engine's greedy output with a drafter equals plain `ar`
-decoding and transformers' own greedy `generate` on the same weights, and the drafter built
-from the target computes the target's layers exactly on clean tokens.
+decoding and transformers' own greedy `generate` on the same weights; the drafter built from
+the target (by the engine's loader and by the SGLang plugin's) computes the target's layers
+exactly on clean tokens; and `d3d datagen` -> two training steps -> the engine runs through.
+Gemma 2/3, MoE targets and Phi-3 are refused in one line, from config.json or a built model.
 """
 
 from __future__ import annotations

@@ -184,3 +184,39 @@ def test_running_requests_get_a_drafter_sized_default(pair, published):
     _, view = _resolved(_argv(pair, "--max-running-requests", "5"))
     assert view.max_running_requests == 5
 
+
+
+def test_a_failed_registration_prints_its_cause(monkeypatch, capsys):
+    """SGLang's loader swallows a plugin's exception; the cause must still reach the user."""
+
+    def broken():
+        raise ImportError("no module named 'sglang_d3d.models.missing'")
+
+    monkeypatch.setattr(plugin, "_register", broken)
+    with pytest.raises(ImportError):
+        plugin.register()
+    err = capsys.readouterr().err
+    assert "registering --speculative-algorithm D3D failed" in err
+    assert "sglang_d3d.models.missing" in err
+
+
+def test_registered_without_the_deprecated_no_overlap_path(pair, caplog):
+    """supports_overlap=False is deprecated in SGLang 0.5.23 (a warning at every start); D3D
+    switches the overlap schedule off itself, so the worker still runs synchronously."""
+    from sglang.srt.speculative.spec_registry import get_spec
+
+    plugin.register()
+    assert get_spec("D3D").supports_overlap
+    args, view = _resolved(_argv(pair))
+    assert view.disable_overlap_schedule
+    with caplog.at_level("WARNING"):
+        SpeculativeAlgorithm.from_string("D3D").create_worker(args)
+    assert "deprecated" not in caplog.text
+
+
+def test_tensor_parallelism_is_refused_through_sglangs_pipeline(pair):
+    from sglang_d3d.sglang_worker.validation import D3DArgumentError
+
+    plugin.register()
+    with pytest.raises(D3DArgumentError, match="--tp-size 2 is not supported"):
+        _resolved(_argv(pair, "--tp-size", "2"))

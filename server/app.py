@@ -17,6 +17,7 @@ from sglang_d3d.server.args import ServerConfig
 from sglang_d3d.server.backends import engine_factory
 from sglang_d3d.server.engine_holder import EngineFactory, EngineHolder
 from sglang_d3d.server.errors import install_error_handlers
+from sglang_d3d.server.http_layer import HeaderLimit
 from sglang_d3d.server.metrics import CORPUS, SHARED_TEXT, MetricsRecorder
 from sglang_d3d.server.protocol import ChatCompletionRequest, CompletionRequest
 from sglang_d3d.server.routes import add_request_schemas, router
@@ -47,6 +48,7 @@ def create_app(
     async def lifespan(app: FastAPI):
         holder.start_loading()
         yield
+        state.pools.close()  # compiles still running: their requests get 503
         log.info("shutting down: draining the engine (up to %.0f s)", cfg.drain_timeout)
         await asyncio.to_thread(holder.shutdown, cfg.drain_timeout)
 
@@ -58,6 +60,7 @@ def create_app(
     )
     app.state.d3d = state
     install_error_handlers(app, recorder.on_error)
+    app.add_middleware(HeaderLimit, limit=cfg.max_header_bytes, on_error=recorder.on_error)
     app.include_router(router)
     add_request_schemas(app, [ChatCompletionRequest, CompletionRequest])
     return app

@@ -13,10 +13,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from sglang_d3d.server.auth import ENV_VAR, keys_from_env
+from sglang_d3d.server.limits import GrammarLimits
 
 from sglang_d3d.cli_args import add_engine_args, engine_config
 from sglang_d3d.config import EngineConfig
 from sglang_d3d.models.loading import DEFAULT_TARGET_NAME
+
+REQUEST_TOKENS_PER_CONTEXT = 32  # default --max-request-tokens: 65,536 at --max-context 2048
 
 
 class Backend(str, enum.Enum):
@@ -39,6 +42,13 @@ class ServerConfig:
     api_keys: tuple[str, ...] = ()  # empty: /v1/* is open
     metrics_need_key: bool = False  # /metrics asks for an API key too
     max_body_bytes: int = 8 * 1024 * 1024  # larger request bodies get 413
+    body_timeout: float = 30.0  # seconds to receive a request body; slower uploads get 408
+    max_header_bytes: int = 64 * 1024  # request headers (names and values) beyond get 431
+    # n (or best_of) x max_tokens, the tokens one request may generate; None: 32 x max_context
+    max_request_tokens: int | None = None
+    grammar_timeout: float = 10.0  # seconds one grammar compile may take (then 400)
+    grammar_workers: int = 2  # compile processes: compiles in flight beyond get 503
+    limits: GrammarLimits = field(default_factory=GrammarLimits)  # sources, JSON nesting
 
     def __post_init__(self) -> None:
         if not 0 <= self.port < 65536:
@@ -47,6 +57,11 @@ class ServerConfig:
             raise ValueError("drain_timeout must be >= 0")
         if self.max_body_bytes < 1:
             raise ValueError("max_body_bytes must be >= 1")
+        if min(self.body_timeout, self.grammar_timeout) <= 0:
+            raise ValueError("--body-timeout and --grammar-timeout must be > 0")
+        if min(self.max_header_bytes, self.grammar_workers, self.request_token_budget) < 1:
+            raise ValueError("--max-header-bytes, --grammar-workers and --max-request-tokens "
+                             "must be >= 1")
         if self.backend is Backend.SGLANG and self.engine.draft_weights == "int8":
             raise ValueError("--draft-weights int8 is for the embedded backend on CPU: "
                              "SGLang's worker drafts on the GPU")
@@ -55,6 +70,13 @@ class ServerConfig:
                              "SGLang's worker verifies chains")
         if self.metrics_need_key and not self.api_keys:
             raise ValueError("--metrics-need-key needs an API key (--api-key or D3D_API_KEY)")
+
+    @property
+    def request_token_budget(self) -> int:
+        """The most tokens one request may ask to generate (n or best_of x max_tokens)."""
+        if self.max_request_tokens is not None:
+            return self.max_request_tokens
+        return REQUEST_TOKENS_PER_CONTEXT * self.engine.max_context
 
     @property
     def model_name(self) -> str:
@@ -99,6 +121,34 @@ def _add_server_args(p: argparse.ArgumentParser) -> None:
                    help="/metrics requires an API key too (default: open, like /health)")
     g.add_argument("--max-body-bytes", type=int, default=d.max_body_bytes,
                    help="larger request bodies are refused with 413 (default: 8 MiB)")
+    _add_limit_args(p, d)
+
+
+def _add_limit_args(p: argparse.ArgumentParser, d: ServerConfig) -> None:
+    g = p.add_argument_group("limits (docs/api.md, Limits)")
+    g.add_argument("--body-timeout", type=float, default=d.body_timeout,
+                   help="seconds to receive a request body; slower uploads get 408 and the "
+                   "connection is closed (default: %(default)s)")
+    g.add_argument("--max-header-bytes", type=int, default=d.max_header_bytes,
+                   help="larger request headers are refused with 431 (default: 64 KiB)")
+    g.add_argument("--max-request-tokens", type=int, default=None,
+                   help="most tokens one request may generate, n (or best_of) x max_tokens; "
+                   f"more is a 400 (default: {REQUEST_TOKENS_PER_CONTEXT} x --max-context)")
+    g.add_argument("--grammar-timeout", type=float, default=d.grammar_timeout,
+                   help="seconds one grammar compile may take before its request gets a 400 "
+                   "(default: %(default)s)")
+    g.add_argument("--grammar-workers", type=int, default=d.grammar_workers,
+                   help="grammar compile processes; more compiles at once get 503 "
+                   "(default: %(default)s)")
+    g.add_argument("--max-grammar-bytes", type=int, default=d.limits.max_bytes,
+                   help="largest regex, EBNF or JSON schema (default: 64 KiB)")
+    g.add_argument("--max-schema-enum", type=int, default=d.limits.max_enum,
+                   help="enum and const values in one schema (default: %(default)s)")
+    g.add_argument("--max-schema-properties", type=int, default=d.limits.max_properties,
+                   help="object properties in one schema (default: %(default)s)")
+    g.add_argument("--max-json-depth", type=int, default=d.limits.max_depth,
+                   help="deepest nesting of a request body, a schema, or a regex's or EBNF's "
+                   "brackets (default: %(default)s)")
 
 
 def config_from_args(ns: argparse.Namespace) -> ServerConfig:
@@ -118,6 +168,13 @@ def config_from_args(ns: argparse.Namespace) -> ServerConfig:
         api_keys=tuple(dict.fromkeys([*ns.api_key, *keys_from_env()])),
         metrics_need_key=ns.metrics_need_key,
         max_body_bytes=ns.max_body_bytes,
+        body_timeout=ns.body_timeout,
+        max_header_bytes=ns.max_header_bytes,
+        max_request_tokens=ns.max_request_tokens,
+        grammar_timeout=ns.grammar_timeout,
+        grammar_workers=ns.grammar_workers,
+        limits=GrammarLimits(ns.max_grammar_bytes, ns.max_json_depth, ns.max_schema_enum,
+                             ns.max_schema_properties),
     )
 
 

@@ -3,7 +3,7 @@
 Reading is cheap and awaits the socket. Parsing is not: a few megabytes of JSON with 100k
 messages take most of a second to validate, and pydantic holds the GIL while it works, so the
 messages are validated in chunks on a worker thread. Between chunks the event loop gets the GIL
-back, and /health and every stream keep answering (issue 13). For the same reason a big body's
+back, and /health and every stream keep answering. For the same reason a big body's
 JSON is decoded by the json module's Python scanner, which lets other threads in every few
 milliseconds, where the C one holds the GIL for the whole document (100 ms for 100k messages).
 
@@ -25,6 +25,7 @@ between which other threads get the GIL.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import gc
 import json
@@ -36,6 +37,7 @@ from fastapi import Request
 from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, Field, TypeAdapter, ValidationError
 from sglang_d3d.server.errors import APIError, bad_request, validation_error
+from sglang_d3d.server.limits import json_depth_over
 from sglang_d3d.server.protocol import ChatMessage
 
 M = TypeVar("M", bound=BaseModel)
@@ -45,6 +47,7 @@ ID_CHUNK = 65536  # token ids validated per call
 _MESSAGES = TypeAdapter(list[ChatMessage])
 _IDS = TypeAdapter(list[Annotated[int, Field(strict=True, ge=0)]])
 PAUSE_ABOVE_BYTES = 256 * 1024  # smaller bodies make too few objects to matter
+LONG_FIELDS = ("messages", "prompt")  # validated against fixed models, maybe 100k items
 
 
 class GcPause:
@@ -91,31 +94,62 @@ def body_too_large(limit: int) -> APIError:
     )
 
 
-async def read_body(request: Request, limit: int) -> bytes:
-    """The raw body, refused with 413 as soon as it is known to exceed `limit` bytes."""
+def body_timed_out(timeout: float) -> APIError:
+    """408, and the connection is closed: the rest of the body may never come."""
+    return APIError(
+        408,
+        f"the request body did not arrive within this server's limit of {timeout:g} s "
+        "(--body-timeout)",
+        code="body_timeout",
+        headers={"Connection": "close"},
+    )
+
+
+async def read_body(request: Request, limit: int, timeout: float = float("inf")) -> bytes:
+    """The raw body, refused with 413 as soon as it is known to exceed `limit` bytes, and with
+    408 if it has not all arrived within `timeout` seconds (an upload that never ends, or a
+    Content-Length larger than what is sent, would hold its connection forever)."""
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise body_too_large(limit)
     chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:  # chunked uploads declare no length
-            raise body_too_large(limit)
-        chunks.append(chunk)
+    try:
+        async with asyncio.timeout(None if timeout == float("inf") else timeout):
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > limit:  # chunked uploads declare no length
+                    raise body_too_large(limit)
+                chunks.append(chunk)
+    except TimeoutError:
+        raise body_timed_out(timeout) from None
     return b"".join(chunks)
 
 
-def parse_body(raw: bytes, model: type[M]) -> M:
+def too_deep(limit: int) -> APIError:
+    return bad_request(
+        f"the JSON body nests deeper than this server's limit of {limit} (--max-json-depth)",
+        code="json_too_deep",
+    )
+
+
+def parse_body(raw: bytes, model: type[M], max_depth: int = 64) -> M:
     """JSON -> the request model, or a 400 in the shape FastAPI's own validation gives.
     Runs on a worker thread."""
     if not raw.strip():
         raise bad_request("a JSON request body is required", code="missing")
     try:
         data = decode_json(raw)
+    except RecursionError:  # both of json's scanners recurse once per level
+        raise too_deep(max_depth) from None
     except ValueError as e:  # JSONDecodeError, or bytes that are not UTF-8
         raise bad_request(f"malformed JSON body: {e}", code="json_invalid") from e
     if not isinstance(data, dict):
         raise bad_request("the request body must be a JSON object", code="model_attributes_type")
+    # Free-form fields (a schema, tool parameters) reach recursive code: pydantic, json.dumps,
+    # the grammar compiler. The long lists are validated against fixed models, which stop at
+    # the first wrong type, so only the rest is walked.
+    if json_depth_over({k: v for k, v in data.items() if k not in LONG_FIELDS}, max_depth):
+        raise too_deep(max_depth)
     messages = data.get("messages")
     if isinstance(messages, list) and len(messages) > CHUNK:
         data = {**data, "messages": _validate_chunked(messages, _MESSAGES, CHUNK, "messages")}

@@ -145,6 +145,13 @@ def install_error_handlers(app: FastAPI, on_error: ErrorListener | None = None) 
         err.headers = exc.headers
         return respond(err)
 
+    @app.exception_handler(RecursionError)
+    async def _too_deep(_: Request, exc: RecursionError) -> JSONResponse:
+        # Input nested past what some parser handles (the limits should stop it earlier):
+        # the client's fault, said in one line, not a traceback thousands of frames long.
+        log.warning("a request nested too deeply: %s", exc)
+        return respond(bad_request("the request nests too deeply to be read", code="too_deep"))
+
     @app.exception_handler(Exception)
     async def _internal(_: Request, exc: Exception) -> JSONResponse:
         log.exception("unhandled error while serving a request")

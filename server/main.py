@@ -7,6 +7,7 @@ import sys
 
 import uvicorn
 from sglang_d3d.server.app import create_app
+from sglang_d3d.server.http_layer import Server, uvicorn_config
 from sglang_d3d.server.args import parse_args
 from sglang_d3d.server.backends import BackendUnavailable, check_backend
 
@@ -24,14 +25,15 @@ def run_server(argv: list[str] | None = None) -> int:
     app = create_app(cfg, on_load_failure=lambda: _stop(server))
     # uvicorn first lets in-flight responses finish (up to the drain timeout), then the app's
     # lifespan shuts the engine down, aborting whatever is still running.
-    config = uvicorn.Config(
+    config = uvicorn_config(
         app,
+        cfg.max_header_bytes,
         host=cfg.host,
         port=cfg.port,
         log_level=cfg.log_level,
         timeout_graceful_shutdown=max(1, int(cfg.drain_timeout)),
     )
-    server = uvicorn.Server(config)
+    server = Server(config, on_shutdown=app.state.d3d.pools.close)
     try:
         server.run()
     except KeyboardInterrupt:  # uvicorn re-raises the signal after its graceful shutdown

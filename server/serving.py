@@ -27,11 +27,11 @@ from sglang_d3d.server.metrics import MetricsRecorder
 from sglang_d3d.server.protocol import SamplingFields
 from sglang_d3d.server.responses import Answer, Header, ResponseFormat, as_call
 from sglang_d3d.server.streaming import EventStreamResponse, sse_events
-from sglang_d3d.server.structured import check_grammar, grammar_spec
+from sglang_d3d.server.structured import GrammarPools, check_grammar, compile_grammar, grammar_spec
 from sglang_d3d.server.unsupported import check_logit_rules, check_supported
 from starlette.responses import Response
 
-from sglang_d3d.config import SamplingParams
+from sglang_d3d.config import GrammarSpec, SamplingParams
 
 T = TypeVar("T")
 CLIENT_CLOSED = 499  # nginx's code for "client closed the request"; nobody reads it
@@ -44,8 +44,14 @@ class ServerState:
     holder: EngineHolder
     recorder: MetricsRecorder
     gc: GcPause = field(default_factory=GcPause)
+    pools: GrammarPools | None = None  # grammar compiles (built from cfg when None)
     _names: TokenTexts | None = None
     _names_lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def __post_init__(self) -> None:
+        if self.pools is None:
+            self.pools = GrammarPools(self.cfg.grammar_workers, self.cfg.grammar_timeout,
+                                      self.cfg.retry_after)
 
     def token_texts(self, tokenizer) -> TokenTexts:
         """Token names for log-probabilities, built once (call off the event loop)."""
@@ -80,6 +86,7 @@ class Prepared:
     include_usage: bool
     calls: bool = False  # the answer is a forced tool call (server/tools.py)
     token_ids: bool = False  # each choice carries its token ids (`return_token_ids`)
+    grammar: tuple[GrammarSpec, str] | None = None  # compiled before submitting; its field
 
 
 def check_model(cfg: ServerConfig, model: str | None) -> None:
@@ -95,7 +102,7 @@ def check_model(cfg: ServerConfig, model: str | None) -> None:
 def prepare(state: ServerState, ep: Endpoint, raw: bytes) -> Prepared:
     """Body bytes -> everything the engine needs. Runs on a worker thread; raises APIError."""
     with state.gc.paused(len(raw) > PAUSE_ABOVE_BYTES):
-        return _prepare(state, ep, parse_body(raw, ep.model))
+        return _prepare(state, ep, parse_body(raw, ep.model, state.cfg.limits.max_depth))
 
 
 def _prepare(state: ServerState, ep: Endpoint, body: Any) -> Prepared:
@@ -115,9 +122,10 @@ def _prepare(state: ServerState, ep: Endpoint, body: Any) -> Prepared:
             raise bad_request("best_of needs log-probabilities, which this backend lacks", "best_of")
     check_logit_rules(engine, body)
     asked = grammar_spec(body)
-    grammar = check_grammar(engine, asked)
+    grammar = check_grammar(engine, asked, state.cfg.limits)
     ids = ep.prompt_ids(engine.tokenizer, body)
     max_new = output_budget(body.output_limit, len(ids), state.cfg.engine.max_context, ep.prompt_param)
+    check_work(body.num_sequences, max_new, state.cfg.request_token_budget)
     try:
         params = sampling_params(body, max_new, engine.tokenizer, grammar)
     except ValueError as e:
@@ -128,8 +136,19 @@ def _prepare(state: ServerState, ep: Endpoint, body: Any) -> Prepared:
     return Prepared(
         engine, ids, choice_params(params, body.num_sequences), names, body.n,
         body.stop_strings(), body.num_logprobs, body.stream, body.include_usage,
-        asked is not None and asked[1] == "tool_choice", bool(body.return_token_ids),
+        asked is not None and asked[1] == "tool_choice", bool(body.return_token_ids), asked,
     )  # fmt: skip
+
+
+def check_work(sequences: int, max_new: int, budget: int) -> None:
+    """A 400 for a request that may generate more than `budget` tokens in all."""
+    if sequences * max_new > budget:
+        raise bad_request(
+            f"n (or best_of) x max_tokens = {sequences} x {max_new} = {sequences * max_new} "
+            f"tokens exceeds this server's limit of {budget} per request "
+            "(--max-request-tokens); lower max_tokens, n or best_of",
+            "max_tokens", code="request_too_large",
+        )
 
 
 def choice_params(params: SamplingParams, n: int) -> list[SamplingParams]:
@@ -142,9 +161,13 @@ def choice_params(params: SamplingParams, n: int) -> list[SamplingParams]:
 
 async def serve(state: ServerState, request: Request, ep: Endpoint) -> Any:
     arrival = time.monotonic()
-    raw = await read_body(request, state.cfg.max_body_bytes)
+    raw = await read_body(request, state.cfg.max_body_bytes, state.cfg.body_timeout)
     p = await asyncio.to_thread(prepare, state, ep, raw)
     del raw
+    if p.grammar is not None:
+        compiled = await until_disconnected(request, compile_grammar(p.engine, p.grammar, state.pools))
+        if compiled is None:  # the client left: its compile was stopped
+            return Response(status_code=CLIENT_CLOSED)
     # best_of ranks its sequences by their log-probability, reported or not.
     score = len(p.params) > p.n
     gens = [

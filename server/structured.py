@@ -1,21 +1,26 @@
 """Structured output requests -> a GrammarSpec for the engine (speculative/grammar.py).
 
 OpenAI's `response_format` (`json_object`: any JSON object; `json_schema`: its schema), or
-SGLang's `regex` and `ebnf` fields, or a forced tool call (server/tools.py). A source that does not compile is a 400 naming the field,
-found here on the worker thread rather than at submit. A backend without a grammar compiler
-(the SGLang backend; a server without xgrammar) refuses them with a 400.
+SGLang's `regex` and `ebnf` fields, or a forced tool call (server/tools.py). A source over the
+size limits (limits.py), or one that does not compile in time, is a 400 naming the field, found
+before the request is submitted. Compiles run in worker processes (grammar_pool.py) that are
+killed on timeout, when the client leaves, and on shutdown. A backend without a grammar
+compiler (the SGLang backend; a server without xgrammar) refuses grammars with a 400.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 
-from sglang_d3d.server.errors import bad_request
+from sglang_d3d.server.errors import bad_request, unavailable
+from sglang_d3d.server.limits import GrammarLimits, check_source
 from sglang_d3d.server.protocol import ChatCompletionRequest, ResponseFormat, SamplingFields
 from sglang_d3d.server.tools import call_grammar, forced_tools
 
 from sglang_d3d.config import JSON_OBJECT, GrammarSpec
-from sglang_d3d.speculative.grammar import GrammarError
+from sglang_d3d.speculative.grammar import GrammarError, Grammars
+from sglang_d3d.speculative.grammar_pool import CompileTimeout, GrammarPool, PoolBusy, PoolClosed
 
 
 def grammar_spec(fields: SamplingFields) -> tuple[GrammarSpec, str] | None:
@@ -48,18 +53,92 @@ def _from_format(fmt: ResponseFormat | None) -> GrammarSpec | None:
     return GrammarSpec("json_schema", json.dumps(schema))
 
 
-def check_grammar(engine, asked: tuple[GrammarSpec, str] | None) -> GrammarSpec | None:
-    """Compile the request's grammar once (the engine's compiler caches it): a 400 for a
-    source that does not compile, or a backend that cannot constrain its output."""
+def check_grammar(engine, asked: tuple[GrammarSpec, str] | None,
+                  limits: GrammarLimits = GrammarLimits()) -> GrammarSpec | None:
+    """A 400 for a backend that cannot constrain its output, or a source over the size
+    limits; else the grammar, compiled later by `compile_grammar`. Runs on a worker thread."""
     if asked is None:
         return None
     spec, field = asked
-    compile_grammar = getattr(engine, "compile_grammar", None)
-    if compile_grammar is None:
+    if getattr(engine, "compile_grammar", None) is None:
         raise bad_request(f"`{field}` (structured output) is not supported by this server's "
                           "backend", field)
+    if (problem := check_source(spec, limits)) is not None:
+        raise bad_request(f"`{field}`: {problem}", field, code="grammar_too_large")
+    return spec
+
+
+def engine_grammars(engine) -> Grammars | None:
+    """The embedded engine's compiler, which adopts grammars compiled in worker processes;
+    None for a backend that compiles them itself."""
+    return getattr(getattr(engine, "engine", None), "grammars", None)
+
+
+async def compile_grammar(engine, asked: tuple[GrammarSpec, str], pools: GrammarPools) -> bool:
+    """Compile the request's grammar (once: the engine keeps it) where it can be stopped:
+    400 for a source that does not compile in time or that the vocabulary cannot start, 503
+    when as many compiles are in flight as allowed. Cancelling it (the client left) stops
+    the compile. True once compiled."""
+    spec, field = asked
+    grammars = engine_grammars(engine)
+    if grammars is None:  # a backend without a Grammars: its own compile_grammar, on a thread
+        await asyncio.to_thread(_compile_in_thread, engine, spec, field)
+        return True
+    if grammars.has(spec):
+        return True
     try:
-        compile_grammar(spec)
+        serialized = await pools.get(grammars).compile(spec)
+    except GrammarError as e:
+        raise bad_request(f"`{field}`: {e}", field) from None
+    except CompileTimeout:
+        raise bad_request(
+            f"`{field}`: the grammar did not compile within this server's limit of "
+            f"{pools.timeout:g} s (--grammar-timeout); simplify it", field,
+            code="grammar_too_slow") from None
+    except PoolBusy:
+        raise unavailable(
+            f"the server is compiling as many grammars as it allows at once "
+            f"({pools.workers}, --grammar-workers); retry shortly", "grammar_busy",
+            pools.retry_after) from None
+    except PoolClosed:
+        raise unavailable("the server is shutting down", "unavailable", pools.retry_after) from None
+    await asyncio.to_thread(grammars.adopt, spec, serialized)
+    return True
+
+
+def _compile_in_thread(engine, spec: GrammarSpec, field: str) -> None:
+    try:
+        engine.compile_grammar(spec)
     except GrammarError as e:
         raise bad_request(f"`{field}`: {e}", field) from e
-    return spec
+
+
+class GrammarPools:
+    """The server's compile pool, started for the engine's tokenizer when first needed."""
+
+    def __init__(self, workers: int, timeout: float, retry_after: int) -> None:
+        self.workers, self.timeout, self.retry_after = workers, timeout, retry_after
+        self._pool: GrammarPool | None = None
+        self._closed = False
+
+    def get(self, grammars: Grammars) -> GrammarPool:
+        if self._closed:
+            raise PoolClosed
+        if self._pool is None:
+            self._pool = GrammarPool(grammars.info.serialize_json(), self.workers, self.timeout)
+        return self._pool
+
+    @property
+    def in_flight(self) -> int:
+        return 0 if self._pool is None else self._pool.in_flight
+
+    @property
+    def num_workers(self) -> int:
+        """Worker processes alive (started, not killed)."""
+        return 0 if self._pool is None else self._pool.num_workers
+
+    def close(self) -> None:
+        """Stop every compile (shutdown): their requests get 503."""
+        self._closed = True
+        if self._pool is not None:
+            self._pool.close()

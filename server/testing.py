@@ -9,9 +9,9 @@ from dataclasses import replace
 from pathlib import Path
 
 import httpx
-import uvicorn
 from fastapi import FastAPI
 from sglang_d3d.server.args import ServerConfig
+from sglang_d3d.server.http_layer import Server, uvicorn_config
 
 from sglang_d3d.config import EngineConfig, Mode, SpecConfig
 
@@ -49,10 +49,10 @@ class ServerThread:
         self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self._sock.bind(("127.0.0.1", 0))
         self.port = self._sock.getsockname()[1]
-        config = uvicorn.Config(
-            app, log_level="warning", timeout_graceful_shutdown=drain_timeout, lifespan="on"
-        )
-        self.server = uvicorn.Server(config)
+        state = app.state.d3d
+        config = uvicorn_config(app, state.cfg.max_header_bytes, log_level="warning",
+                                timeout_graceful_shutdown=drain_timeout, lifespan="on")
+        self.server = Server(config, on_shutdown=state.pools.close)
         self._thread = threading.Thread(
             target=self.server.run, kwargs={"sockets": [self._sock]}, daemon=True
         )

@@ -15,13 +15,15 @@ the grammar refuses.
 Only the request's accepted tokens enter its matcher (`advance`), so a rejected draft leaves no
 trace. Cost, measured for the default target's 49,152-token vocabulary on one core: the mask
 rows of an 8-token verify row 0.17 ms and applying them 0.19 ms (xgrammar's kernel), steering
-8 drafter slots 1.7 ms, against cycles of 70-130 ms (benchmarks/results/README.md, sitting 29).
+8 drafter slots 1.7 ms, against cycles of 70-130 ms (benchmarks/results/README.md).
 """
 
 from __future__ import annotations
 
 import logging
 import re
+import threading
+from collections import OrderedDict
 from collections.abc import Sequence
 from functools import partial
 
@@ -53,12 +55,15 @@ def _xgrammar():
 
 
 class Grammars:
-    """Compiles grammars for one tokenizer (xgrammar caches what it compiled)."""
+    """Compiles grammars for one tokenizer, and keeps those compiled elsewhere (`adopt`: a
+    server compiles in worker processes it can stop, grammar_pool.py)."""
 
     def __init__(self, info) -> None:  # info: xgrammar.TokenizerInfo
         self._compiler = _xgrammar().GrammarCompiler(info, max_threads=1,
                                                       cache_limit_bytes=CACHE_BYTES)
+        self.info = info
         self.vocab_size = info.vocab_size
+        self._adopted = _Adopted(CACHE_BYTES)
 
     @classmethod
     def for_tokenizer(cls, tokenizer, vocab_size: int, stop_ids: Sequence[int]) -> Grammars:
@@ -77,19 +82,59 @@ class Grammars:
 
     def compile(self, spec: GrammarSpec):
         """The compiled grammar; a GrammarError naming what is wrong with the source."""
-        c = self._compiler
-        # JSON without free whitespace: where any amount is allowed, small models fill answers
-        # with blank lines (the tiny test models did, at every prompt). The separators are
-        # json.dumps' own, ", " and ": ".
-        build = {"json_schema": partial(c.compile_json_schema, any_whitespace=False),
-                 "regex": c.compile_regex, "ebnf": c.compile_grammar}[spec.kind]
-        try:
-            return build(spec.source)
-        except (RuntimeError, ValueError, TypeError) as e:
-            raise GrammarError(f"invalid {spec.kind}: {_WHERE.sub('', str(e)).strip()}") from e
+        return self._adopted.get(spec) or compile_source(self._compiler, spec)
+
+    def has(self, spec: GrammarSpec) -> bool:
+        """Whether `spec` is compiled already (adopted; xgrammar's own cache is not asked)."""
+        return self._adopted.get(spec) is not None
+
+    def adopt(self, spec: GrammarSpec, serialized: str) -> None:
+        """Keep a grammar compiled elsewhere for this tokenizer (CompiledGrammar's JSON)."""
+        compiled = _xgrammar().CompiledGrammar.deserialize_json(serialized, self.info)
+        self._adopted.put(spec, compiled)
 
     def constraint(self, spec: GrammarSpec) -> Constraint:
         return Constraint(_xgrammar().GrammarMatcher(self.compile(spec)), self.vocab_size)
+
+
+def compile_source(compiler, spec: GrammarSpec):
+    """`spec` compiled by an xgrammar.GrammarCompiler; a GrammarError naming what is wrong."""
+    # JSON without free whitespace: where any amount is allowed, small models fill answers
+    # with blank lines (the tiny test models did, at every prompt). The separators are
+    # json.dumps' own, ", " and ": ".
+    build = {"json_schema": partial(compiler.compile_json_schema, any_whitespace=False),
+             "regex": compiler.compile_regex, "ebnf": compiler.compile_grammar}[spec.kind]
+    try:
+        return build(spec.source)
+    except (RuntimeError, ValueError, TypeError) as e:
+        raise GrammarError(f"invalid {spec.kind}: {_WHERE.sub('', str(e)).strip()}") from e
+
+
+class _Adopted:
+    """Adopted compiled grammars, least recently used dropped first past `limit` bytes."""
+
+    def __init__(self, limit: int) -> None:
+        self._limit, self._size = limit, 0
+        self._items: OrderedDict[GrammarSpec, tuple[object, int]] = OrderedDict()
+        self._lock = threading.Lock()  # adopted on a server's worker threads, read anywhere
+
+    def get(self, spec: GrammarSpec):
+        with self._lock:
+            item = self._items.get(spec)
+            if item is None:
+                return None
+            self._items.move_to_end(spec)
+            return item[0]
+
+    def put(self, spec: GrammarSpec, compiled) -> None:
+        size = compiled.memory_size_bytes
+        with self._lock:
+            old = self._items.pop(spec, None)
+            self._size += size - (old[1] if old else 0)
+            self._items[spec] = (compiled, size)
+            while self._size > self._limit and len(self._items) > 1:
+                _, (_, dropped) = self._items.popitem(last=False)
+                self._size -= dropped
 
 
 def tokenizer_grammars(tokenizer, vocab_size: int, stop_ids: Sequence[int]) -> Grammars | None:

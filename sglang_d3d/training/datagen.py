@@ -246,7 +246,8 @@ def _generation_config(target: Path):
 
 def add_datagen_args(p: argparse.ArgumentParser) -> None:
     d = DatagenConfig()
-    p.add_argument("--out-dir", default=d.out_dir)
+    p.add_argument("--out-dir", default=d.out_dir,
+                   help="folder of shards, journals and manifest.json; rerun to resume")
     p.add_argument("--target", dest="target_path", default=None,
                    help="HF folder of the target: its tokenizer and chat template (default: SmolLM2)")
     p.add_argument("--prompts", dest="prompt_files", action="append", default=[], metavar="FILE",
@@ -254,32 +255,40 @@ def add_datagen_args(p: argparse.ArgumentParser) -> None:
                         "(repeatable; default: GSM8K train and the built-in mix)")
     p.add_argument("--gsm8k-path", default=None,
                    help="GSM8K train JSONL (default: $D3D_DATASETS/gsm8k/train.jsonl if present)")
-    p.add_argument("--gsm8k-per-mix", type=int, default=d.gsm8k_per_mix)
-    p.add_argument("--max-prompts", type=int, default=None)
-    p.add_argument("--shard-size", type=int, default=d.shard_size)
+    p.add_argument("--gsm8k-per-mix", type=int, default=d.gsm8k_per_mix,
+                   help="GSM8K questions per built-in mix prompt in the default order")
+    p.add_argument("--max-prompts", type=int, default=None,
+                   help="use only the first N records of the prompt list (default: all)")
+    p.add_argument("--shard-size", type=int, default=d.shard_size, help="records per shard")
     p.add_argument("--max-new-tokens", type=int, default=None,
                    help=f"per answer (default: {SERVER_MAX_NEW} with --server, {EMBEDDED_MAX_NEW} "
                         "embedded)")
-    p.add_argument("--temperature", type=float, default=d.temperature)
-    p.add_argument("--seed", type=int, default=d.seed)
-    p.add_argument("--max-shards", type=int, default=None)
+    p.add_argument("--temperature", type=float, default=d.temperature,
+                   help="0: greedy, the target's own continuation (what acceptance measures)")
+    p.add_argument("--seed", type=int, default=d.seed,
+                   help="order of the built-in mix; sampling seed of record i is seed + i")
+    p.add_argument("--max-shards", type=int, default=None,
+                   help="stop after this many new shards (default: all)")
     e = p.add_argument_group("embedded engine (no --server)")
-    e.add_argument("--batch-size", type=int, default=d.batch_size)
-    e.add_argument("--threads", type=int, default=d.threads)
+    e.add_argument("--batch-size", type=int, default=d.batch_size,
+                   help="sequences in flight (cache slots of continuous batching)")
+    e.add_argument("--threads", type=int, default=d.threads, help="CPU threads of the target")
     e.add_argument("--device", default=d.device, help="cpu, cuda, cuda:1, ...")
     e.add_argument("--dtype", default=d.dtype, help="float32, bfloat16 or auto")
     s = p.add_argument_group("serving engine")
     s.add_argument("--server", default=None, help="base URL of an OpenAI-compatible server")
     s.add_argument("--server-model", default=None, help="model name (default: the first listed)")
-    s.add_argument("--api-key", default=None)
+    s.add_argument("--api-key", default=None, help="the server's key, if it asks for one")
     s.add_argument("--concurrency", type=int, default=d.concurrency, help="requests in flight")
     s.add_argument("--token-ids", default=d.token_ids, choices=[m.value for m in TokenIdMode],
                    help="how answers' token ids come back (default: the first the server offers)")
-    s.add_argument("--retries", type=int, default=d.retries)
-    s.add_argument("--request-timeout", type=float, default=d.request_timeout)
+    s.add_argument("--retries", type=int, default=d.retries,
+                   help="retries of a failed request before the run stops (it resumes when rerun)")
+    s.add_argument("--request-timeout", type=float, default=d.request_timeout,
+                   help="seconds one request may take")
 
 
-USER_ERRORS = (DatagenError, PromptFileError, ServerError, TokenizerMismatch)
+USER_ERRORS = (DatagenError, PromptFileError, ServerError, TokenizerMismatch, FileNotFoundError)
 
 
 def run_datagen(args: argparse.Namespace) -> int:

@@ -55,8 +55,12 @@ class ServerClient:
 
     def __init__(self, url: str, api_key: str | None = None, retries: int = 2,
                  timeout: float = 600.0) -> None:
-        import httpx
-        import openai
+        try:
+            import httpx
+            import openai
+        except ImportError as e:
+            raise ServerError(f"--server needs the openai and httpx packages ({e}): "
+                              "pip install 'sglang-d3d[datagen]'") from e
 
         self.root = api_root(url)
         self.model: str | None = None

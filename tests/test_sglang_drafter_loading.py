@@ -3,8 +3,11 @@ it shares SGLang's embedding and LM head instead of loading its own. No sglang i
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from types import SimpleNamespace
 
+import pytest
 import torch
 
 from sglang_d3d.sglang_worker.drafter_loading import (
@@ -62,3 +65,39 @@ def test_the_drafter_uses_the_shared_tensors_themselves(tmp_path):
     shared = drafter._shared  # the target's modules the drafter reads (models/drafter.py)
     assert shared["embed"].weight.data_ptr() == embed.data_ptr()  # no copy was made
     assert shared["head"].weight.data_ptr() == head.data_ptr()
+
+
+def _resave(target_dir: str, edit) -> None:
+    """Rewrite the target's safetensors through `edit(dict) -> dict`."""
+    from safetensors.torch import load_file, save_file
+
+    path = Path(target_dir) / "model.safetensors"
+    save_file(edit(load_file(str(path))), str(path), metadata={"format": "pt"})
+
+
+def test_a_renamed_checkpoint_is_refused_not_left_uninitialised(tmp_path):
+    """The source layers are materialised empty and filled from the safetensors; keys named
+    otherwise (a multimodal wrapper) would leave them as uninitialised memory."""
+    from sglang_d3d.sglang_worker.cpu_harness.tiny import make_pair
+
+    target_dir, drafter_dir = make_pair(tmp_path, block_size=4)
+    _resave(target_dir, lambda t: {k.replace("model.layers.", "model.language_model.layers."): v
+                                   for k, v in t.items()})
+    with pytest.raises(FileNotFoundError, match="named otherwise"):
+        build_drafter(drafter_dir, target_dir, "cpu", torch.float32)
+
+
+def test_a_quantised_checkpoint_is_refused(tmp_path):
+    from sglang_d3d.sglang_worker.cpu_harness.tiny import make_pair
+
+    target_dir, drafter_dir = make_pair(tmp_path, block_size=4)
+    cfg_file = Path(target_dir) / "config.json"
+    cfg = json.loads(cfg_file.read_text())
+    cfg_file.write_text(json.dumps({**cfg, "quantization_config": {"quant_method": "fp8"}}))
+    with pytest.raises(ValueError, match="quantised checkpoint \\(fp8\\)"):
+        build_drafter(drafter_dir, target_dir, "cpu", torch.float32)
+    cfg_file.write_text(json.dumps(cfg))  # config clean, but int8 tensors in the files
+    _resave(target_dir, lambda t: {k: (v.to(torch.int8) if ".layers.0." in k else v)
+                                   for k, v in t.items()})
+    with pytest.raises(ValueError, match="quantised or reshaped"):
+        build_drafter(drafter_dir, target_dir, "cpu", torch.float32)

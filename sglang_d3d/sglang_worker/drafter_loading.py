@@ -24,6 +24,7 @@ from sglang_d3d.models.drafter import D3DDrafter, fingerprint
 
 EMBED_KEY = "model.embed_tokens.weight"
 HEAD_KEY = "lm_head.weight"
+PLAIN_DTYPES = (torch.float32, torch.float16, torch.bfloat16)  # not fp8 or packed integers
 
 
 def build_drafter(
@@ -38,6 +39,7 @@ def build_drafter(
 
     hf_cfg = AutoConfig.from_pretrained(str(target_path))
     check_architecture(hf_cfg)  # before building it: another family's layers may not fit
+    check_unquantised(hf_cfg, target_path)
     source_layers = json.loads((Path(drafter_path) / "config.json").read_text())["source_layers"]
     with torch.device("meta"):
         hf = AutoModelForCausalLM.from_config(hf_cfg, dtype=dtype)
@@ -45,7 +47,7 @@ def build_drafter(
         hf.model.layers[i].to_empty(device=device)
     hf.model.norm.to_empty(device=device)
     wanted = tuple(f"model.layers.{i}." for i in source_layers) + ("model.norm.",)
-    _copy_into(hf, read_tensors(target_path, lambda k: k.startswith(wanted)))
+    _copy_into(hf, read_tensors(target_path, lambda k: k.startswith(wanted)), wanted)
     # From the files: SGLang's shared tensors may not hold their weights yet at this point.
     file_embed = read_tensors(target_path, lambda k: k == EMBED_KEY)[EMBED_KEY]
     target_print = fingerprint(hf_cfg.model_type, hf_cfg.num_hidden_layers, file_embed,
@@ -79,15 +81,42 @@ def read_tensors(target_path: str | Path, want) -> dict[str, torch.Tensor]:
     return found
 
 
-def _copy_into(model: nn.Module, tensors: dict[str, torch.Tensor]) -> None:
-    params = dict(model.named_parameters())
-    with torch.no_grad():
-        for key, value in tensors.items():
-            if key in params:
-                params[key].copy_(value)
-    missing = [k for k in params if k.startswith(("model.norm.",)) and k not in tensors]
+def check_unquantised(hf_cfg, target_path: str | Path) -> None:
+    """The drafter copies the target's layers from its safetensors as plain tensors: a
+    quantised checkpoint's weights without their scales would give garbage drafts."""
+    quant = getattr(hf_cfg, "quantization_config", None)
+    if quant:
+        method = quant.get("quant_method", "?") if isinstance(quant, dict) else type(quant).__name__
+        raise ValueError(
+            f"the target {target_path} is a quantised checkpoint ({method}); the D3D drafter "
+            "reads the target's layers from its safetensors and needs them in bf16, fp16 or "
+            "fp32: serve an unquantised checkpoint (SGLang's --quantization may still "
+            "quantise the target itself at load)"
+        )
+
+
+def _copy_into(model: nn.Module, tensors: dict[str, torch.Tensor], wanted: tuple[str, ...]) -> None:
+    """Copy every parameter under `wanted` from `tensors`; refuse what would leave one unset
+    (the layers were materialised empty) or would copy a quantised tensor."""
+    params = {k: p for k, p in model.named_parameters() if k.startswith(wanted)}
+    missing = sorted(k for k in params if k not in tensors)
     if missing:
-        raise FileNotFoundError(f"target safetensors lack {missing}")
+        raise FileNotFoundError(
+            f"the target's safetensors lack {len(missing)} tensors the drafter needs, e.g. "
+            f"{missing[:3]}: a checkpoint whose keys are named otherwise (a multimodal wrapper, "
+            "another family's layout) is not supported"
+        )
+    odd = sorted(k for k in params
+                 if tensors[k].dtype not in PLAIN_DTYPES or tensors[k].shape != params[k].shape)
+    if odd:
+        raise ValueError(
+            f"the target's safetensors hold {odd[0]} as {tensors[odd[0]].dtype} "
+            f"{tuple(tensors[odd[0]].shape)}: a quantised or reshaped checkpoint is not "
+            "supported (the drafter needs plain bf16, fp16 or fp32 layers)"
+        )
+    with torch.no_grad():
+        for key, p in params.items():
+            p.copy_(tensors[key])
 
 
 def read_embed_and_head(target_path: str | Path, hf_cfg) -> tuple[torch.Tensor, torch.Tensor]:

@@ -36,6 +36,14 @@ from sglang_d3d.sglang_worker.drafter_loading import (
     placement,
     shared_target_weights,
 )
+from sglang_d3d.sglang_worker.memory import (
+    MAX_FREE_SHARE,
+    MAX_POOL_SHARE,
+    CacheShape,
+    cache_shape,
+    check_cache,
+    pool_budget,
+)
 from sglang_d3d.sglang_worker.options import PluginOptions
 from sglang_d3d.sglang_worker.requests import RequestRow, RequestTable
 from sglang_d3d.sglang_worker.validation import DEFAULT_MAX_RUNNING_REQUESTS, check_vocab
@@ -111,7 +119,22 @@ class D3DWorker(BaseSpecWorker):
         # one resolve_server_args declared (or the user's), never SGLang's pool-sized default.
         slots = int(get_schedule().max_running_requests or DEFAULT_MAX_RUNNING_REQUESTS)
         spec = self.options.spec_config(self.block)
-        return Drafting.create(drafter, slots, runner.model_config.context_len, spec)
+        context = runner.model_config.context_len
+        self._check_cache_fits(runner, cache_shape(drafter, slots, context, spec))
+        return Drafting.create(drafter, slots, context, spec)
+
+    def _check_cache_fits(self, runner, shape: CacheShape) -> None:
+        """Refuse, naming the flags, a drafter cache that SGLang's KV pool cannot spare
+        (memory.py); on the target's GPU the budget is what SGLang would give its pool."""
+        if self.draft_device.type != "cuda":
+            return
+        free, _ = torch.cuda.mem_get_info(self.draft_device)
+        if self.draft_device != self.device:
+            check_cache(shape, free, MAX_FREE_SHARE)
+            return
+        pre_load = float(getattr(runner, "pre_model_load_memory", 0.0)) * (1 << 30)  # GB there
+        budget = pool_budget(free, pre_load, float(get_schedule().mem_fraction_static))
+        check_cache(shape, budget, MAX_POOL_SHARE)
 
     # ---- SGLang's entry point ------------------------------------------------------------
     def forward_batch_generation(

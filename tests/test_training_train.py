@@ -93,8 +93,8 @@ def test_a_resumed_run_continues_schedule_data_and_rng_exactly(tiny_data):
     straight = Trainer(_cfg(root, target, out="straight", max_steps=5, eval_every=100))
     straight.run()
     first = Trainer(_cfg(root, target, out="split", max_steps=5, eval_every=100,
-                         session_minutes=1e-6))
-    assert first.run() == {"step": 1, "stopped": "session_minutes"}
+                         max_minutes=1e-6))
+    assert first.run() == {"step": 1, "stopped": "max_minutes"}
     again = Trainer(_cfg(root, target, out="split", max_steps=5, eval_every=100))
     assert again.step == 1 and again.pos.batch == 1
     assert again.opt.param_groups[0]["lr"] == first.opt.param_groups[0]["lr"]  # no re-warm-up

@@ -1,10 +1,11 @@
 """Training checkpoints: an engine-loadable drafter folder plus the trainer's own state.
 
-  <out>/drafter/            config.json + model.safetensors (bf16, D3DDrafter.save_pretrained)
+  <out>/drafter/            config.json + model.safetensors (bf16, D3DDrafter.save_pretrained),
+                            acceptance.json (held-out rates), README.md (model_card.py)
   <out>/trainer_state.pt    fp32 deltas, optimizer, step, RNG, data position, history (resume)
   <out>/trainer_meta.json   step, RNG, data position, history: with drafter/ it is the small
-                            resume point committed between sittings (trainer_state.pt is too
-                            big for the repo); resuming from it restarts only Adam's moments
+                            resume point a repository can keep (trainer_state.pt is too big
+                            for one); resuming from it restarts only Adam's moments
 
 Both are written to a temporary path and renamed, so an interrupted save leaves the previous
 checkpoint intact.
@@ -20,19 +21,24 @@ from pathlib import Path
 import torch
 
 from sglang_d3d.models.acceptance import ACCEPTANCE, write_acceptance
+from sglang_d3d.training.model_card import CARD
 
 STATE = "trainer_state.pt"
 META = "trainer_meta.json"
 DRAFTER = "drafter"
 
 
-def save_drafter_atomic(drafter, folder: Path, eval_row: dict | None = None) -> None:
-    """eval_row: the latest held-out evaluation, kept beside the weights (acceptance.json)."""
+def save_drafter_atomic(drafter, folder: Path, eval_row: dict | None = None,
+                        card: str | None = None) -> None:
+    """eval_row: the latest held-out evaluation, kept beside the weights (acceptance.json);
+    card: the folder's README.md (model_card.py)."""
     tmp = folder.with_name(folder.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     drafter.save_pretrained(tmp)
     if eval_row is not None:
         write_acceptance(tmp, eval_row)
+    if card is not None:
+        (tmp / CARD).write_text(card)
     old = folder.with_name(folder.name + ".old")
     if folder.exists():
         shutil.rmtree(old, ignore_errors=True)
@@ -41,10 +47,15 @@ def save_drafter_atomic(drafter, folder: Path, eval_row: dict | None = None) -> 
     shutil.rmtree(old, ignore_errors=True)
 
 
-def save_checkpoint(out: Path, drafter, optimizer, step: int, gen: torch.Generator, extra: dict) -> None:
+def latest_eval(history: list[dict]) -> dict | None:
+    evals = [r for r in history if "by_position" in r]
+    return evals[-1] if evals else None
+
+
+def save_checkpoint(out: Path, drafter, optimizer, step: int, gen: torch.Generator, extra: dict,
+                    card: str | None = None) -> None:
     out.mkdir(parents=True, exist_ok=True)
-    evals = [r for r in extra.get("history", []) if "by_position" in r]
-    save_drafter_atomic(drafter, out / DRAFTER, evals[-1] if evals else None)
+    save_drafter_atomic(drafter, out / DRAFTER, latest_eval(extra.get("history", [])), card)
     state = {
         "model": {k: v.detach().clone() for k, v in drafter.own_state().items()},
         "optimizer": optimizer.state_dict(),
@@ -77,9 +88,13 @@ def load_state(out: Path) -> dict | None:
     return None
 
 
-def export(src: Path, dst: Path) -> None:
+def export(src: Path, dst: Path, card: str | None = None) -> None:
+    """Copy a drafter folder; card: its README.md rewritten for the new path (else copied)."""
     dst.mkdir(parents=True, exist_ok=True)
     for name in ("config.json", "model.safetensors"):
         shutil.copy2(src / name, dst / name)
-    if (src / ACCEPTANCE).exists():
-        shutil.copy2(src / ACCEPTANCE, dst / ACCEPTANCE)
+    for name in (ACCEPTANCE, CARD):
+        if (src / name).exists():
+            shutil.copy2(src / name, dst / name)
+    if card is not None:
+        (dst / CARD).write_text(card)

@@ -46,17 +46,18 @@ def eval_anchors(sample: Sample, block: int, num: int, gen: torch.Generator) -> 
 def block_drafts(drafter, samples: list[Sample], anchors: list[torch.Tensor], block: int):
     """-> [sum K, B-1] greedy drafts 1 .. B-1 for every anchor of every sample (one batch)."""
     exs = [build_example(torch.from_numpy(s.ids).long(), a, block) for s, a in zip(samples, anchors)]
-    batch = collate(exs)
+    dev = drafter.mask_embedding.device  # the batch is built on the CPU: move it to the drafter
+    batch = {k: v.to(dev) for k, v in collate(exs).items()}
     past, clean_h = clean_pass(drafter, batch)
     slot_h = block_hidden(drafter, batch, past)  # [N, KM, H]
     k = torch.tensor([a.numel() for a in anchors])
     anchor_idx = torch.nn.utils.rnn.pad_sequence(anchors, batch_first=True)  # [N, Kmax]
     has = torch.arange(anchor_idx.shape[1]).unsqueeze(0) < k.unsqueeze(1)
-    d1 = drafter.logits(pick_rows(clean_h, anchor_idx, has)).argmax(-1)  # [sum K]
-    rest = drafter.logits(slot_h).argmax(-1)  # [N, KM]
+    d1 = drafter.logits(pick_rows(clean_h, anchor_idx.to(dev), has.to(dev))).argmax(-1).cpu()
+    rest = drafter.logits(slot_h).argmax(-1).cpu()  # [N, KM]
     later = [rest[i, : a.numel() * (block - 1)].view(a.numel(), block - 1)[:, : block - 2]
              for i, a in enumerate(anchors)]
-    return torch.cat([d1.unsqueeze(1), torch.cat(later)], 1)
+    return torch.cat([d1.unsqueeze(1), torch.cat(later)], 1)  # on the CPU
 
 
 def acceptance_length(

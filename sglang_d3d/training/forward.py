@@ -9,6 +9,7 @@ drafter's clean pass is the target, so the teacher costs nothing extra.
 from __future__ import annotations
 
 import torch
+from torch.utils.checkpoint import checkpoint
 
 from sglang_d3d.models.decoder import Batch, run_layers
 from sglang_d3d.models.drafter import MASK_ID
@@ -43,5 +44,36 @@ def teacher_source(drafter, target, batch: dict, clean_h: torch.Tensor) -> torch
 
 def pick_rows(h: torch.Tensor, index: torch.Tensor, sel: torch.Tensor) -> torch.Tensor:
     """h [N, L, H], index [N, K] into L, sel [N, K] bool -> [M, H] rows h[n, index[n, k]]."""
-    rows = torch.arange(h.shape[0]).unsqueeze(1).expand_as(index)
+    rows = torch.arange(h.shape[0], device=index.device).unsqueeze(1).expand_as(index)
     return h[rows[sel], index[sel]]
+
+
+def checkpoint_mlps(drafter) -> None:
+    """Gradient checkpointing: each drafter layer's MLP (its activations, three of the
+    intermediate width per token, are the largest a layer keeps for the backward pass) is
+    recomputed in the backward pass instead of stored. The deltas read the drafter's Gate,
+    which is cleared once a forward ends, so each recomputation runs with the Gate as its
+    forward saw it. The drafter's MLP modules are its own shallow copies: the target's are
+    untouched."""
+    gate = drafter.gate
+    for layer in drafter.layers:
+        layer.mlp.forward = _recomputed(layer.mlp.forward, gate)
+
+
+def _recomputed(forward, gate):
+    def run(x: torch.Tensor) -> torch.Tensor:
+        if not torch.is_grad_enabled():
+            return forward(x)
+        seen = (gate.value, gate.rows, gate.span)
+
+        def again(inp: torch.Tensor) -> torch.Tensor:
+            now = (gate.value, gate.rows, gate.span)
+            gate.value, gate.rows, gate.span = seen
+            try:
+                return forward(inp)
+            finally:
+                gate.value, gate.rows, gate.span = now
+
+        return checkpoint(again, x, use_reentrant=False)
+
+    return run

@@ -132,6 +132,6 @@ def chain_weights(conf: torch.Tensor, slot_draft: torch.Tensor) -> torch.Tensor:
     """
     log_c = conf.clamp_min(1e-12).log()
     before = log_c.cumsum(-1) - log_c  # [N, S] sum of log conf over all earlier slots of the row
-    idx = torch.arange(conf.shape[-1]).expand_as(slot_draft)
+    idx = torch.arange(conf.shape[-1], device=conf.device).expand_as(slot_draft)
     start = torch.where(slot_draft == 2, idx, 0).cummax(-1).values  # [N, S] first slot of block
     return (before - before.gather(-1, start)).exp()

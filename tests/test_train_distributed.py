@@ -1,0 +1,132 @@
+"""`torchrun -m sglang_d3d train` on gloo: two processes take the steps one process takes at
+the same global batch and seed, --fsdp shards the frozen target and still does, and a 2-process
+run stopped and resumed ends with the weights of an uninterrupted one."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from sglang_d3d.testing import make_tiny_target
+from sglang_d3d.training.shards import Sample, shard_name, write_manifest, write_shard
+from sglang_d3d.training.train import TrainConfig, Trainer
+
+STEPS = 3
+FLAGS = dict(block_size=4, num_anchors=3, rank=4, alpha=4.0, batch_size=4, max_steps=STEPS,
+             warmup_steps=1, eval_every=100, eval_samples=4, heldout_every=4, lr=1e-2,
+             log_every=1, initial_eval=False, tensorboard=False)
+
+
+def write_random_data(folder: Path, shards: int = 2, per_shard: int = 20) -> None:
+    """Random token sequences in datagen's shard format (training needs no real answers)."""
+    rng = np.random.default_rng(0)
+    folder.mkdir(parents=True, exist_ok=True)
+    names = []
+    for k in range(shards):
+        samples = [Sample(rng.integers(3, 96, rng.integers(4, 9)),
+                          rng.integers(3, 96, rng.integers(8, 20)), i % 2, k * per_shard + i)
+                   for i in range(per_shard)]
+        write_shard(folder / shard_name(k), samples, [True] * per_shard)
+        names.append(shard_name(k))
+    write_manifest(folder, {"shards": names})
+
+
+def _flags(**kw) -> list[str]:
+    out = []
+    for key, value in {**FLAGS, **kw}.items():
+        flag = "--" + key.replace("_", "-")
+        if isinstance(value, bool):
+            out.append(flag if value else "--no-" + flag[2:])
+        else:
+            out += [flag, str(value)]
+    return out
+
+
+def torchrun(root: Path, out: str, *extra: str, **kw) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
+           "2", "-m", "sglang_d3d", "train", "--data-dir", str(root / "data"),
+           "--target-path", str(root / "target"), "--out-dir", str(root / out),
+           *_flags(**kw), *extra]
+    # its own process group, so a hung run's workers go with it
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=env, start_new_session=True)
+    try:
+        stdout, stderr = proc.communicate(timeout=240)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        raise
+    assert proc.returncode == 0, stderr[-3000:]
+    return subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr)
+
+
+def losses(out: Path) -> dict[int, float]:
+    rows = [json.loads(x) for x in (out / "history.jsonl").read_text().splitlines()]
+    return {r["step"]: r["loss"] for r in rows if "loss" in r}
+
+
+def own_state(out: Path) -> dict[str, torch.Tensor]:
+    return torch.load(out / "trainer_state.pt", weights_only=False)["model"]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """One process straight through; two processes stopped after step 2 (data parallel) and
+    resumed to the end with --fsdp. Two launches keep the test short."""
+    root = tmp_path_factory.mktemp("ddp")
+    make_tiny_target(root / "target")
+    write_random_data(root / "data")
+    one = TrainConfig(data_dir=str(root / "data"), target_path=str(root / "target"),
+                      out_dir=str(root / "one"), **FLAGS)
+    Trainer(one).run()
+    first = torchrun(root, "two", stop_at_step=2)
+    shutil.copytree(root / "two", root / "two_at_2")
+    second = torchrun(root, "two", "--fsdp")
+    return root, first, second
+
+
+def test_two_processes_take_the_steps_of_one(runs):
+    root, first, _ = runs
+    want, got = losses(root / "one"), losses(root / "two")
+    assert sorted(got) == list(range(1, STEPS + 1))
+    assert got == pytest.approx(want, rel=1e-5)
+    a, b = own_state(root / "one"), own_state(root / "two")
+    assert all(torch.allclose(a[k], b[k], atol=1e-5) for k in a)
+    # rank 0 alone logs and saves: one row per step, then the final evaluation
+    rows = (root / "two" / "history.jsonl").read_text().splitlines()
+    assert len(rows) == STEPS + 1 and "accept_len" in rows[-1]
+    assert (root / "two" / "drafter" / "README.md").exists()
+
+
+def test_a_two_process_run_resumes_where_it_stopped(runs):
+    root, first, _ = runs
+    assert json.loads(first.stdout.splitlines()[-1]) == {"step": 2, "stopped": "stop_at_step"}
+    meta = json.loads((root / "two_at_2" / "trainer_meta.json").read_text())
+    assert meta["step"] == 2 and meta["data_position"]["batch"] == 2
+
+
+def test_fsdp_shards_the_target_and_matches_one_process(runs):
+    root, _, second = runs
+    assert "target projections sharded over 2 processes" in second.stdout
+    # step 3 ran sharded, and every rank evaluated (only rank 0 logged it)
+    assert losses(root / "two")[STEPS] == pytest.approx(losses(root / "one")[STEPS], rel=1e-5)
+    final = json.loads(second.stdout.splitlines()[-1])
+    assert final["step"] == STEPS and len(final["by_position"]) == 3
+
+
+def test_fsdp_without_torchrun_is_refused(tmp_path):
+    make_tiny_target(tmp_path / "target")
+    write_random_data(tmp_path / "data", shards=1)
+    cfg = TrainConfig(data_dir=str(tmp_path / "data"), target_path=str(tmp_path / "target"),
+                      out_dir=str(tmp_path / "out"), fsdp=True, **FLAGS)
+    with pytest.raises(RuntimeError, match="--fsdp needs several processes"):
+        Trainer(cfg)

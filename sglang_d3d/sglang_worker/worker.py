@@ -30,6 +30,7 @@ from sglang.srt.speculative.base_spec_worker import BaseSpecWorker
 
 from sglang_d3d.config import Mode
 from sglang_d3d.sglang_worker.accept import unsupported_reason
+from sglang_d3d.sglang_worker.cycle_step import check_width, worker_cycle
 from sglang_d3d.sglang_worker.draft_input import D3DDraftInput
 from sglang_d3d.sglang_worker.drafter_loading import (
     build_drafter,
@@ -49,14 +50,7 @@ from sglang_d3d.sglang_worker.requests import RequestRow, RequestTable
 from sglang_d3d.sglang_worker.validation import DEFAULT_MAX_RUNNING_REQUESTS, check_vocab
 from sglang_d3d.sglang_worker.verify_io import build_verify_forward_batch, commit_rows
 from sglang_d3d.speculative.corpus_lookup import corpus_index
-from sglang_d3d.speculative.cycle import (
-    Plan,
-    Verdict,
-    padded,
-    record,
-    run_copy_cycle,
-    run_cycle,
-)
+from sglang_d3d.speculative.cycle import Plan, Verdict, record
 from sglang_d3d.speculative.drafting import Drafting
 from sglang_d3d.speculative.executor import Executor
 from sglang_d3d.speculative.listeners import Listeners
@@ -198,16 +192,8 @@ class D3DWorker(BaseSpecWorker):
             target["out"], target["graph"], verdicts = self._verify(batch, rows, tokens, proposals)
             return verdicts
 
-        # greedy requests repeating their own text, or the corpus: verify copies, no drafter pass
-        copies = Drafting.copies([r.state for r in rows], self.block - 1, self.options.copy_ngram,
-                                 self.elsewhere)
-        if copies is not None:
-            # A corpus continuation may stop early (the end of an answer); SGLang reserved KV
-            # and built positions for `block` tokens per row, so every row is that wide.
-            copies = [padded(c, self.block - 1) for c in copies]
-            outcomes = run_copy_cycle(rows, self.drafting, verify, copies, self._steps)
-        else:
-            outcomes = run_cycle(rows, self.drafting, verify, self.executor, self.plan, self._steps)
+        outcomes = worker_cycle(rows, self.drafting, verify, self.executor, self.plan,
+                                self.options.copy_ngram, self.elsewhere, self._steps)
         out_tokens, accept_lens, new_seq_lens = commit_rows(
             [o.tokens for o in outcomes], batch.seq_lens, self.block, self.device
         )
@@ -227,9 +213,7 @@ class D3DWorker(BaseSpecWorker):
     def _verify(self, batch, rows: list[RequestRow], tokens: torch.Tensor, proposals: list):
         """SGLang's target worker scores the block [bs, B]; acceptance runs on its device.
         -> (result, graph?, a Verdict per request)."""
-        if tokens.shape[1] != self.block:
-            # SGLang's verify input (positions, KV slots, fa3's metadata) is `block` wide per row.
-            raise ValueError(f"verify block of {tokens.shape[1]} tokens, SGLang reserved {self.block}")
+        check_width(tokens, self.block)
         fb, can_graph = build_verify_forward_batch(batch, self.target_worker, tokens, self.block)
         out = self.target_worker.forward_batch_generation(
             batch=None, forward_batch=fb, is_verify=True

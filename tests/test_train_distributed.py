@@ -12,32 +12,17 @@ import subprocess
 import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
+from train_helpers import write_random_data
 
 from sglang_d3d.testing import make_tiny_target
-from sglang_d3d.training.shards import Sample, shard_name, write_manifest, write_shard
 from sglang_d3d.training.train import TrainConfig, Trainer
 
 STEPS = 3
 FLAGS = dict(block_size=4, num_anchors=3, rank=4, alpha=4.0, batch_size=4, max_steps=STEPS,
              warmup_steps=1, eval_every=100, eval_samples=4, heldout_every=4, lr=1e-2,
              log_every=1, initial_eval=False, tensorboard=False)
-
-
-def write_random_data(folder: Path, shards: int = 2, per_shard: int = 20) -> None:
-    """Random token sequences in datagen's shard format (training needs no real answers)."""
-    rng = np.random.default_rng(0)
-    folder.mkdir(parents=True, exist_ok=True)
-    names = []
-    for k in range(shards):
-        samples = [Sample(rng.integers(3, 96, rng.integers(4, 9)),
-                          rng.integers(3, 96, rng.integers(8, 20)), i % 2, k * per_shard + i)
-                   for i in range(per_shard)]
-        write_shard(folder / shard_name(k), samples, [True] * per_shard)
-        names.append(shard_name(k))
-    write_manifest(folder, {"shards": names})
 
 
 def _flags(**kw) -> list[str]:

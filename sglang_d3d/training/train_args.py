@@ -61,7 +61,8 @@ def add_train_args(p: argparse.ArgumentParser) -> None:
             p.add_argument(flag, action=Store, choices=CHOICES[f.name], default=default,
                            help=HELP[f.name])
         else:
-            p.add_argument(flag, action=Store, type=_kind(f.name, default), default=default,
+            names = (flag, "--target") if f.name == "target_path" else (flag,)  # as datagen/serve
+            p.add_argument(*names, action=Store, type=_kind(f.name, default), default=default,
                            help=HELP[f.name])
     # the earlier name of --max-minutes, still accepted
     p.add_argument("--session-minutes", dest="max_minutes", action=Store, type=float,

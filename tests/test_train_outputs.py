@@ -1,0 +1,118 @@
+"""`d3d train` settings and outputs: --config files, the drafter folder's model card, the
+TensorBoard log, mixed precision with fp32 master weights, gradient checkpointing."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import pytest
+import torch
+from train_helpers import write_random_data
+
+from sglang_d3d.models.decoder import Decoder
+from sglang_d3d.models.drafter import D3DDrafter
+from sglang_d3d.models.loading import load_hf_model
+from sglang_d3d.testing import make_tiny_target
+from sglang_d3d.training.train import TrainConfig, Trainer, main
+from sglang_d3d.training.train_args import add_train_args, config_from_args
+
+CONFIGS = Path(__file__).resolve().parents[1] / "recipes" / "configs"
+TINY = dict(block_size=4, num_anchors=3, rank=4, alpha=4.0, batch_size=4, max_steps=2,
+            warmup_steps=1, eval_every=100, eval_samples=4, heldout_every=4, lr=1e-2,
+            initial_eval=False)
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    root = tmp_path_factory.mktemp("outputs")
+    make_tiny_target(root / "target")
+    write_random_data(root / "data")
+    return root
+
+
+def _cfg(root: Path, out: str, **kw) -> TrainConfig:
+    return TrainConfig(data_dir=str(root / "data"), target_path=str(root / "target"),
+                       out_dir=str(root / out), **{**TINY, **kw})
+
+
+def _parse(argv: list[str]) -> TrainConfig:
+    p = argparse.ArgumentParser()
+    add_train_args(p)
+    return config_from_args(p.parse_args(argv))
+
+
+def test_a_config_file_fills_the_flags_left_out_and_the_command_line_wins(tmp_path):
+    f = tmp_path / "run.yaml"
+    f.write_text("max-steps: 7\nblock_size: 8\nlr: 1e-3\nlayers: [0, 1]\nfsdp: true\n"
+                 "max-seq-len: 1024\n")
+    cfg = _parse(["--config", str(f), "--lr", "5e-4", "--no-fsdp"])
+    assert (cfg.max_steps, cfg.block_size, cfg.layers, cfg.max_seq_len) == (7, 8, (0, 1), 1024)
+    assert cfg.lr == 5e-4 and not cfg.fsdp  # given on the command line, even at the default
+
+
+def test_an_unknown_config_key_is_a_one_line_error(tmp_path, capsys):
+    f = tmp_path / "run.yaml"
+    f.write_text("max-steps: 7\nmax-stepz: 3\n")
+    assert main(["--config", str(f)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "unknown key 'max-stepz'" in err
+
+
+@pytest.mark.parametrize("name", ["qwen3-8b-8gpu", "llama3.1-8b-8gpu", "smollm2-135m-cpu"])
+def test_the_shipped_configs_read(name):
+    cfg = _parse(["--config", str(CONFIGS / f"{name}.yaml")])
+    assert cfg.block_size == 16 and cfg.min_block_size == 4
+    assert (cfg.device == "cuda") == name.endswith("8gpu")
+
+
+def test_the_earlier_time_budget_flag_still_reads():
+    assert _parse(["--session-minutes", "3"]).max_minutes == 3.0
+
+
+def test_a_sequence_length_beyond_the_targets_context_is_refused(tiny):
+    with pytest.raises(ValueError, match="beyond the target's context"):
+        Trainer(_cfg(tiny, "long", max_seq_len=100_000))
+
+
+def test_the_drafter_folder_carries_a_model_card_and_the_run_a_tensorboard_log(tiny):
+    export = tiny / "export"
+    final = Trainer(_cfg(tiny, "card", export_to=str(export))).run()
+    card = (export / "README.md").read_text()
+    dec = Decoder.from_hf(load_hf_model(tiny / "target"))
+    drafter = D3DDrafter.from_pretrained(export, dec)
+    assert drafter.cfg.target_fingerprint in card  # the target
+    assert str(tiny / "target") in card
+    assert "random test data" in card and "Samples: 40" in card  # the data, from the manifest
+    assert "| source 0 |" not in card and "GSM8K" in card  # the prompt mix, by source
+    assert "Steps: 2 of 2" in card and "lr 0.01" in card  # the schedule
+    assert f"**{final['accept_len']:.3f}**" in card  # held-out acceptance, per position
+    assert all(f"| {d} | {p:.3f} |" in card for d, p in enumerate(final["by_position"], 1))
+    assert f"d3d serve --target {tiny / 'target'} --drafter {export}" in card
+    assert f"--speculative-draft-model-path {export}" in card and "sglang.launch_server" in card
+    assert (tiny / "card" / "drafter" / "README.md").exists()
+    events = list((tiny / "card" / "tensorboard").glob("events.out.tfevents.*"))
+    try:
+        import tensorboard  # noqa: F401
+    except ImportError:
+        assert not events
+    else:
+        assert events
+
+
+def test_a_bf16_target_trains_fp32_master_weights_under_autocast(tiny):
+    t = Trainer(_cfg(tiny, "bf16", dtype="bfloat16", tensorboard=False))
+    assert t.target.embed_tokens.weight.dtype == torch.bfloat16
+    assert all(p.dtype == torch.float32 for p in t.drafter.trainable_parameters())
+    final = t.run()
+    assert final["step"] == 2 and 1.0 <= final["accept_len"] <= 4.0
+    assert all(p.dtype == torch.float32 for p in t.drafter.trainable_parameters())
+
+
+def test_gradient_checkpointing_takes_the_same_steps(tiny):
+    plain = Trainer(_cfg(tiny, "plain", tensorboard=False))
+    plain.run()
+    ckpt = Trainer(_cfg(tiny, "ckpt", grad_checkpointing=True, tensorboard=False))
+    ckpt.run()
+    a, b = plain.drafter.own_state(), ckpt.drafter.own_state()
+    assert all(torch.allclose(a[k], b[k], atol=1e-6) for k in a)

@@ -25,6 +25,11 @@ rc=0
   tests/test_executor.py tests/test_sglang_gpu.py tests/test_tree.py \
   tests/test_tree_sampling.py || rc=$?
 
+echo "== worker contract (tests/test_sglang_worker_contract.py: CPU, and CUDA where present)"
+# The SGLang worker's cycle and drafter placement without sglang: the drafter shares the
+# target's embedding and head on its GPU, and every verify block is as wide as SGLang reserves.
+"$PY" -m pytest -q -p no:cacheprovider tests/test_sglang_worker_contract.py || rc=$?
+
 echo "== 2/2 gpu_scale.py"
 "$PY" benchmarks/gpu_scale.py --out "$OUT" --pytest-rc "$rc" "$@"
 exit "$rc"

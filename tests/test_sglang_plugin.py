@@ -141,7 +141,7 @@ def _gpu_graph_defaults(monkeypatch):
 
 
 def test_cuda_graphs_are_off_in_the_config_sglang_publishes(pair, published, monkeypatch):
-    """Issue 10: resolved for CUDA + flashinfer, SGLang's graph config must have every phase
+    """Resolved for CUDA + flashinfer, SGLang's graph config must have every phase
     disabled, not just the legacy flag set after the config was built."""
     from sglang.srt.model_executor.cuda_graph_config import (
         Backend,
@@ -169,7 +169,7 @@ def test_cuda_graphs_are_off_in_the_config_sglang_publishes(pair, published, mon
 
 
 def test_running_requests_get_a_drafter_sized_default(pair, published):
-    """Issue 10: without --max-running-requests SGLang would size for thousands of requests and
+    """Without --max-running-requests SGLang would size for thousands of requests and
     the worker (built before SGLang's pools) saw None. D3D declares its own default, which the
     worker reads from the published schedule; an explicit value is kept."""
     from sglang.srt.runtime_context import get_schedule

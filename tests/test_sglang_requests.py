@@ -36,7 +36,7 @@ def _step(table, reqs):
 
 
 def test_a_full_table_evicts_only_requests_that_left(table):
-    """Issue 10: eviction ran while the batch was being walked, so a new request at the front
+    """Eviction once ran while the batch was being walked, so a new request at the front
     of a full batch evicted every request not reached yet, live ones included."""
     a, b, c = _req("a", [5, 6, 7]), _req("b", [9, 10, 11]), _req("c", [3, 4])
     _, b_row = _step(table, [a, b])

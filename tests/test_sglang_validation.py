@@ -72,7 +72,7 @@ def test_a_plain_configuration_passes_unchanged(folders):
         (dict(speculative_draft_model_path="org/some-hub-id"), "not a local D3D drafter folder"),
         (dict(attention_backend="flashmla"), "flashmla \\(--attention-backend.*not supported"),
         (dict(decode_attention_backend="dsa"), "dsa \\(--decode-attention-backend.*not supported"),
-        # needs page size > 1, which D3D refuses (issue 10)
+        # needs page size > 1, which D3D refuses
         (dict(attention_backend="trtllm_mha"), "trtllm_mha .*not supported.*flashinfer \\(CUDA\\)"),
         (dict(page_size=16), "--page-size 16 is not supported"),
         (dict(enable_dp_attention=True), "--enable-dp-attention is not supported"),
@@ -115,7 +115,7 @@ def test_vocabulary_mismatch_is_refused(folders):
 
 def test_the_worker_checks_the_vocabulary_of_a_target_given_by_hub_id(folders):
     """A hub id has no local config at argument time; the worker checks once SGLang has loaded
-    the target (issue 10: the docs promised this check before it existed)."""
+    the target."""
     _, drafter = folders
     validate_server_args(make_args(folders, model_path="org/some-hub-model"))  # nothing to read
     check_vocab(str(drafter), 96, "org/some-hub-model")
@@ -135,7 +135,7 @@ def test_resolution_sets_the_chain_shape_and_sync_schedule(folders):
     assert args.speculative_num_draft_tokens == 4  # the drafter's trained block size
     assert (args.speculative_num_steps, args.speculative_eagle_topk) == (3, 1)
     assert args.disable_overlap_schedule
-    assert args.max_running_requests == DEFAULT_MAX_RUNNING_REQUESTS  # drafter slots, issue 10
+    assert args.max_running_requests == DEFAULT_MAX_RUNNING_REQUESTS  # drafter slots
     args = make_args(folders, speculative_num_draft_tokens=8, max_running_requests=3)
     resolve_server_args(args)
     assert (args.speculative_num_draft_tokens, args.speculative_num_steps) == (8, 7)

@@ -67,7 +67,7 @@ class RequestTable:
     def rows_for(self, reqs) -> list[RequestRow]:
         """The batch's rows in batch order, each created on first sight. The whole batch is
         marked seen before any row is created: making room for a new request then evicts only
-        requests that left, never a live one later in the same batch (issue 10)."""
+        requests that left, never a live one later in the same batch."""
         self._step += 1
         for req in reqs:
             self._last_seen[req.rid] = self._step

@@ -6,7 +6,7 @@ the scheduler calls on every algorithm: `create_future_map`, `need_topk` and
 `carries_draft_hidden_states` (without them a plugin algorithm fails with AttributeError when
 the scheduler starts; tests/test_sglang_plugin.py checks the list against SGLang's enum).
 
-CUDA graphs off, for real (issue 10). SGLang 0.5.23 turns its flags into `cuda_graph_config`
+CUDA graphs off, for real. SGLang 0.5.23 turns its flags into `cuda_graph_config`
 (a backend per phase) in `handle_cuda_graph_config`, long before the speculative hook that
 calls `handle_server_args`: setting the legacy `disable_cuda_graph` here changes nothing. Left
 on, the decode graph runner captures TARGET_VERIFY graphs with no verify input for a plugin

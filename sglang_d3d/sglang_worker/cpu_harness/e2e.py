@@ -1,10 +1,12 @@
 """End-to-end run of real SGLang on CPU, with and without D3D, on a tiny random pair.
 
-    python -m sglang_d3d.sglang_worker.cpu_harness.e2e TARGET DRAFTER [BLOCK [DEVICE]]
+    python -m sglang_d3d.sglang_worker.cpu_harness.e2e TARGET DRAFTER [BLOCK [DEVICE [BACKEND]]]
 
 DEVICE cpu (default): run in a process of its own with `cpu_harness.subprocess_env()`
 (sglang.Engine also sets process-wide state: multiprocessing start method, signal handlers).
-DEVICE cuda: SGLang's default attention backend, no harness. Prints one JSON line:
+DEVICE cuda: no harness; BACKEND triton (default: a TARGET_VERIFY path that takes float32) or
+default (SGLang's own choice, fa3 on Hopper, in float16: fa3 takes no float32). Prints one JSON
+line:
   baseline  greedy output ids of SGLang without speculative decoding, per prompt
   d3d       the same prompts through `backend.SGLangEngineLoop` (sglang.Engine + D3DWorker,
             submitted together, no --max-running-requests): output ids, finish reasons, and
@@ -28,17 +30,17 @@ MAX_NEW = 16
 RULES = {"frequency_penalty": 1.5, "presence_penalty": 0.8, "logit_bias": {"8": -3.0, "30": 2.0}}
 
 
-def baseline(target: str, device: str) -> dict:
+def baseline(target: str, device: str, backend: str = "triton") -> dict:
     import sglang
 
     engine = sglang.Engine(
-        model_path=target, device=device, max_running_requests=4, dtype="float32",
+        model_path=target, device=device, max_running_requests=4, dtype=_dtype(backend),
         skip_tokenizer_init=True, log_level="error", max_total_tokens=4096,
         # With the overlap scheduler, SGLang 0.5.23 counts a penalised request's tokens one
         # step late (measured here: [30, 30, 30, 67, ...] where OpenAI's rule gives
         # [30, 30, 67, ...]); the reference must apply the rule as documented.
         disable_overlap_schedule=True,
-        **_attention(device),
+        **_attention(device, backend),
     )  # fmt: skip
     try:
         greedy = {"temperature": 0, "max_new_tokens": MAX_NEW}
@@ -50,15 +52,19 @@ def baseline(target: str, device: str) -> dict:
         engine.shutdown()
 
 
-def _attention(device: str) -> dict:
-    """The same attention backend for both runs: torch_native on CPU, triton (a backend with a
-    TARGET_VERIFY path that takes float32) on CUDA."""
+def _attention(device: str, backend: str = "triton") -> dict:
+    """The same attention backend for both runs: torch_native on CPU; on CUDA triton, or
+    SGLang's default choice."""
     if device == "cpu":
         return dict(attention_backend="torch_native", disable_cuda_graph=True)
-    return dict(attention_backend="triton")
+    return {} if backend == "default" else dict(attention_backend=backend)
 
 
-def run_d3d(target: str, drafter: str, block: int, device: str) -> dict:
+def _dtype(backend: str) -> str:
+    return "float16" if backend == "default" else "float32"
+
+
+def run_d3d(target: str, drafter: str, block: int, device: str, backend: str = "triton") -> dict:
     from sglang_d3d.api import GenerationRequest
     from sglang_d3d.config import EngineConfig, Mode, SamplingParams, SpecConfig
     from sglang_d3d.sglang_worker.backend import build_engine_loop
@@ -66,12 +72,13 @@ def run_d3d(target: str, drafter: str, block: int, device: str) -> dict:
     cfg = EngineConfig(
         mode=Mode.ASYNC, spec=SpecConfig(block_size=block), target_path=target,
         drafter_path=drafter, device=device, max_batch_size=4, max_context=256,
+        dtype=_dtype(backend),
     )  # fmt: skip
     # No --max-running-requests: SGLang and D3D resolve the limit themselves, and the four
-    # greedy prompts below run concurrently (issue 10: the drafter used to get one slot).
+    # greedy prompts below run concurrently (the drafter's slots follow SGLang's limit).
     loop = build_engine_loop(
         cfg, max_total_tokens=4096, log_level="error", max_running_requests=None,
-        **_attention(device),
+        **_attention(device, backend),
     )  # fmt: skip
     loop.start()
     try:
@@ -141,12 +148,13 @@ def main() -> None:
     target, drafter = sys.argv[1], sys.argv[2]
     block = int(sys.argv[3]) if len(sys.argv) > 3 else 4
     device = sys.argv[4] if len(sys.argv) > 4 else "cpu"
+    backend = sys.argv[5] if len(sys.argv) > 5 else "triton"
     if device == "cpu":
         from sglang_d3d.sglang_worker.cpu_harness import install
 
         install()
-    result = {"prompts": PROMPTS, "device": device, **baseline(target, device)}
-    result.update(run_d3d(target, drafter, block, device))
+    result = {"prompts": PROMPTS, "device": device, **baseline(target, device, backend)}
+    result.update(run_d3d(target, drafter, block, device, backend))
     print("E2E-RESULT " + json.dumps(result), flush=True)
 
 

@@ -1,7 +1,7 @@
 """Known OpenAI fields this server cannot honour: a 400 naming the field, never a silent answer
-that ignored it (issue 13). A field set to its neutral value (a zero penalty, `tool_choice:
+that ignored it. A field set to its neutral value (a zero penalty, `tool_choice:
 "none"`, `response_format: {"type": "text"}`, ...) asks for nothing and is accepted, so that
-clients which always send their defaults keep working. README "Server" lists the fields.
+clients which always send their defaults keep working. docs/api.md lists the fields.
 """
 
 from __future__ import annotations

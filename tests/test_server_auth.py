@@ -1,4 +1,4 @@
-"""API keys with the real `openai` client: the right key, a wrong one, none (issue 13)."""
+"""API keys with the real `openai` client: the right key, a wrong one, none."""
 
 from __future__ import annotations
 

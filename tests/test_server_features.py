@@ -1,4 +1,4 @@
-"""Issue 13 end to end, through the real `openai` client: log-probabilities (equal in ar and
+"""The server's request features end to end, through the real `openai` client: log-probabilities (equal in ar and
 async mode, and to a plain forward pass), `n` and `best_of`, tool history, and text the
 tokenizer cannot take (400, keep-alive connection kept)."""
 

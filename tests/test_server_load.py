@@ -1,5 +1,5 @@
 """Big request bodies: a size limit (413), and no stall of the event loop while big bodies are
-parsed, templated and tokenized (issue 13: /health took 17.5 s during a 10 MB request)."""
+parsed, templated and tokenized (/health once took 17.5 s during a 10 MB request)."""
 
 from __future__ import annotations
 
@@ -103,6 +103,6 @@ def test_health_answers_quickly_while_huge_requests_are_in_flight(tiny_pair_dir)
     # The 100 ms budget holds for nine probes in ten. On a small machine shared with other
     # jobs (this project's has 2 cores) the OS deschedules any thread now and then, so a single
     # probe may take longer; the bound on all of them still catches a blocked event loop,
-    # which took 3.8 s and 17.5 s here before (issue 13).
+    # which took 3.8 s and 17.5 s before the work moved off the event loop.
     p90 = statistics.quantiles(latencies, n=10)[-1]
     assert p90 < 0.1 and max(latencies) < 0.5, sorted(latencies)[-5:]

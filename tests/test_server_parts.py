@@ -1,4 +1,4 @@
-"""Pieces of issue 13 alone: tool history through the real SmolLM2 template, token names for
+"""Server features one piece at a time: tool history through the real SmolLM2 template, token names for
 log-probabilities, refused fields, body parsing, API keys, best_of and refusal reasons."""
 
 from __future__ import annotations

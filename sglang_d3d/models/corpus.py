@@ -88,7 +88,7 @@ def unpack_tokens(blob: bytes, dtype: str) -> np.ndarray:
 def _tokens(z) -> np.ndarray:
     if "tokens_xz" in z.files:
         return unpack_tokens(z["tokens_xz"].tobytes(), str(z["token_dtype"]))
-    return z["tokens"].astype(np.int64)  # written before sitting 23 (zlib)
+    return z["tokens"].astype(np.int64)  # files written before the xz format (zlib)
 
 
 def first_tokens(answers: Sequence[np.ndarray], limit: int) -> list[np.ndarray]:

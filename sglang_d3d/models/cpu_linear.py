@@ -2,7 +2,7 @@
 
 Why not `F.linear`: the torch CPU build multiplies with MKL, which on this project's AMD CPU
 (Zen 4) is far from the hardware. Measured in the target's decode step (30 layers + LM head,
-fused projections, 200-token context; issue 12, benchmarks/results/README.md):
+fused projections, 200-token context):
     1 row, 1 thread:   MKL 55 ms, oneDNN 50 ms, OpenBLAS (numpy's) GEMV over W.T 36 ms;
     1 row, 2 threads:  MKL 58 ms, oneDNN 33 ms, OpenBLAS (1 thread) 35 ms;
     16 rows, 1 thread: MKL 95 ms, oneDNN with pre-packed weights 53 ms (GEMMs alone).

@@ -1,9 +1,9 @@
 """How a drafter checkpoint stores its deltas: floats, or int8 / int4 with group scales.
 
 A full-depth drafter's rank-32 deltas are 9.8M numbers: 19.6 MB in bf16. The repository keeps
-every shipped checkpoint in its history and must pack under 100 MB, so a better drafter could
-not ship in bf16 (README, sitting 20). Quantised, the same deltas take 9.8 MB (int8) or 5.5 MB
-(int4); what that costs in accepted length is measured in benchmarks/results/README.md.
+every shipped checkpoint in its history and must stay small, so drafters ship quantised:
+the same deltas take 9.8 MB (int8) or 5.5 MB (int4), at most 0.4% of accepted length
+(docs/drafter.md, "Checkpoints, resuming, size").
 
 Symmetric round-to-nearest per group of `group` consecutive numbers along each row (a row of A
 is one rank's input direction, a row of B one output's mixing of the ranks), one bf16 scale per

@@ -57,7 +57,7 @@ class DraftRunner:
     def prefill(self, slot: int, tokens: list[int], chunk: int = 512) -> None:
         """Commit `tokens` to the slot's cache with causal chunks: masks are built as tensors,
         never as per-token lists, so a long prompt costs O(P * chunk) mask work, not O(P^2)
-        Python (a 4k-token prompt took 11 s through the pack path; issue 10)."""
+        Python (a 4k-token prompt took 11 s through the pack path)."""
         dev = self.device
         for start in range(0, len(tokens), chunk):
             part = torch.tensor(tokens[start : start + chunk], device=dev).unsqueeze(0)  # [1, c]

@@ -7,10 +7,9 @@ each fused projection carries its group's deltas in int8:
 - x @ A^T rides along the base GEMM: the A matrices are R extra output rows of the same int8
   weight (2-10% more rows of a product already made, clean rows included, where it is unused);
 - the B matrices (block-diagonal, scale folded in) are one fp32 product over the mask rows.
-Measured on the default drafter, side by side in one process (benchmarks/results/README.md,
-sitting 8): a synchronous draft pass (9 rows), 1 thread 37.2 -> 36.3 ms, 2 threads 32.1 ->
+Measured on the default drafter, side by side in one process: a synchronous draft pass (9 rows), 1 thread 37.2 -> 36.3 ms, 2 threads 32.1 ->
 30.5 ms; drafts accepted as with fp32 deltas (on 120 distilled blocks, 2.108 both). The B
-products were int8 GEMMs too until sitting 26: for a few rows and a rank of 4-32 their cost is
+products are fp32 rather than int8 GEMMs: for a few rows and a rank of 4-32 their cost is
 the call's fixed overhead, not bytes, and in fp32 a block-4 draft pass took 27.8 ms against
 31.0 (rank 4, 2 threads; rank 32: 28.2 against 30.2, and level at block 8).
 """

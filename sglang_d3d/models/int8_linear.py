@@ -24,8 +24,8 @@ import torch
 # u8 x s8 products in int16 (AVX2's vpmaddubsw: 255 * 127 * 2 would saturate, 255 * 63 * 2 =
 # 32130 fits); `weight_levels` tells which by trying the worst case. Measured here, drafts
 # accepted per block of 8 on the target's answers (benchmarks/bench_int8_accuracy.py; fp32
-# 2.08 GSM8K / 1.62 MT-Bench): 8-bit weights with 7-bit activations 1.95 / 1.44 (sitting 7's
-# setting), 7-bit weights with 8-bit activations 1.97 / 1.51, 8 and 8 2.00 / 1.57.
+# 2.08 GSM8K / 1.62 MT-Bench): 8-bit weights with 7-bit activations 1.95 / 1.44 (the first
+# int8 setting), 7-bit weights with 8-bit activations 1.97 / 1.51, 8 and 8 2.00 / 1.57.
 FULL_LEVELS, AVX2_LEVELS = 127, 63
 
 
@@ -61,7 +61,7 @@ class Int8Setting:
     there for benchmarks/bench_int8_accuracy.py to compare."""
 
     levels: int | None = None  # weight levels; None: `weight_levels()`, the most this machine takes
-    reduce_range: bool = False  # True: 7-bit activations (sitting 7's setting)
+    reduce_range: bool = False  # True: 7-bit activations (the first int8 setting)
 
 
 class Int8Linear:
@@ -75,7 +75,7 @@ class Int8Linear:
         q, scale = quantize_rows(weight, levels)
         zero = torch.zeros(q.shape[0], dtype=torch.long)
         with warnings.catch_warnings():
-            # torch marks quantized tensors deprecated (its issue 184982) but keeps fbgemm's
+            # torch marks quantized tensors deprecated (pytorch/pytorch#184982) but keeps fbgemm's
             # kernels in the pinned build; `available()` probes them before any use.
             warnings.simplefilter("ignore", UserWarning)
             qw = torch._make_per_channel_quantized_tensor(q, scale, zero, 0)

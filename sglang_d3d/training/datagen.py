@@ -30,7 +30,7 @@ from sglang_d3d.training.datagen_async import (
     run_server_datagen,
 )
 from sglang_d3d.training.datagen_journal import Record, Turn, pack_shard
-from sglang_d3d.training.datagen_prompts import (  # noqa: F401 - interleave: public helper
+from sglang_d3d.training.datagen_prompts import (  # noqa: F401 - interleave: re-exported
     PromptList,
     build_prompt_list,
     gsm8k_train_path,

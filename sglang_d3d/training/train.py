@@ -73,7 +73,9 @@ def seq_len_for(cfg: TrainConfig, target) -> int:
 
 
 class Trainer:
-    def __init__(self, cfg: TrainConfig, dist: dd.Dist | None = None) -> None:
+    def __init__(self, cfg: TrainConfig, dist: dd.Dist | None = None, target=None) -> None:
+        """target: an already built target Decoder (benchmarks at a shape with random
+        weights); default: loaded from cfg.target_path."""
         from sglang_d3d.models.loading import resolve_dtype
 
         torch.set_num_threads(cfg.threads)
@@ -84,7 +86,9 @@ class Trainer:
         self.precision = Precision.for_target(self.dtype, self.device)
         self.gen = torch.Generator().manual_seed(cfg.seed)
         # --fsdp: the target is read on the CPU, then each rank keeps its shards on its device
-        self.target = load_target(cfg.target_path, self.dtype, "cpu" if cfg.fsdp else self.device)
+        if target is None:
+            target = load_target(cfg.target_path, self.dtype, "cpu" if cfg.fsdp else self.device)
+        self.target = target
         self.max_seq_len = seq_len_for(cfg, self.target)
         self.spec = cfg.batch_spec(self.max_seq_len)
         if cfg.batch_size < self.dist.world:

@@ -77,7 +77,8 @@ def load_state(out: Path) -> dict | None:
     drafter/), else None."""
     path = out / STATE
     if path.exists():
-        return torch.load(path, weights_only=False)
+        # on the CPU: every rank reads it, and the trainer copies it onto its own device
+        return torch.load(path, map_location="cpu", weights_only=False)
     if (out / META).exists() and (out / DRAFTER).exists():
         from safetensors.torch import load_file
 

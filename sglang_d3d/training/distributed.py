@@ -65,11 +65,13 @@ def shutdown(d: Dist) -> None:
 
 
 def all_sum(d: Dist, values: torch.Tensor) -> torch.Tensor:
-    """values summed over ranks (a new tensor; the input is left alone)."""
-    out = values.detach().clone()
-    if d.enabled:
-        dist.all_reduce(out)
-    return out
+    """values summed over ranks: a new tensor on the input's device, the input left alone.
+    The reduction runs on this rank's device (nccl reduces CUDA tensors only)."""
+    if not d.enabled:
+        return values.detach().clone()
+    out = values.detach().to(d.device, copy=True)
+    dist.all_reduce(out)
+    return out.to(values.device)
 
 
 def agree(d: Dist, flags: list[bool]) -> list[bool]:

@@ -34,6 +34,7 @@ class CardFacts:
     elapsed_s: float
     data: dict  # data_summary()
     evaluation: dict | None  # the latest held-out row of history
+    default_target: bool = False  # the package's default target: d3d commands need no --target
 
 
 def data_summary(folder: Path) -> dict:
@@ -120,10 +121,11 @@ def _eval_lines(row: dict | None) -> list[str]:
 
 def _serve_lines(f: CardFacts, folder: str) -> list[str]:
     block = f.config["block_size"]
+    target = "" if f.default_target else f" --target {f.target}"
     return [
         "The embedded engine and its OpenAI-compatible server:", "", "```bash",
-        f"d3d serve --target {f.target} --drafter {folder} --device cuda --block-size {block}",
-        f"d3d bench --target {f.target} --drafter {folder} --device cuda  # ar / sync / async",
+        f"d3d serve{target} --drafter {folder} --device cuda --block-size {block}",
+        f"d3d bench{target} --drafter {folder} --device cuda  # ar / sync / async",
         "```", "",
         "SGLang (the plugin registers `--speculative-algorithm D3D`; docs/sglang.md). This "
         "folder's config.json already carries the target's `model_type`, which SGLang needs "
@@ -131,7 +133,7 @@ def _serve_lines(f: CardFacts, folder: str) -> list[str]:
         f"python -m sglang.launch_server --model-path {f.target} \\",
         f"  --speculative-algorithm D3D --speculative-draft-model-path {folder} \\",
         f"  --speculative-num-draft-tokens {block} --attention-backend flashinfer",
-        f"d3d serve --backend sglang --target {f.target} --drafter {folder} --device cuda",
+        f"d3d serve --backend sglang{target} --drafter {folder} --device cuda",
         "```",
     ]
 

@@ -19,11 +19,8 @@ checkpoint. `max_minutes` stops (and saves) one invocation, so a long run may sp
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
-import signal
 import sys
-import threading
 import time
 from dataclasses import asdict, replace
 from pathlib import Path
@@ -53,23 +50,12 @@ from sglang_d3d.training.model_card import CardFacts, data_summary, render
 from sglang_d3d.training.objective import IGNORE, chain_weights, draft_weights
 from sglang_d3d.training.precision import Precision
 from sglang_d3d.training.run_log import RunLog
+from sglang_d3d.training.stopping import stop_requests
 from sglang_d3d.training.train_args import add_train_args, config_from_args, parse_layers
-from sglang_d3d.training.train_config import CHOICES, TrainConfig, lr_at
+from sglang_d3d.training.train_config import CHOICES, TrainConfig, lr_at, seq_len_for
 
 __all__ = ["CHOICES", "TrainConfig", "Trainer", "add_train_args", "config_from_args", "lr_at",
            "main", "parse_layers", "run_train"]
-
-
-def context_length(target) -> int:
-    return int(target.arch.max_position)
-
-
-def seq_len_for(cfg: TrainConfig, target) -> int:
-    """--max-seq-len, or the target's context; refused above the context."""
-    ctx = context_length(target)
-    if cfg.max_seq_len is not None and cfg.max_seq_len > ctx:
-        raise ValueError(f"--max-seq-len {cfg.max_seq_len} is beyond the target's context ({ctx})")
-    return cfg.max_seq_len or ctx
 
 
 class Trainer:
@@ -89,7 +75,7 @@ class Trainer:
         if target is None:
             target = load_target(cfg.target_path, self.dtype, "cpu" if cfg.fsdp else self.device)
         self.target = target
-        self.max_seq_len = seq_len_for(cfg, self.target)
+        self.max_seq_len = seq_len_for(cfg, int(self.target.arch.max_position))
         self.spec = cfg.batch_spec(self.max_seq_len)
         if cfg.batch_size < self.dist.world:
             raise ValueError(f"--batch-size {cfg.batch_size} is below the {self.dist.world} "
@@ -242,7 +228,8 @@ class Trainer:
             source_layers=c.source_layers,
             config={**asdict(self.cfg), "max_seq_len": self.max_seq_len},
             world=self.dist.world, step=self.step, elapsed_s=self.elapsed(),
-            data=data_summary(Path(self.cfg.data_dir)), evaluation=latest_eval(self.history))
+            data=data_summary(Path(self.cfg.data_dir)), evaluation=latest_eval(self.history),
+            default_target=self.cfg.target_path is None)
         return render(facts, str(folder))
 
     def save(self) -> None:
@@ -320,23 +307,6 @@ class Trainer:
             return final if final is not None else {"step": self.step}
         finally:
             self.log.close()
-
-
-@contextlib.contextmanager
-def stop_requests():
-    """-> a function telling whether SIGINT or SIGTERM arrived; the loop then stops after the
-    step in progress (never half-way through an optimiser update) and saves."""
-    got: list[int] = []
-    if threading.current_thread() is not threading.main_thread():
-        yield lambda: False
-        return
-    old = {sig: signal.signal(sig, lambda n, _f: got.append(n))
-           for sig in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield lambda: bool(got)
-    finally:
-        for sig, handler in old.items():
-            signal.signal(sig, handler)
 
 
 def run_train(args: argparse.Namespace) -> int:

@@ -113,6 +113,14 @@ HELP = {
 }
 
 
+def seq_len_for(cfg: TrainConfig, context: int) -> int:
+    """--max-seq-len, or the target's context length `context`; refused above the context."""
+    if cfg.max_seq_len is not None and cfg.max_seq_len > context:
+        raise ValueError(f"--max-seq-len {cfg.max_seq_len} is beyond the target's context "
+                         f"({context})")
+    return cfg.max_seq_len or context
+
+
 def lr_at(step: int, cfg: TrainConfig) -> float:
     """Linear warm-up to cfg.lr, then cosine decay to cfg.lr * min_lr_ratio at max_steps.
     A pure function of the step, so a resumed run continues the same schedule."""

@@ -3,7 +3,7 @@
 xgrammar's compile time grows much faster than a schema's size: measured on one core with an
 8k-token vocabulary, 100 properties compiled in 1 s, 300 in 5 s and 1,000 in 60 s (a 350 MB
 compiled grammar); 30 enum strings of 1,000 characters took 7 s. The compile time limit
-(compile_pool.py) bounds every compile; these checks refuse the obvious cases at once, with a
+(speculative/grammar_pool.py) bounds every compile; these checks refuse the obvious cases at once, with a
 message that says which limit to stay under.
 """
 
@@ -41,15 +41,20 @@ def json_depth_over(value, limit: int) -> bool:
     return False
 
 
-def bracket_depth(source: str) -> int:
-    """The deepest nesting of ( [ { in a regex or EBNF source, escapes skipped."""
+def bracket_depth(source: str, ebnf: bool = False) -> int:
+    """The deepest nesting of ( [ { in a regex or EBNF source, escapes (and EBNF's quoted
+    strings) skipped."""
     depth = deepest = 0
-    skip = False
+    skip = quoted = False
     for c in source:
         if skip:
             skip = False
         elif c == "\\":
             skip = True
+        elif ebnf and c == '"':
+            quoted = not quoted
+        elif quoted:
+            continue
         elif c in "([{":
             depth += 1
             deepest = max(deepest, depth)
@@ -85,7 +90,7 @@ def check_source(spec: GrammarSpec, limits: GrammarLimits) -> str | None:
                 f"{limits.max_bytes} (--max-grammar-bytes)")
     if spec.kind == "json_schema":
         problem = _schema_problem(spec.source, limits)
-    elif bracket_depth(spec.source) > limits.max_depth:
+    elif bracket_depth(spec.source, spec.kind == "ebnf") > limits.max_depth:
         problem = (f"the {spec.kind} nests brackets deeper than this server's limit of "
                    f"{limits.max_depth} (--max-json-depth)")
     else:

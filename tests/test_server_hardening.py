@@ -98,7 +98,26 @@ def test_grammar_sources_over_the_limits_are_refused_before_compiling():
         assert says in check_source(spec, small), spec
     assert check_source(GrammarSpec("regex", "(a|b)+"), small) is None
     assert bracket_depth(r"\(\(([a])") == 2
+    assert bracket_depth('root ::= "((((" ("a")', ebnf=True) == 1
     assert schema_counts({"anyOf": [{"enum": [1, 2]}, {"const": 3}, {"properties": {"a": {}}}]}) == (3, 1)
+
+
+def test_a_workers_compiled_grammar_is_adopted_by_the_engines_compiler():
+    import io
+
+    from sglang_d3d.speculative.grammar import Grammars
+    from sglang_d3d.speculative.grammar_worker import compile_job, frame, read
+    from sglang_d3d.testing import tiny_pieces
+
+    grammars = Grammars.for_pieces(tiny_pieces(), [2])
+    spec = GrammarSpec("regex", "(a|b)(0|1)")
+    status, compiled = compile_job(grammars._compiler, grammars.info, spec.kind, spec.source)
+    assert status == "ok" and not grammars.has(spec)
+    grammars.adopt(spec, compiled)
+    assert grammars.has(spec) and grammars.constraint(spec).chain([]).shape[0] == 1
+    assert compile_job(grammars._compiler, grammars.info, "regex", "zzz")[0] == "error"  # no token
+    inp = io.BytesIO(frame("regex", "a\ud800"))
+    assert (read(inp), read(inp), read(inp)) == ("regex", "a\ud800", None)
 
 
 def test_work_per_request_is_bounded():

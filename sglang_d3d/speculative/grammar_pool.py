@@ -96,11 +96,17 @@ class GrammarPool:
         try:
             worker.stdin.write(self._info)
             async with asyncio.timeout(START_TIMEOUT):
-                if await _read(worker) != "ready":
-                    raise EOFError("the grammar worker did not start")
+                ready = await _read(worker)
+        except (EOFError, TimeoutError) as e:  # the server's fault, not the grammar's
+            self._kill(worker)
+            raise RuntimeError("a grammar compile worker did not start (its error is in the "
+                               "server's log)") from e
         except BaseException:
             self._kill(worker)
             raise
+        if ready != "ready":
+            self._kill(worker)
+            raise RuntimeError(f"a grammar compile worker said {ready[:80]!r}, not 'ready'")
         return worker
 
     def _kill(self, worker: asyncio.subprocess.Process) -> None:

@@ -9,9 +9,14 @@ One job per module, in the order a request meets them:
   /metrics), and the request schemas of the self-parsing ones in /openapi.json.
 - `auth.py`: API keys (`--api-key`, D3D_API_KEY) on /v1/*, compared in constant time.
 - `serving.py`: the flow both generation endpoints share: read, prepare on a worker thread
-  (parse, template, tokenize), submit the `n` choices, stream or collect.
-- `body.py`: request bodies read with a size limit (413) and parsed off the event loop, the
-  garbage collector paused and big lists freed in slices around big bodies.
+  (parse, template, tokenize), compile a grammar, submit the `n` choices, stream or collect.
+- `body.py`: request bodies read with a size limit (413) and a time limit (408), parsed off
+  the event loop with a nesting limit, the garbage collector paused and big lists freed in
+  slices around big bodies.
+- `limits.py`: size limits checked before any work: JSON nesting, grammar sources (bytes,
+  enum values, properties, brackets, character classes that match nothing).
+- `structured.py`: response_format, regex, ebnf and forced calls -> a grammar, compiled in
+  worker processes under a time limit and a cap (speculative/grammar_pool.py).
 - `protocol.py`: request and response bodies in OpenAI's shapes (+ the `d3d` stats field).
 - `unsupported.py`: known OpenAI fields the server cannot honour -> a 400 naming the field.
 - `inputs.py`: request -> prompt ids (chat template, tool history) and SamplingParams.
@@ -24,5 +29,7 @@ One job per module, in the order a request meets them:
 - `metrics.py`: the Prometheus recorder (names in docs/design.md) and its PromQL.
 - `engine_holder.py`: the engine loaded on a thread (/health answers meanwhile).
 - `backends.py`: embedded engine or SGLang, with a clear failure when one cannot run.
+- `http_layer.py`: uvicorn set up to refuse unparsable requests and huge headers in OpenAI's
+  shape (431), and to stop grammar compiles as soon as shutdown begins.
 - `testing.py`: the real server on a thread, over a tiny model pair, for tests.
 """

@@ -11,9 +11,12 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from sglang_d3d.config import GrammarSpec
 from sglang_d3d.speculative.char_classes import empty_class
+
+TOO_LARGE, TOO_DEEP = "grammar_too_large", "json_too_deep"  # error codes
 
 
 @dataclass(frozen=True)
@@ -82,37 +85,43 @@ def schema_counts(schema) -> tuple[int, int]:
     return values, properties
 
 
-def check_source(spec: GrammarSpec, limits: GrammarLimits) -> str | None:
+class Problem(NamedTuple):
+    code: str  # the error's `code`
+    message: str
+
+
+def check_source(spec: GrammarSpec, limits: GrammarLimits) -> Problem | None:
     """What is wrong with a grammar's source before compiling it, or None."""
     size = len(spec.source.encode("utf-8", "surrogatepass"))
     if size > limits.max_bytes:
-        return (f"the {spec.kind} is {size} bytes, over this server's limit of "
-                f"{limits.max_bytes} (--max-grammar-bytes)")
+        return Problem(TOO_LARGE, f"the {spec.kind} is {size} bytes, over this server's limit "
+                       f"of {limits.max_bytes} (--max-grammar-bytes)")
     if spec.kind == "json_schema":
         problem = _schema_problem(spec.source, limits)
     elif bracket_depth(spec.source, spec.kind == "ebnf") > limits.max_depth:
-        problem = (f"the {spec.kind} nests brackets deeper than this server's limit of "
-                   f"{limits.max_depth} (--max-json-depth)")
+        problem = Problem(TOO_DEEP, f"the {spec.kind} nests brackets deeper than this "
+                          f"server's limit of {limits.max_depth} (--max-json-depth)")
     else:
         problem = None
     if problem is None and (found := empty_class(spec.kind, spec.source)):
-        problem = f"the character class {found} matches no character, so nothing can match"
+        problem = Problem("grammar_matches_nothing", f"the character class {found} matches "
+                          "no character, so nothing can match")
     return problem
 
 
-def _schema_problem(source: str, limits: GrammarLimits) -> str | None:
+def _schema_problem(source: str, limits: GrammarLimits) -> Problem | None:
     try:
         schema = json.loads(source)
     except (ValueError, RecursionError):
         return None  # the compiler says what is wrong with it
     if json_depth_over(schema, limits.max_depth):
-        return (f"the schema nests deeper than this server's limit of {limits.max_depth} "
-                "(--max-json-depth)")
+        return Problem(TOO_DEEP, f"the schema nests deeper than this server's limit of "
+                       f"{limits.max_depth} (--max-json-depth)")
     values, properties = schema_counts(schema)
     if values > limits.max_enum:
-        return (f"the schema has {values} enum and const values, over this server's limit of "
-                f"{limits.max_enum} (--max-schema-enum)")
+        return Problem(TOO_LARGE, f"the schema has {values} enum and const values, over this "
+                       f"server's limit of {limits.max_enum} (--max-schema-enum)")
     if properties > limits.max_properties:
-        return (f"the schema has {properties} properties, over this server's limit of "
-                f"{limits.max_properties} (--max-schema-properties)")
+        return Problem(TOO_LARGE, f"the schema has {properties} properties, over this "
+                       f"server's limit of {limits.max_properties} (--max-schema-properties)")
     return None

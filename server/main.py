@@ -7,9 +7,9 @@ import sys
 
 import uvicorn
 from sglang_d3d.server.app import create_app
-from sglang_d3d.server.http_layer import Server, uvicorn_config
 from sglang_d3d.server.args import parse_args
 from sglang_d3d.server.backends import BackendUnavailable, check_backend
+from sglang_d3d.server.http_layer import Server, uvicorn_config
 
 
 def run_server(argv: list[str] | None = None) -> int:

@@ -1,5 +1,6 @@
 """The request flow both generation endpoints share: read, prepare (off the event loop),
-submit the choices, then stream or collect.
+compile the grammar if any (in a worker process, structured.py), submit the choices, then
+stream or collect.
 
 Everything that costs time in proportion to the request (JSON parsing, validation, the chat
 template, tokenization) runs in `prepare` on a worker thread, so a 10 MB body delays nobody

@@ -64,7 +64,7 @@ def check_grammar(engine, asked: tuple[GrammarSpec, str] | None,
         raise bad_request(f"`{field}` (structured output) is not supported by this server's "
                           "backend", field)
     if (problem := check_source(spec, limits)) is not None:
-        raise bad_request(f"`{field}`: {problem}", field, code="grammar_too_large")
+        raise bad_request(f"`{field}`: {problem.message}", field, code=problem.code)
     return spec
 
 

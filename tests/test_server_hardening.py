@@ -95,7 +95,7 @@ def test_grammar_sources_over_the_limits_are_refused_before_compiling():
         GrammarSpec("regex", r"[^\s\S]"): "matches no character",
     }
     for spec, says in cases.items():
-        assert says in check_source(spec, small), spec
+        assert says in check_source(spec, small).message, spec
     assert check_source(GrammarSpec("regex", "(a|b)+"), small) is None
     assert bracket_depth(r"\(\(([a])") == 2
     assert bracket_depth('root ::= "((((" ("a")', ebnf=True) == 1
@@ -210,6 +210,7 @@ def test_a_grammar_that_matches_nothing_is_a_400_naming_the_field(srv):
     for regex in (r"[^\s\S]", r"[^\d\D]", r"[^\w\W]"):
         err = _error(_post(srv.url, {"prompt": [21, 22], "regex": regex}, "/v1/completions"), 400)
         assert err["param"] == "regex" and "matches no character" in err["message"]
+        assert err["code"] == "grammar_matches_nothing"
     err = _error(_post(srv.url, {"messages": MESSAGES, "ebnf": r"root ::= [^\s\S]"}), 400)
     assert err["param"] == "ebnf"
 

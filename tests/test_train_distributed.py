@@ -17,7 +17,7 @@ import torch
 from train_helpers import write_random_data
 
 from sglang_d3d.testing import make_tiny_target
-from sglang_d3d.training.train import TrainConfig, Trainer
+from sglang_d3d.training.train import TrainConfig, Trainer, main
 
 STEPS = 3
 FLAGS = dict(block_size=4, num_anchors=3, rank=4, alpha=4.0, batch_size=4, max_steps=STEPS,
@@ -108,10 +108,11 @@ def test_fsdp_shards_the_target_and_matches_one_process(runs):
     assert final["step"] == STEPS and len(final["by_position"]) == 3
 
 
-def test_fsdp_without_torchrun_is_refused(tmp_path):
+def test_fsdp_without_torchrun_is_a_one_line_refusal(tmp_path, capsys):
     make_tiny_target(tmp_path / "target")
     write_random_data(tmp_path / "data", shards=1)
-    cfg = TrainConfig(data_dir=str(tmp_path / "data"), target_path=str(tmp_path / "target"),
-                      out_dir=str(tmp_path / "out"), fsdp=True, **FLAGS)
-    with pytest.raises(RuntimeError, match="--fsdp needs several processes"):
-        Trainer(cfg)
+    argv = ["--data-dir", str(tmp_path / "data"), "--target", str(tmp_path / "target"),
+            "--out-dir", str(tmp_path / "out"), "--fsdp", *_flags()]
+    assert main(argv) == 2
+    last = capsys.readouterr().err.strip().splitlines()[-1]  # after the loaders' progress bars
+    assert last == "d3d train: --fsdp needs several processes (torchrun --nproc_per_node N)"

@@ -40,6 +40,7 @@ from sglang_d3d.training.forward import (
     pick_rows,
     teacher_source,
 )
+from sglang_d3d.training.fsdp import FSDPUnavailable
 from sglang_d3d.training.losses import (
     accuracy_from_hits,
     hits_by_draft,
@@ -317,7 +318,12 @@ def run_train(args: argparse.Namespace) -> int:
         return 2
     dist = dd.init(cfg.device)
     try:
-        final = Trainer(cfg, dist).run()
+        try:  # settings that cannot work are one line, before any step
+            trainer = Trainer(cfg, dist)
+        except (ValueError, FileNotFoundError, FSDPUnavailable) as e:
+            print(f"d3d train: {e}", file=sys.stderr)
+            return 2
+        final = trainer.run()
     finally:
         dd.shutdown(dist)
     if dist.is_main:

@@ -116,3 +116,36 @@ def test_fsdp_without_torchrun_is_a_one_line_refusal(tmp_path, capsys):
     assert main(argv) == 2
     last = capsys.readouterr().err.strip().splitlines()[-1]  # after the loaders' progress bars
     assert last == "d3d train: --fsdp needs several processes (torchrun --nproc_per_node N)"
+
+
+def test_ranks_split_each_global_batch_and_draw_alike():
+    """Each rank reads its share of every global batch (3 rows: 1 and 2), with the anchors one
+    process draws for those rows, and every rank's generator ends in one state."""
+    import numpy as np
+
+    from sglang_d3d.training.batches import LAYOUT, BatchSpec, DataPosition, iterate_batches
+    from sglang_d3d.training.shards import Sample
+
+    rng = np.random.default_rng(1)
+    samples = [Sample(rng.integers(3, 90, 5), rng.integers(3, 90, int(rng.integers(6, 15))), 0, i)
+               for i in range(9)]
+    spec = BatchSpec(block_size=4, num_anchors=2, min_block_size=2, max_seq_len=64, batch_size=3)
+
+    def run(rank: int, world: int):
+        gen = torch.Generator().manual_seed(5)
+        out = list(iterate_batches(samples, spec, 0, DataPosition(), gen, rank, world))
+        return [b for _, b in out], gen.get_state()
+
+    whole, state = run(0, 1)
+    parts = [run(r, 2) for r in range(2)]
+    assert all(torch.equal(state, s) for _, s in parts)
+    for i, full in enumerate(whole):
+        lo, hi = parts[0][0][i], parts[1][0][i]
+        assert lo["ids"].shape[0] == 1 and hi["ids"].shape[0] == 2
+        assert lo[LAYOUT].tolist() == [0, 3, full[LAYOUT][2]]
+        assert hi[LAYOUT].tolist()[:2] == [1, 3]
+        for key in ("slot_pos", "labels"):
+            rows = [p[key][r] for p in (lo, hi) for r in range(p[key].shape[0])]
+            for r, got in enumerate(rows):
+                k = got.shape[0]
+                assert torch.equal(got, full[key][r, :k]) and (full[key][r, k:] <= 0).all()

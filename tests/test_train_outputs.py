@@ -116,3 +116,15 @@ def test_gradient_checkpointing_takes_the_same_steps(tiny):
     ckpt.run()
     a, b = plain.drafter.own_state(), ckpt.drafter.own_state()
     assert all(torch.allclose(a[k], b[k], atol=1e-6) for k in a)
+
+
+def test_log_rows_become_tensorboard_tags():
+    from sglang_d3d.training.run_log import scalars
+
+    train = scalars({"step": 10, "loss": 2.5, "acc2": 0.5, "lr": 1e-3, "elapsed_s": 4.0})
+    assert train == {"train/loss": 2.5, "train/acc2": 0.5, "train/lr": 1e-3,
+                     "train/elapsed_s": 4.0}
+    ev = scalars({"step": 10, "accept_len": 2.0, "by_source": {"0": 2.1},
+                  "by_position": [1.0, 0.5], "num_blocks": 8})
+    assert ev == {"eval/accept_len": 2.0, "eval/accept_len_source_0": 2.1,
+                  "eval/accept_pos_1": 1.0, "eval/accept_pos_2": 0.5, "eval/num_blocks": 8.0}

@@ -84,7 +84,7 @@ def split(samples: list[Sample], every: int) -> tuple[list[Sample], list[Sample]
 def open_split(folder: Path, every: int) -> tuple[SampleView, SampleView]:
     """(train, held-out) views of a datagen folder's shards, read lazily: only lengths and
     record indices are in memory until a sample's tokens are needed."""
-    shards = open_shards(Path(folder))
+    shards = open_shards(Path(folder), cache_shards=64)  # shuffled rows revisit shards
     held = heldout_mask(shards.prompt_indices, every)
     prompts = np.concatenate([ix.prompt_len for ix in shards.indexes] or [np.zeros(0)])
     lengths, prompts = shards.lengths, prompts.astype(np.int64)

@@ -214,10 +214,13 @@ async def run_server_datagen(run: ServerRun, tok, prompts: PromptList, prog: Pro
                              eos_ids: list[int]) -> dict:
     """Generate every missing record; returns facts about the server for the manifest."""
     client = await connect(run, tok)
+    facts = {"url": client.root, "model": client.model, "token_ids": client.mode.value,
+             "max_model_len": client.max_model_len}
+    prog.manifest["server"] = facts  # written with the first shard
+    prog.last_write = time.perf_counter()  # the probes are not generation time
     try:
         todo = todo_indices(prog, run.max_shards)
         await drive(client, tok, run, prompts, prog, todo, eos_ids)
     finally:
         await client.close()
-    return {"model": client.model, "token_ids": client.mode.value,
-            "max_model_len": client.max_model_len}
+    return facts

@@ -3,6 +3,7 @@
 One JSON object per line, in any of:
   ShareGPT  {"conversations": [{"from": "system"|"human"|"gpt", "value": "..."}, ...]}
   OpenAI    {"messages": [{"role": "system"|"user"|"assistant", "content": "..."}, ...]}
+  turns     {"turns": ["first user turn", "second user turn"]}   (MT-Bench's shape)
   plain     {"prompt": "..."}   (or {"question": "..."}, GSM8K's shape)
 
 Only the user turns (and a system turn) are kept: the target regenerates every assistant turn,
@@ -99,6 +100,9 @@ def conversation_of(row) -> Conversation | None:
         turns = row["messages"]
         return _from_turns([(_role(t.get("role")), _text(t.get("content"))) if isinstance(t, dict)
                             else (None, None) for t in turns])
+    turns = row.get("turns")
+    if isinstance(turns, list) and turns and all(isinstance(t, str) and t.strip() for t in turns):
+        return Conversation(tuple(turns))  # MT-Bench's shape: the user turns alone
     for key in ("prompt", "question"):
         if isinstance(row.get(key), str) and row[key].strip():
             return single(row[key])

@@ -120,6 +120,30 @@ def test_a_workers_compiled_grammar_is_adopted_by_the_engines_compiler():
     assert (read(inp), read(inp), read(inp)) == ("regex", "a\ud800", None)
 
 
+def test_a_pool_worker_that_died_while_idle_is_replaced():
+    import asyncio
+    import os
+    import signal
+
+    from sglang_d3d.speculative.grammar import Grammars
+    from sglang_d3d.speculative.grammar_pool import GrammarPool
+    from sglang_d3d.testing import tiny_pieces
+
+    async def run() -> None:
+        pool = GrammarPool(Grammars.for_pieces(tiny_pieces(), [2]).info.serialize_json(), 1, 60.0)
+        try:
+            assert await pool.compile(GrammarSpec("regex", "a|b"))
+            (worker,) = pool._idle
+            os.kill(worker.pid, signal.SIGKILL)
+            await worker.wait()
+            assert await pool.compile(GrammarSpec("regex", "a+"))  # on a new worker
+            assert pool.num_workers == 1 and pool._idle[0] is not worker
+        finally:
+            pool.close()
+
+    asyncio.run(run())
+
+
 def test_work_per_request_is_bounded():
     check_work(4, 250, 1000)
     with pytest.raises(APIError, match="--max-request-tokens") as e:

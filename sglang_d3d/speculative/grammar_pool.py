@@ -71,7 +71,7 @@ class GrammarPool:
     async def _run(self, spec: GrammarSpec) -> tuple[str, str]:
         worker = None
         try:
-            worker = self._idle.pop() if self._idle else await self._spawn()
+            worker = self._take_idle() or await self._spawn()
             worker.stdin.write(frame(spec.kind, spec.source))
             async with asyncio.timeout(self.timeout):
                 reply = await _read(worker), await _read(worker)
@@ -87,6 +87,15 @@ class GrammarPool:
             raise
         self._idle.append(worker)
         return reply
+
+    def _take_idle(self) -> asyncio.subprocess.Process | None:
+        """An idle worker still alive (one may have died meanwhile, killed by the OS)."""
+        while self._idle:
+            worker = self._idle.pop()
+            if worker.returncode is None:
+                return worker
+            self._kill(worker)
+        return None
 
     async def _spawn(self) -> asyncio.subprocess.Process:
         worker = await asyncio.create_subprocess_exec(

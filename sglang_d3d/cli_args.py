@@ -10,6 +10,7 @@ from pathlib import Path
 from sglang_d3d.config import (
     DRAFT_WEIGHTS,
     JSON_OBJECT,
+    TARGET_WEIGHTS,
     BranchPolicy,
     EngineConfig,
     GrammarSpec,
@@ -68,6 +69,11 @@ def add_engine_args(
                    help="the drafter's weights on CPU: int8 (a quarter of the bytes per pass; "
                    "the target stays full precision), full, or auto: int8 where the drafter "
                    "runs on a CPU in float32")
+    g.add_argument("--target-weights", choices=list(TARGET_WEIGHTS), default="auto",
+                   help="the target's projection weights in its passes: q4 (the 4-bit Q4_1 "
+                   "weights of the GGUF it came from, bf16 activations into the int4 kernel), "
+                   "fp32 (as loaded; equal to HF generate), or auto: q4 where the target came "
+                   "from a Q4_1 GGUF (the default target) and runs on a CPU in float32")
     g.add_argument("--draft-cutoff", type=_cutoff, default=EngineConfig.draft_cutoff,
                    help="sync/async: verify a row's leading drafts while the product of the "
                    "drafter's probabilities of them stays at or above this (0: whole blocks; "
@@ -252,6 +258,7 @@ def engine_config(args: argparse.Namespace, mode: str | None = None) -> EngineCo
         target_threads=target_threads,
         draft_threads=draft_threads,
         draft_weights=getattr(args, "draft_weights", EngineConfig.draft_weights),
+        target_weights=getattr(args, "target_weights", EngineConfig.target_weights),
         draft_cutoff=getattr(args, "draft_cutoff", EngineConfig.draft_cutoff),
         tree_nodes=EngineConfig.tree_nodes if getattr(args, "tree_nodes", None) is None
         else args.tree_nodes,

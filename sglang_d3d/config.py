@@ -28,6 +28,7 @@ class BranchPolicy(str, enum.Enum):
 
 
 DRAFT_WEIGHTS = ("auto", "full", "int8")
+TARGET_WEIGHTS = ("auto", "fp32", "q4")
 GREEDY_BELOW = 1e-5  # temperatures under this are greedy
 MAX_PENALTY = 2.0  # OpenAI's range for frequency and presence penalties: [-2, 2]
 MAX_LOGIT_BIAS = 100.0  # and for a logit_bias value: [-100, 100]
@@ -182,8 +183,14 @@ class EngineConfig:
     draft_threads: int = 1  # intra-op threads of the drafter's worker (CPU)
     # The drafter's projection weights on CPU: "int8" (models/int8_linear.py; a quarter of the
     # bytes a pass reads), "full" (the model's dtype), or "auto": int8 where the drafter runs
-    # on a CPU in fp32 with fbgemm. The target's weights are never quantised.
+    # on a CPU in fp32 with fbgemm. The target's weights are never quantised by us (see
+    # target_weights for running it on the 4-bit weights it ships in).
     draft_weights: str = "auto"
+    # The target's projection weights in its inference passes: "q4" (the Q4_1 blocks of the
+    # GGUF it was converted from, models/q4_target.py: a sixth of fp32's bytes a step),
+    # "fp32" (the weights as loaded, equal to HF generate), or "auto": q4 where the target
+    # came from a Q4_1 GGUF (the default target) and runs on a CPU in fp32.
+    target_weights: str = "auto"
     target_threads: int = 1  # intra-op threads of the target's worker (CPU)
     # sync/async: a row verifies its leading drafts while the product of the drafter's
     # probabilities of them stays >= draft_cutoff (speculative/draft_length.py); 0 verifies
@@ -252,6 +259,9 @@ class EngineConfig:
         if self.draft_weights not in DRAFT_WEIGHTS:
             raise ValueError(f"draft_weights must be one of {DRAFT_WEIGHTS}, "
                              f"not {self.draft_weights!r}")
+        if self.target_weights not in TARGET_WEIGHTS:
+            raise ValueError(f"target_weights must be one of {TARGET_WEIGHTS}, "
+                             f"not {self.target_weights!r}")
         if self.mode is Mode.FUSED and self.draft_weights == "int8":
             raise ValueError("fused mode computes the target in the drafter's pass, so its "
                              "weights stay full precision: use draft_weights 'auto' or 'full'")

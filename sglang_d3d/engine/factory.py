@@ -15,6 +15,7 @@ from sglang_d3d.models.loading import (
     resolve_dtype,
     resolve_target_path,
 )
+from sglang_d3d.models.q4_target import apply_target_weights
 from sglang_d3d.speculative.grammar import tokenizer_grammars
 
 
@@ -22,6 +23,7 @@ def load_models(cfg: EngineConfig) -> tuple[Decoder, D3DDrafter | None, object]:
     target_path = resolve_target_path(cfg.target_path)
     dtype = str(resolve_dtype(cfg.dtype, cfg.device)).removeprefix("torch.")
     target = Decoder.from_hf(load_hf_model(target_path, dtype).to(cfg.device))
+    apply_target_weights(target, cfg.target_weights, cfg.target_path, cfg.device)
     drafter = None
     if cfg.mode is not Mode.AR or cfg.drafter_path is not None:
         drafter = load_drafter(cfg.drafter_path, target, cfg)

@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from sglang_d3d.models.architectures import check_architecture, sliding_window
+from sglang_d3d.models.exact_attention import KeyPlan, exact_attention, key_plan
 from sglang_d3d.models.fused import FusedLayer, FusedModel
 from sglang_d3d.models.kv_cache import KVCache, slot_selector
 
@@ -91,6 +92,10 @@ class Batch:
     segments: list[Segment] | None = None
     slot_index: torch.Tensor | None = None  # [N, T] cache row of each input (set by prepare)
     segment_masks: list[torch.Tensor | None] | None = None
+    # Each query attends alone over exactly the keys it sees (models/exact_attention.py), so
+    # its result does not depend on the rest of the pass; `key_plan` is set by prepare.
+    exact_rows: bool = False
+    key_plan: KeyPlan | None = None
 
     def prepare(self) -> None:
         """Once per pass: each input's cache row, and per-row key spans (so rows of
@@ -106,6 +111,8 @@ class Batch:
             ]
             return
         n, t = self.positions.shape
+        if self.exact_rows:
+            self.key_plan = key_plan(self.mask)
         self.slot_index = torch.tensor(self.slots, device=self.positions.device).unsqueeze(1).expand(n, t)
         if self.row_spans is None:
             seen = self.mask.any(1)  # [N, S]
@@ -138,7 +145,12 @@ def attention(
         out = _sdpa(q, k, v, b.mask)
     else:
         b.cache.write(li, b.slot_index, b.write_at, k.transpose(1, 2), v.transpose(1, 2))
-        out = _cached_attention(q, b, li) if b.segments is None else _segment_attention(q, b, li)
+        if b.segments is not None:
+            out = _segment_attention(q, b, li)
+        elif b.key_plan is not None:
+            out = exact_attention(q, b.cache, li, b.slots, b.key_plan)
+        else:
+            out = _cached_attention(q, b, li)
     out = out.transpose(1, 2).reshape(n, t, -1)
     return a.o_proj(out) if fused is None else fused.o(out)
 
@@ -262,6 +274,11 @@ class Decoder(nn.Module):
         if self._fused is None:
             self._fused = FusedModel.from_decoder(self)
         return self._fused
+
+    def use_fused(self, fused: FusedModel) -> None:
+        """Inference passes read `fused` from now on in place of the HF modules' own packed
+        weights (the GGUF's 4-bit weights: models/q4_target.py)."""
+        self._fused = fused
 
     def forward(
         self, input_ids: torch.Tensor, b: Batch, fast: bool = False,

@@ -52,6 +52,9 @@ class FusedModel:
     layers: tuple[FusedLayer, ...]
     norm: object
     lm_head: PackedLinear
+    # Decode and verify passes compute each query as if alone (Batch.exact_rows): needed
+    # where the projections round their inputs (models/q4_target.py).
+    exact_rows: bool = False
 
     @classmethod
     def from_decoder(cls, decoder) -> FusedModel:

@@ -73,7 +73,8 @@ class TargetRunner:
             for r, a in enumerate(start[:, 0].tolist()):
                 mask[r, :, a : a + t] = ancestors[r]
         dev = self.model.device
-        b = Batch(pos.to(dev), mask.to(dev), self.cache, slots, at.to(dev))
+        exact = self.fast and self.model.fused().exact_rows
+        b = Batch(pos.to(dev), mask.to(dev), self.cache, slots, at.to(dev), exact_rows=exact)
         return self.model(tokens.to(dev), b, fast=self.fast)
 
     def keep_path(self, slot: int, path: list[int]) -> None:

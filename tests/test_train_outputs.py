@@ -45,9 +45,10 @@ def _parse(argv: list[str]) -> TrainConfig:
 def test_a_config_file_fills_the_flags_left_out_and_the_command_line_wins(tmp_path):
     f = tmp_path / "run.yaml"
     f.write_text("max-steps: 7\nblock_size: 8\nlr: 1e-3\nlayers: [0, 1]\nfsdp: true\n"
-                 "max-seq-len: 1024\n")
+                 "max-seq-len: 1024\ntarget: models/t\n")
     cfg = _parse(["--config", str(f), "--lr", "5e-4", "--no-fsdp"])
     assert (cfg.max_steps, cfg.block_size, cfg.layers, cfg.max_seq_len) == (7, 8, (0, 1), 1024)
+    assert cfg.target_path == "models/t"  # --target, the alias of --target-path
     assert cfg.lr == 5e-4 and not cfg.fsdp  # given on the command line, even at the default
 
 

@@ -15,8 +15,10 @@ def normalise(key: str) -> str:
     return str(key).strip().lstrip("-").replace("-", "_")
 
 
-def read_config_file(path: str | Path, known: set[str]) -> dict:
-    """{field name: value as written} of a YAML mapping; ConfigError on an unknown key."""
+def read_config_file(path: str | Path, known: set[str],
+                     aliases: dict[str, str] | None = None) -> dict:
+    """{field name: value as written} of a YAML mapping; ConfigError on an unknown key.
+    aliases: other flag names of a field (`target` for `target_path`)."""
     import yaml
 
     path = Path(path)
@@ -33,6 +35,7 @@ def read_config_file(path: str | Path, known: set[str]) -> dict:
     out = {}
     for key, value in raw.items():
         name = normalise(key)
+        name = (aliases or {}).get(name, name)
         if name not in known:
             raise ConfigError(f"{path}: unknown key {key!r} (keys are the flags of d3d train)")
         out[name] = value

@@ -13,6 +13,7 @@ from sglang_d3d.training.config_file import ConfigError, read_config_file
 from sglang_d3d.training.train_config import CHOICES, HELP, TrainConfig
 
 GIVEN = "_train_flags_given"
+ALIASES = {"target": "target_path"}  # --target, as d3d datagen and d3d serve spell it
 
 
 def _mark(namespace: argparse.Namespace, dest: str) -> None:
@@ -61,7 +62,7 @@ def add_train_args(p: argparse.ArgumentParser) -> None:
             p.add_argument(flag, action=Store, choices=CHOICES[f.name], default=default,
                            help=HELP[f.name])
         else:
-            names = (flag, "--target") if f.name == "target_path" else (flag,)  # as datagen/serve
+            names = (flag, *(f"--{a}" for a, n in ALIASES.items() if n == f.name))
             p.add_argument(*names, action=Store, type=_kind(f.name, default), default=default,
                            help=HELP[f.name])
     # the earlier name of --max-minutes, still accepted
@@ -89,7 +90,7 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
     path = getattr(args, "config", None)
     if path:
         given = getattr(args, GIVEN, set())
-        for name, value in read_config_file(path, names).items():
+        for name, value in read_config_file(path, names, ALIASES).items():
             if name not in given:
                 values[name] = _from_file(name, value)
     return TrainConfig(**values)

@@ -2,8 +2,10 @@
 
 The trainer's own step (training/train.py: clean pass, block pass, KL to the target, AdamW)
 on a random-weight target built on the device (gpu_shapes.py; nothing downloaded), in bf16
-with fp32 master weights for the trainable tensors, over random token sequences. Prints one
-line and writes one JSON file. Only the timings and memory mean anything.
+with fp32 master weights for the trainable tensors, over random token sequences. tokens/s
+counts the sequences' tokens (prompt and answer) trained per second; peak memory is the most
+the GPU held (CUDA), or the process's peak RSS (CPU). Prints one line and writes one JSON
+file. Only the timings and memory mean anything.
 
     python benchmarks/gpu_train_check.py --out benchmarks/results/gpu_train_check.json
     python benchmarks/gpu_train_check.py --device cpu --tiny    # the whole script, in seconds

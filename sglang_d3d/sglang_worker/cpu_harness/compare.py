@@ -19,6 +19,8 @@ from pathlib import Path
 
 from sglang_d3d.sglang_worker.cpu_harness.e2e import _attention, _collect
 
+CONTEXT = 2048
+
 
 def baseline(target: str, prompts: list, max_new: int, device: str, dtype: str) -> list:
     import sglang
@@ -26,7 +28,7 @@ def baseline(target: str, prompts: list, max_new: int, device: str, dtype: str) 
     engine = sglang.Engine(
         model_path=target, device=device, max_running_requests=len(prompts), dtype=dtype,
         skip_tokenizer_init=True, log_level="error", max_total_tokens=8192,
-        disable_overlap_schedule=True, **_attention(device),
+        context_length=CONTEXT, disable_overlap_schedule=True, **_attention(device),
     )  # fmt: skip
     try:
         out = engine.generate(input_ids=prompts,
@@ -45,9 +47,12 @@ def run_d3d(target: str, drafter: str, prompts: list, max_new: int, device: str,
     block = json.loads((Path(drafter) / "config.json").read_text())["block_size"]  # its own
     cfg = EngineConfig(mode=Mode.ASYNC, spec=SpecConfig(block_size=block), target_path=target,
                        drafter_path=drafter, device=device, max_batch_size=len(prompts),
-                       max_context=2048, dtype=dtype)
+                       max_context=CONTEXT, dtype=dtype)
+    # One drafter cache slot per prompt, each CONTEXT long (a full-depth drafter's dense
+    # cache for 32 slots of SmolLM2's 8,192 tokens would be 12 GB in float32).
     loop = build_engine_loop(cfg, max_total_tokens=8192, log_level="error",
-                             max_running_requests=None, **_attention(device))
+                             max_running_requests=len(prompts), context_length=CONTEXT,
+                             **_attention(device))
     loop.start()
     try:
         greedy = SamplingParams(temperature=0.0, max_new_tokens=max_new)

@@ -84,8 +84,10 @@ def test_an_unmarked_drafter_gets_a_marked_copy(tmp_path, monkeypatch):
     (target / "config.json").write_text(json.dumps({"model_type": "qwen3"}))
     (drafter / "config.json").write_text(json.dumps({"block_size": 4}))
     (drafter / "model.safetensors").write_bytes(b"weights")
+    (drafter / "corpus.npz").write_bytes(b"answers")
     out = sglang_ready_drafter(drafter, target)
     assert out != drafter and json.loads((out / "config.json").read_text())["model_type"] == "qwen3"
     assert (out / "model.safetensors").read_bytes() == b"weights"
+    assert (out / "corpus.npz").read_bytes() == b"answers"  # the worker's copies need it
     assert json.loads((drafter / "config.json").read_text()) == {"block_size": 4}  # untouched
     assert sglang_ready_drafter(out, target) == out  # already marked: used as is

@@ -15,6 +15,8 @@ from sglang_d3d.sglang_worker.options import ENV_PREFIX
 from sglang_d3d.speculative.stats import CycleStats, RequestStats
 
 # SGLang finish types -> ours ("stop" covers a matched stop token or string)
+# What a drafter folder holds besides config.json (models/drafter.py, models/corpus.py).
+DRAFTER_FILES = ("model.safetensors", "corpus.npz", "acceptance.json", "config.json")
 FINISH_REASONS = {"stop": "stop", "length": "length", "abort": "abort"}
 
 
@@ -70,8 +72,9 @@ def sglang_ready_drafter(drafter: Path, target: Path) -> Path:
     out = cache_dir() / "sglang-drafters" / key
     if not (out / "config.json").exists():
         out.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(drafter / "model.safetensors", out / "model.safetensors")
-        shutil.copy2(drafter / "config.json", out / "config.json")
+        for name in DRAFTER_FILES:  # weights, then the corpus its copies come from, if any
+            if (drafter / name).exists():
+                shutil.copy2(drafter / name, out / name)
         mark_for_sglang(out, target)
     return out
 

@@ -122,6 +122,7 @@ class D3DWorker(BaseSpecWorker):
         (memory.py); on the target's GPU the budget is what SGLang would give its pool."""
         if self.draft_device.type != "cuda":
             return
+        torch.cuda.empty_cache()  # as SGLang measures: cached blocks count as free
         free, _ = torch.cuda.mem_get_info(self.draft_device)
         if self.draft_device != self.device:
             check_cache(shape, free, MAX_FREE_SHARE)

@@ -1,7 +1,9 @@
 """How long one forward pass takes, target and drafter, at 1 and 2 intra-op threads.
 
 Target (`TargetRunner`): an AR step (B=1) and verify passes of B tokens after a CTX-token
-context, plus prefill throughput. Drafter (`DraftRunner`, the shipped drafter, anchor layout): the
+context, plus prefill throughput, on fp32 weights and (the default target) on its GGUF's 4-bit
+weights ("target q4"), beside each one's bandwidth bound: the bytes a plain step reads over the
+read bandwidth measured in the same run. Drafter (`DraftRunner`, the shipped drafter, anchor layout): the
 synchronous draft of one block after 1 or 3 newly accepted tokens, the pre-draft pass with 1 and
 4 branches, and its prompt prefill. Median of REPS after a warm-up. The CPU target's goals (an
 AR step <= 60 ms at 1 thread, a 16-token verify <= 1.5 AR steps, prefill >= 300 tok/s at 2
@@ -26,6 +28,7 @@ from sglang_d3d.models.decoder import Decoder
 from sglang_d3d.models.draft_runner import DraftRunner
 from sglang_d3d.models.drafter import D3DDrafter
 from sglang_d3d.models.packing import branch_pack, extend_pack
+from sglang_d3d.models.q4_target import use_gguf_q4
 from sglang_d3d.models.target import TargetRunner
 
 VERIFY_SIZES = (4, 8, 16)
@@ -39,13 +42,20 @@ def main() -> None:
     target = Decoder.from_hf(hf)
     drafter = None if a.no_drafter else D3DDrafter.from_pretrained(
         loading.resolve_drafter_path(a.drafter), target).eval()
+    q4 = q4_drafter = None
+    if a.target is None:  # the default target: also on its GGUF's 4-bit weights
+        q4 = Decoder.from_hf(hf)  # same HF modules, its own fused model
+        use_gguf_q4(q4, loading.find_default_gguf())
+        if drafter is not None:
+            q4_drafter = D3DDrafter.from_pretrained(loading.resolve_drafter_path(a.drafter), q4).eval()
     rows: dict[str, dict[int, float]] = {}  # median
     mins: dict[str, dict[int, float]] = {}
     for th in a.threads:
         torch.set_num_threads(th)
-        res = _target_passes(target, a)
+        res = _target_passes(target, a, q4)
         if drafter is not None:
-            res.update(_drafter_passes(drafter, a))
+            res.update(_drafter_passes(drafter, a, q4_drafter))
+        res.update(_bounds(target, q4, a.ctx))
         for name, (med, low) in res.items():
             rows.setdefault(name, {})[th] = med
             mins.setdefault(name, {})[th] = low
@@ -90,11 +100,13 @@ def _time_ms(fns: dict, reps: int) -> dict[str, tuple[float, float]]:
     return {n: (round(1e3 * statistics.median(t), 1), round(1e3 * min(t), 1)) for n, t in ts.items()}
 
 
-def _target_passes(target: Decoder, a) -> dict[str, tuple[float, float]]:
-    """The runner as the engine uses it; with --plain also the HF modules through F.linear
-    and the LM head over every prompt token (the runner before its fast CPU path),
-    interleaved."""
+def _target_passes(target: Decoder, a, q4: Decoder | None = None) -> dict[str, tuple[float, float]]:
+    """The runner as the engine uses it, on fp32 weights and (q4) on the GGUF's 4-bit ones;
+    with --plain also the HF modules through F.linear and the LM head over every prompt
+    token (the runner before its fast CPU path), interleaved."""
     runners = {"target": TargetRunner(target, 1, max(a.ctx + 64, a.prefill + 1))}
+    if q4 is not None:
+        runners["target q4"] = TargetRunner(q4, 1, runners["target"].max_len)
     if a.plain:
         runners["plain target"] = TargetRunner(target, 1, runners["target"].max_len, fast=False)
     ctx = list(range(1000, 1000 + a.ctx))
@@ -117,7 +129,7 @@ def _target_passes(target: Decoder, a) -> dict[str, tuple[float, float]]:
 
 
 def _prefill_fn(label: str, r: TargetRunner, prompt: list[int]):
-    if label == "target":
+    if label.startswith("target"):
         return lambda: r.prefill(0, prompt)
 
     def old_prefill():  # the whole prompt in one pass, logits at every position
@@ -127,16 +139,19 @@ def _prefill_fn(label: str, r: TargetRunner, prompt: list[int]):
     return old_prefill
 
 
-def _drafter_passes(drafter: D3DDrafter, a) -> dict[str, tuple[float, float]]:
+def _drafter_passes(drafter: D3DDrafter, a, q4: D3DDrafter | None = None) -> dict[str, tuple[float, float]]:
     """The shipped drafter as the engine runs it on CPU (fast path: the target's fused kernels
-    on int8 weights plus the gated deltas) and, interleaved, on the fp32 weights and through
-    its HF modules (fast=False)."""
+    on int8 weights plus the gated deltas) and, interleaved, on the fp32 weights, on the
+    target's 4-bit weights (q4: the same drafter over the q4 target, fp32 deltas) and
+    through its HF modules (fast=False)."""
     g = a.block - 1  # drafts under verification
     size = a.ctx + g + max(BRANCHES) * (a.block + 1) + 8
     int8 = int8_linear.use_int8("auto", drafter.mask_embedding.device, drafter.mask_embedding.dtype)
     runners = {"": DraftRunner(drafter, 1, max(size, a.prefill + 1), int8=int8),
                ", fp32 weights": DraftRunner(drafter, 1, size),
                ", HF modules": DraftRunner(drafter, 1, size, fast=False)}
+    if q4 is not None:
+        runners[", q4 base"] = DraftRunner(q4, 1, size)
     if not int8:
         del runners[", fp32 weights"]  # the same as the first
     for r in runners.values():
@@ -163,12 +178,52 @@ def _drafter_passes(drafter: D3DDrafter, a) -> dict[str, tuple[float, float]]:
     return res
 
 
+def _bounds(target: Decoder, q4: Decoder | None, ctx: int) -> dict[str, tuple[float, float]]:
+    """Bandwidth bound of a plain step (ms): the bytes it reads (projections, LM head, the
+    context's keys and values) at the read bandwidth measured now, this thread count."""
+    gbps = _read_gbps()
+    res = {"memory read bandwidth, GB/s": (gbps, gbps)}
+    for label, d in (("fp32", target), ("q4", q4)):
+        if d is None:
+            continue
+        mb = _step_bytes(d, ctx) / 1e6
+        res[f"plain step bytes read, {label}, MB"] = (round(mb, 1), round(mb, 1))
+        res[f"plain step bandwidth bound, {label}"] = (round(mb / gbps, 1), round(mb / gbps, 1))
+    return res
+
+
+def _step_bytes(d: Decoder, ctx: int) -> int:
+    """Weights one plain step reads (4-bit ones with their bf16 scales) plus the cache."""
+    f = d.fused()
+
+    def size(p) -> int:
+        return p.nbytes if hasattr(p, "nbytes") else p.weight.numel() * p.weight.element_size()
+
+    weights = sum(size(p) for layer in f.layers for p in (layer.qkv, layer.o, layer.gate_up, layer.down))
+    s = d.arch
+    kv = 2 * d.num_layers * ctx * s.num_kv_heads * s.head_dim * d.embed_tokens.weight.element_size()
+    return weights + size(f.lm_head) + kv
+
+
+def _read_gbps(mb: int = 512) -> float:
+    """Read bandwidth: the min time of summing an mb-MB fp32 tensor, 3 tries."""
+    x = torch.ones(mb * (1 << 20) // 4)
+    best = min(_timed(lambda: x.sum()) for _ in range(3))
+    return round(x.numel() * 4 / best / 1e9, 1)
+
+
+def _timed(fn) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
 def _print_table(rows, mins, threads: list[int]) -> None:
     """Median (min) per pass and thread count."""
     print("| pass, median (min) | " + " | ".join(f"{t} thread{'s' if t > 1 else ''}" for t in threads) + " |")
     print("|---|" + "---|" * len(threads))
     for name, by_t in rows.items():
-        unit = "" if "tok/s" in name else " ms"
+        unit = "" if any(u in name for u in ("tok/s", "GB/s", "MB")) else " ms"
         cells = [f"{by_t[t]}{unit} ({mins[name][t]})" if t in by_t else "-" for t in threads]
         print(f"| {name} | " + " | ".join(cells) + " |")
 
@@ -184,6 +239,12 @@ def _goals(rows) -> dict:
         r = round(v16[t] / ar[t], 2)
         values[f"verify16_over_ar_{t}thread"] = r
         lines.append(f"goal verify B=16 <= 1.5 x AR ({t} thread(s)): {r}x -> {'met' if r <= 1.5 else 'NOT met'}")
+    q4, bound = rows.get("target q4 AR step, B=1", {}), rows.get("plain step bandwidth bound, q4", {})
+    for t in sorted(set(q4) & set(bound)):
+        r = round(q4[t] / bound[t], 2)
+        values[f"q4_step_over_bound_{t}thread"] = r
+        lines.append(f"goal q4 AR step <= 1.5 x its bandwidth bound ({t} thread(s)): {r}x -> "
+                     f"{'met' if r <= 1.5 else 'NOT met'}")
     pre = next((v for k, v in rows.items() if k.startswith("target prefill") and k.endswith("tok/s")), {})
     if 2 in pre:
         values["prefill_2thread_tok_s"] = pre[2]

@@ -1,18 +1,22 @@
 """The engines a user would pick instead, side by side with d3d, on the same prompts.
 
-Same chat-templated GSM8K prompts (the same token ids for every engine), same token budget,
-greedy, the same number of CPU threads, prompt by prompt in one process so machine noise hits
-them alike. Per engine: tokens/s, time to first token, accepted length where it applies, and
-how many outputs equal the engine's own plain decoding.
+Per dataset (GSM8K, MT-Bench, code), the same chat-templated prompts (the same token ids for
+every engine), same token budget, greedy, the same number of CPU threads, prompt by prompt in
+one process so machine noise hits them alike. Per engine: tokens/s, time to first token,
+accepted length where it applies, and how many outputs equal the engine's own plain decoding.
 
     hf          Hugging Face `generate` (fp32)
     hf-pld      HF assisted generation with prompt lookup (`prompt_lookup_num_tokens`)
-    llama       llama.cpp (llama-cpp-python) on the GGUF the default target comes from
+    llama       llama.cpp (llama-cpp-python) on the Q4_1 GGUF the default target comes from
     llama-pld   the same with its prompt-lookup speculation (LlamaPromptLookupDecoding)
-    d3d-ar / d3d-sync / d3d-async   this project's engine
+    llama-f32   llama.cpp on an all-fp32 GGUF of the same weights (benchmarks/gguf_f32.py)
+    d3d         this project's engine as `d3d serve` runs it: async, the adaptive controller,
+                calibrated at start-up; target on the GGUF's 4-bit weights (target_weights auto)
+    d3d-ar / d3d-sync               plain decoding and sync speculation, 4-bit target
+    d3d-fp32 / d3d-ar-fp32          the default configuration and plain decoding, fp32 target
 
-NOTE: llama.cpp computes in the GGUF's 4-bit format (Q4_1); HF and d3d compute in fp32 from
-the same weights dequantised. Their outputs are not expected to match llama.cpp's.
+Peers by arithmetic: d3d (4-bit) and llama (Q4_1) read the same 4-bit weights; d3d-fp32,
+llama-f32 and HF compute in fp32. Outputs of different arithmetic are not expected to match.
 llama.cpp is a benchmark extra (`make bench-peers` builds it from source), not a dependency.
 
     make bench-peers    # builds llama.cpp, runs this, plots benchmarks/results/peers.png
@@ -30,42 +34,60 @@ from pathlib import Path
 import torch
 
 from sglang_d3d.config import EngineConfig, Mode, SamplingParams
+from sglang_d3d.engine.calibrate import CalibrationConfig, calibrate
 from sglang_d3d.engine.engine import SpecEngine
 from sglang_d3d.engine.factory import eos_token_ids, load_models
 from sglang_d3d.engine.offline import generate
 from sglang_d3d.models import loading
 from sglang_d3d.prompts import chat_ids, load_questions
 
-PEERS = ("hf", "hf-pld", "llama", "llama-pld", "d3d-ar", "d3d-sync", "d3d-async")
-PLAIN = {"hf-pld": "hf", "llama-pld": "llama", "d3d-sync": "d3d-ar", "d3d-async": "d3d-ar"}
+PEERS = ("hf", "hf-pld", "llama", "llama-pld", "llama-f32", "d3d", "d3d-ar", "d3d-sync",
+         "d3d-fp32", "d3d-ar-fp32")
+PLAIN = {"hf-pld": "hf", "llama-pld": "llama", "d3d": "d3d-ar", "d3d-sync": "d3d-ar",
+         "d3d-fp32": "d3d-ar-fp32"}
+D3D = {  # name -> (mode, server's default configuration, target weights)
+    "d3d": (Mode.ASYNC, True, "auto"), "d3d-ar": (Mode.AR, False, "auto"),
+    "d3d-sync": (Mode.SYNC, False, "auto"), "d3d-fp32": (Mode.ASYNC, True, "fp32"),
+    "d3d-ar-fp32": (Mode.AR, False, "fp32"),
+}
 
 
 def main() -> None:
     a = _args()
-    questions = load_questions(a.dataset, a.num_prompts)  # a bad --dataset fails before any load
+    # a bad --datasets fails before any load
+    questions = {ds: load_questions(ds, a.num_prompts) for ds in a.datasets.split(",")}
     torch.set_grad_enabled(False)
     torch.set_num_threads(a.threads)
     runners, tok = _build(a)
-    prompts = [chat_ids(tok, q) for q in questions]
+    report = {"args": vars(a), "datasets": {}}
+    for ds, qs in questions.items():
+        table, results = _run_dataset(ds, [chat_ids(tok, q) for q in qs], runners, a)
+        report["datasets"][ds] = {"table": table, "runs": results}
+    _print_summary(report["datasets"])
+    if a.out:
+        Path(a.out).write_text(json.dumps(report, indent=1) + "\n")
+
+
+def _run_dataset(ds: str, prompts: list[list[int]], runners: dict, a) -> tuple[dict, dict]:
     for run in runners.values():
         run(prompts[0], 8)  # warm-up
     results = {name: [] for name in runners}
     for i, ids in enumerate(prompts):
         for name, run in runners.items():
             results[name].append(run(ids, a.max_new_tokens))
-        print(f"prompt {i + 1}/{len(prompts)}: " + "  ".join(
+        print(f"{ds} prompt {i + 1}/{len(prompts)}: " + "  ".join(
             f"{n} {r[-1]['tokens'] / r[-1]['seconds']:.1f}" for n, r in results.items()), flush=True)
     table = {name: _summary(name, rs, results) for name, rs in results.items()}
+    print(f"\n{ds}:")
     _print(table)
-    if a.out:
-        report = {"args": vars(a), "table": table, "runs": results}
-        Path(a.out).write_text(json.dumps(report, indent=1) + "\n")
+    return table, results
 
 
 def _args():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--dataset", default="gsm8k",
-                   help="gsm8k | mt_bench | mbpp (bundled; $D3D_DATASETS overrides) | FILE.jsonl")
+    p.add_argument("--datasets", default="gsm8k,mt_bench,mbpp",
+                   help="comma-separated: gsm8k | mt_bench | mbpp (code) (bundled; $D3D_DATASETS "
+                   "overrides) | FILE.jsonl")
     p.add_argument("--num-prompts", type=int, default=8)
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--threads", type=int, default=2, help="CPU threads for every engine")
@@ -78,8 +100,11 @@ def _args():
 
 def _build(a) -> tuple[dict, object]:
     names = a.peers.split(",")
-    cfg = EngineConfig(mode=Mode.ASYNC, drafter_path=a.drafter)
-    target, drafter, tok = load_models(cfg)
+    models = {}  # target weights -> (target, drafter), loaded once each
+    for w in {D3D[n][2] for n in names if n in D3D} or {"auto"}:
+        target, drafter, tok = load_models(EngineConfig(mode=Mode.ASYNC, drafter_path=a.drafter,
+                                                        target_weights=w))
+        models[w] = (target, drafter)
     eos = eos_token_ids(target, tok)
     hf = loading.load_hf_model(loading.default_target_path())
     runners = {}
@@ -87,11 +112,12 @@ def _build(a) -> tuple[dict, object]:
         if name.startswith("hf"):
             runners[name] = _hf_runner(hf, tok, a.lookup_tokens if name == "hf-pld" else 0)
         elif name.startswith("llama"):
-            run = _llama_runner(a, eos, name == "llama-pld")
+            run = _llama_runner(a, eos, name == "llama-pld", name == "llama-f32")
             if run is not None:
                 runners[name] = run
         else:
-            runners[name] = _d3d_runner(name.split("-")[1], a.threads, target, drafter, eos)
+            mode, default, weights = D3D[name]
+            runners[name] = _d3d_runner(mode, default, a.threads, *models[weights], eos)
     return runners, tok
 
 
@@ -127,7 +153,7 @@ def _hf_runner(hf, tok, lookup: int):
     return run
 
 
-def _llama_runner(a, eos: tuple[int, ...], lookup: bool):
+def _llama_runner(a, eos: tuple[int, ...], lookup: bool, f32: bool = False):
     try:
         from llama_cpp import Llama
         from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
@@ -135,7 +161,13 @@ def _llama_runner(a, eos: tuple[int, ...], lookup: bool):
         print("llama-cpp-python is not installed (make bench-peers builds it): llama rows skipped")
         return None
     draft = LlamaPromptLookupDecoding(num_pred_tokens=a.lookup_tokens) if lookup else None
-    llm = Llama(str(loading.find_default_gguf()), n_ctx=2048, n_threads=a.threads,
+    if f32:
+        from gguf_f32 import f32_gguf_path  # benchmarks/, on the path when run as a script
+
+        path = f32_gguf_path()
+    else:
+        path = loading.find_default_gguf()
+    llm = Llama(str(path), n_ctx=2048, n_threads=a.threads,
                 n_threads_batch=a.threads, draft_model=draft, verbose=False)
 
     def run(ids: list[int], n: int) -> dict:
@@ -151,11 +183,14 @@ def _llama_runner(a, eos: tuple[int, ...], lookup: bool):
     return run
 
 
-def _d3d_runner(mode: str, threads: int, target, drafter, eos):
-    m = Mode(mode)
+def _d3d_runner(m: Mode, default: bool, threads: int, target, drafter, eos):
+    """default: `d3d serve`'s configuration (the adaptive controller, calibrated before the
+    first request; prompts run one at a time here, so batch 1 is all there is to time)."""
     t, d = (threads - threads // 2, threads // 2) if m is Mode.ASYNC and threads >= 2 else (threads, threads)
-    cfg = EngineConfig(mode=m, target_threads=t, draft_threads=d)
+    cfg = EngineConfig(mode=m, target_threads=t, draft_threads=d, adaptive=default, calibrate=default)
     engine = SpecEngine(cfg, target, drafter if m is not Mode.AR else None, eos)
+    if default:
+        calibrate(engine, CalibrationConfig(max_batch=1))
 
     def run(ids: list[int], n: int) -> dict:
         t0 = time.perf_counter()
@@ -192,6 +227,19 @@ def _print(table: dict) -> None:
         acc = "-" if s["accepted_length"] is None else s["accepted_length"]
         hf = "-" if s["same_as_hf"] is None else f"{s['same_as_hf']}/{s['num_prompts']}"
         print(f"| {name} | {s['tokens_per_s']} | {s['mean_ttft_ms']} | {acc} | {same} | {hf} |")
+
+
+def _print_summary(datasets: dict) -> None:
+    """tokens/s per engine and dataset, and d3d's default over llama.cpp's plain decoding."""
+    names = list(next(iter(datasets.values()))["table"])
+    print("\n| engine | " + " | ".join(datasets) + " |")
+    print("|---|" + "---|" * len(datasets))
+    for n in names:
+        print(f"| {n} | " + " | ".join(str(d["table"][n]["tokens_per_s"]) for d in datasets.values()) + " |")
+    for ours, peer in (("d3d", "llama"), ("d3d-fp32", "llama-f32")):
+        if ours in names and peer in names:
+            ratios = [d["table"][ours]["tokens_per_s"] / d["table"][peer]["tokens_per_s"] for d in datasets.values()]
+            print(f"{ours} / {peer}: " + ", ".join(f"{ds} {r:.2f}x" for ds, r in zip(datasets, ratios)))
 
 
 if __name__ == "__main__":

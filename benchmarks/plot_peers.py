@@ -1,4 +1,4 @@
-"""Bar chart of a bench_peers.py result: tokens/s per engine, time to first token beside it.
+"""Bar chart of a bench_peers.py result: tokens/s per engine, grouped by dataset.
 
     .venv/bin/python benchmarks/plot_peers.py benchmarks/results/peers.json peers.png
 """
@@ -14,21 +14,26 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 
+def color(name: str) -> str:
+    if name.startswith("llama"):
+        return "tab:orange"
+    return "tab:blue" if name.startswith("d3d") else "tab:gray"
+
+
 def main(src: str, out: str) -> None:
     report = json.loads(open(src).read())
-    table, args = report["table"], report["args"]
-    names = list(table)
-    colors = ["tab:orange" if n.startswith("llama") else "tab:blue" if n.startswith("d3d") else "tab:gray"
-              for n in names]
-    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
-    a.bar(names, [table[n]["tokens_per_s"] for n in names], color=colors)
-    a.set_ylabel("tokens/s (higher is better)")
-    b.bar(names, [table[n]["mean_ttft_ms"] for n in names], color=colors)
-    b.set_ylabel("time to first token, ms")
-    for ax in (a, b):
-        ax.tick_params(axis="x", rotation=40)
-    fig.suptitle(f"{args['dataset']}, {args['num_prompts']} prompts x {args['max_new_tokens']} tokens, "
-                 f"greedy, {args['threads']} CPU threads (llama.cpp: 4-bit GGUF; HF and d3d: fp32)")
+    datasets, args = report["datasets"], report["args"]
+    names = list(next(iter(datasets.values()))["table"])
+    fig, axes = plt.subplots(1, len(datasets), figsize=(5 * len(datasets), 4.2), sharey=True)
+    axes = axes if len(datasets) > 1 else [axes]
+    for ax, (ds, d) in zip(axes, datasets.items()):
+        ax.bar(names, [d["table"][n]["tokens_per_s"] for n in names], color=[color(n) for n in names])
+        ax.set_title(ds)
+        ax.tick_params(axis="x", rotation=60)
+    axes[0].set_ylabel("tokens/s (higher is better)")
+    fig.suptitle(f"{args['num_prompts']} prompts x {args['max_new_tokens']} tokens, greedy, "
+                 f"{args['threads']} CPU threads, batch 1 (d3d and llama: 4-bit weights; "
+                 f"-fp32/-f32 and hf: fp32)")
     fig.tight_layout()
     fig.savefig(out, dpi=110)
 

@@ -67,8 +67,9 @@ def add_engine_args(
                    f"{'on' if adaptive else 'off'})")
     g.add_argument("--draft-weights", choices=list(DRAFT_WEIGHTS), default="auto",
                    help="the drafter's weights on CPU: int8 (a quarter of the bytes per pass; "
-                   "the target stays full precision), full, or auto: int8 where the drafter "
-                   "runs on a CPU in float32")
+                   "the target's outputs are unchanged), full (the target's own: 4-bit where "
+                   "--target-weights is q4), or auto: int8 where the drafter runs on a CPU in "
+                   "float32")
     g.add_argument("--target-weights", choices=list(TARGET_WEIGHTS), default="auto",
                    help="the target's projection weights in its passes: q4 (the 4-bit Q4_1 "
                    "weights of the GGUF it came from, bf16 activations into the int4 kernel), "

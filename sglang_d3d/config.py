@@ -182,9 +182,10 @@ class EngineConfig:
     max_prefill_tokens: int = 1024
     draft_threads: int = 1  # intra-op threads of the drafter's worker (CPU)
     # The drafter's projection weights on CPU: "int8" (models/int8_linear.py; a quarter of the
-    # bytes a pass reads), "full" (the model's dtype), or "auto": int8 where the drafter runs
-    # on a CPU in fp32 with fbgemm. The target's weights are never quantised by us (see
-    # target_weights for running it on the 4-bit weights it ships in).
+    # bytes a pass reads), "full" (the target's own, plus the deltas: 4-bit where the target
+    # runs on q4), or "auto": int8 where the drafter runs on a CPU in fp32 with fbgemm (with
+    # a q4 target too: a block-16 draft pass measured 212 ms int8 against 397 on the 4-bit
+    # base, whose kernel slows per row past a few rows; benchmarks/bench_passes.py).
     draft_weights: str = "auto"
     # The target's projection weights in its inference passes: "q4" (the Q4_1 blocks of the
     # GGUF it was converted from, models/q4_target.py: a sixth of fp32's bytes a step),

@@ -75,3 +75,22 @@ def permute_for_gguf(w: torch.Tensor, num_heads: int) -> torch.Tensor:
     out = torch.empty_like(w)
     out[idx] = w
     return out
+
+
+Q8_BLOCK_BYTES = 2 + GROUP  # fp16 d, 32 int8
+
+
+def read_q8_head(path: Path) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """The LM head as Q8_0 (q [V, H] int8, d [V, H / 32] fp16): `output.weight`, or the tied
+    embedding where there is none; None where it is stored otherwise."""
+    from gguf import GGMLQuantizationType, GGUFReader
+
+    tensors = {t.name: t for t in GGUFReader(str(path)).tensors}
+    t = tensors.get("output.weight", tensors.get("token_embd.weight"))
+    if t is None or t.tensor_type != GGMLQuantizationType.Q8_0:
+        return None
+    raw = np.asarray(t.data)
+    b = np.ascontiguousarray(raw).reshape(raw.shape[0], -1, Q8_BLOCK_BYTES)  # [V, G, 34]
+    d = b[..., 0:2].copy().view(np.float16)[..., 0]  # [V, G]
+    q = b[..., 2:].copy().view(np.int8).reshape(raw.shape[0], -1)  # [V, G * 32]
+    return torch.from_numpy(q), torch.from_numpy(d)

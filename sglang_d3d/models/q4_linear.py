@@ -116,3 +116,25 @@ def available() -> bool:
         return bool(torch.allclose(Q4Linear(b)(x), ref, rtol=2e-2, atol=2e-2))
     except (RuntimeError, AttributeError):
         return False
+
+
+class Q8AsTwoQ4:
+    """A Q8_0 weight (w = d * q, q in [-128, 127], fp16 d per block of 32) as two 4-bit
+    products through the same kernel: with u = q + 128 = 16 h + l (h, l in [0, 15]),
+    d * q = 16 d * (h - 8) + d * l, so `hi` has scale 16 d and zero 0, `lo` scale d and zero
+    8 d (zero - 8 scale = 0: d * l). Reads 9 bits a weight instead of fp32's 32; each half's
+    output rounds to bf16 before the two are added in fp32. Row-independent, as Q4Linear."""
+
+    def __init__(self, q: torch.Tensor, d: torch.Tensor) -> None:
+        u = q.to(torch.int16) + 128  # [N, K] in [0, 255]
+        hi, lo = (u >> 4).to(torch.uint8), (u & 15).to(torch.uint8)
+        self.hi = Q4Linear(Q4Blocks(hi, d * 16, d * -128))  # powers of two: exact in fp16
+        self.lo = Q4Linear(Q4Blocks(lo, d, torch.zeros_like(d)))
+        self.out_features = self.hi.out_features
+
+    @property
+    def nbytes(self) -> int:
+        return self.hi.nbytes + self.lo.nbytes
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return self.hi(x) + self.lo(x)

@@ -18,8 +18,8 @@ from sglang_d3d.config import TARGET_WEIGHTS
 from sglang_d3d.models import q4_linear
 from sglang_d3d.models.cpu_linear import fuse, probe
 from sglang_d3d.models.fused import FusedLayer, FusedModel, rms_norm
-from sglang_d3d.models.gguf_q4 import read_q4_layers
-from sglang_d3d.models.q4_linear import Q4Blocks, Q4Linear
+from sglang_d3d.models.gguf_q4 import read_q4_layers, read_q8_head
+from sglang_d3d.models.q4_linear import Q4Blocks, Q4Linear, Q8AsTwoQ4
 
 
 def q4_layer(layer, blocks: dict[str, Q4Blocks]) -> FusedLayer:
@@ -44,23 +44,28 @@ def q4_layer(layer, blocks: dict[str, Q4Blocks]) -> FusedLayer:
     )
 
 
-def q4_model(decoder, layers: list[dict[str, Q4Blocks]]) -> FusedModel:
-    """The decoder's fused inference model on 4-bit projection weights, one dict per layer."""
+def q4_model(decoder, layers: list[dict[str, Q4Blocks]],
+             q8_head: tuple[torch.Tensor, torch.Tensor] | None = None) -> FusedModel:
+    """The decoder's fused inference model on 4-bit projection weights, one dict per layer;
+    the LM head on the file's Q8_0 weights (q, d) where given, else fp32."""
     if len(layers) != decoder.num_layers:
         raise ValueError(f"{len(layers)} layers of 4-bit weights for a {decoder.num_layers}-layer target")
     fused = tuple(q4_layer(layer, b) for layer, b in zip(decoder.layers, layers))
     # oneDNN for every row count: OpenBLAS' 1-row GEMV sums in another order, and its last
     # bits would tell a plain step's logits from a verify pass's.
     head = fuse([decoder.lm_head], replace(probe(), openblas=None))
+    if q8_head is not None:
+        head = Q8AsTwoQ4(*q8_head)
     return FusedModel(fused, rms_norm(decoder.norm), head, exact_rows=True)
 
 
-def use_gguf_q4(decoder, gguf_path: Path) -> None:
+def use_gguf_q4(decoder, gguf_path: Path, q8_head: bool = False) -> None:
     """Run the decoder's inference passes on the Q4_1 projections of `gguf_path`, the file
-    its HF weights were dequantised from."""
+    its HF weights were dequantised from (and with q8_head, its Q8_0 LM head)."""
     arch = decoder.arch
     layers = read_q4_layers(Path(gguf_path), arch.num_heads, arch.num_kv_heads)
-    decoder.use_fused(q4_model(decoder, layers))
+    head = read_q8_head(Path(gguf_path)) if q8_head else None
+    decoder.use_fused(q4_model(decoder, layers, head))
 
 
 def resolve_target_weights(setting: str, gguf_path: Path | None, device: str, dtype: torch.dtype) -> str:

@@ -19,9 +19,10 @@ from sglang_d3d.models.gguf_q4 import (
     permute_for_gguf,
     q4_1_blocks,
     read_q4_layers,
+    read_q8_head,
     unpermute_index,
 )
-from sglang_d3d.models.q4_linear import Q4Blocks, Q4Linear
+from sglang_d3d.models.q4_linear import Q4Blocks, Q4Linear, Q8AsTwoQ4
 from sglang_d3d.models.q4_target import apply_target_weights, resolve_target_weights, use_gguf_q4
 from sglang_d3d.models.target import TargetRunner
 
@@ -46,6 +47,11 @@ def write_q4_gguf(hf, path) -> None:
             back = torch.from_numpy(quants.dequantize(raw, q41).astype(np.float32))
             with torch.no_grad():
                 module.weight.copy_(back[unpermute_index(w.shape[0], heads)] if heads else back)
+    emb = hf.model.embed_tokens.weight  # tied: the LM head too
+    raw = quants.quantize(emb.detach().float().numpy(), GGMLQuantizationType.Q8_0)
+    writer.add_tensor("token_embd.weight", raw, raw_dtype=GGMLQuantizationType.Q8_0)
+    with torch.no_grad():
+        emb.copy_(torch.from_numpy(quants.dequantize(raw, GGMLQuantizationType.Q8_0)))
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
@@ -76,7 +82,7 @@ def q4_models(tmp_path_factory):
     path = tmp_path_factory.mktemp("q4") / "tiny.Q4_1.gguf"
     write_q4_gguf(hf, path)
     fp32, q4 = Decoder.from_hf(hf), Decoder.from_hf(hf)
-    use_gguf_q4(q4, path)
+    use_gguf_q4(q4, path, q8_head=True)
     drafter = D3DDrafter.init_from_target(q4, block_size=4).eval()
     gen = torch.Generator().manual_seed(0)
     with torch.no_grad():  # deltas that change the drafts, so verification rejects some
@@ -93,6 +99,19 @@ def test_file_blocks_equal_the_hf_weights(q4_models):
         for part, proj in PROJECTIONS.values():
             w = getattr(getattr(layer, part), proj).weight
             assert torch.equal(blocks[proj].dequantize(kernel=False), w)
+
+
+def test_q8_head_is_the_hf_head_and_two_4bit_products_compute_it(q4_models):
+    hf, _, q4, _, path = q4_models
+    q, d = read_q8_head(path)
+    w = q.float() * d.float().repeat_interleave(32, 1)
+    assert torch.equal(w, hf.lm_head.weight)
+    head, x = q4.fused().lm_head, torch.randn(6, w.shape[1])
+    assert isinstance(head, Q8AsTwoQ4)
+    rounded = q.float() * d.float().bfloat16().float().repeat_interleave(32, 1)  # bf16 d
+    ref = F.linear(x.bfloat16().float(), rounded)
+    assert torch.allclose(head(x), ref, rtol=2e-2, atol=2e-2)
+    assert torch.equal(head(x[2:3]), head(x)[2:3])
 
 
 def test_block_bytes_decode_as_ggml_lays_them_out():

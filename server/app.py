@@ -40,6 +40,7 @@ def create_app(
     holder.add_cycle_listener(recorder.on_cycle)
     holder.add_plan_listener(recorder.on_plan)
     recorder.watch_controller(holder.controller)
+    recorder.watch_memory(holder.memory)
     recorder.watch_copy_source(SHARED_TEXT, holder.shared_text)
     recorder.watch_copy_source(CORPUS, holder.corpus)
     state = ServerState(cfg=cfg, holder=holder, recorder=recorder)

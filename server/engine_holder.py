@@ -32,6 +32,7 @@ class EngineHolder:
         self._factory, self._cfg, self._retry_after = factory, cfg, retry_after
         self._on_failure = on_failure
         self._engine: Any = None
+        self._memory: Any = None  # the engine's MemoryReport, once loaded
         self._error: str | None = None
         self._closed = False
         self._lock = threading.Lock()
@@ -57,6 +58,7 @@ class EngineHolder:
             for fn in self._plan_listeners:
                 engine.add_plan_listener(fn)
             engine.start()
+            self._memory = _memory_report(engine)
             # Everything loaded so far (model, imports) lives as long as the server: keep it
             # out of garbage collections, whose pauses would otherwise walk it all (body.py).
             gc.freeze()
@@ -80,6 +82,10 @@ class EngineHolder:
     @property
     def error(self) -> str | None:
         return self._error
+
+    def memory(self) -> Any:
+        """What the engine's weights and KV caches hold (engine/memory.py), or None."""
+        return self._memory if self._engine is not None else None
 
     def controller(self) -> Any:
         """The running engine's adaptive controller, or None (loading, or none)."""
@@ -114,3 +120,16 @@ class EngineHolder:
             engine, self._engine = self._engine, None
         if engine is not None:
             engine.shutdown(drain_timeout)
+
+
+def _memory_report(engine: Any) -> Any:
+    """The embedded engine's memory by part, logged once; None for a backend that sizes its own
+    memory (SGLang's KV pool)."""
+    spec = getattr(engine, "engine", None)
+    if spec is None or not hasattr(spec, "target"):
+        return None
+    from sglang_d3d.engine.memory import memory_report
+
+    report = memory_report(spec)
+    log.info("%s (--max-batch-size and --max-context size the caches)", report.summary())
+    return report

@@ -214,6 +214,13 @@ class MetricsRecorder:
         controller, or None while there is none (loading, ar mode, the SGLang backend)."""
         self.registry.register(ControllerCollector(source, self._labels))
 
+    def watch_memory(self, source: Callable[[], Any]) -> None:
+        """Export what the engine's weights and caches hold; source() returns the engine's
+        MemoryReport, or None (loading, or the SGLang backend)."""
+        from sglang_d3d.server.memory_metrics import MemoryCollector
+
+        self.registry.register(MemoryCollector(source, self._labels))
+
     def watch_copy_source(self, names: CopySourceMetrics, source: Callable[[], Any]) -> None:
         """Export a source of copies at every scrape (`SHARED_TEXT`, `CORPUS`); source()
         returns it, or None while there is none (loading, off, ar mode, the SGLang backend)."""

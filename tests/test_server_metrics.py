@@ -184,6 +184,19 @@ def test_the_index_of_the_drafters_corpus_is_read_at_scrape_time():
     assert value(snap, "d3d:corpus_found_total") == 1
 
 
+def test_memory_is_read_at_scrape_time():
+    from sglang_d3d.engine.memory import MemoryReport
+
+    rec, report = MetricsRecorder("m", "async"), None
+    rec.watch_memory(lambda: report)
+    assert "d3d:memory_bytes" not in rec.render().decode()  # loading: no series
+    report = MemoryReport(target_weights=10, target_kv_cache=20, drafter_weights=3,
+                          drafter_kv_cache=7)
+    snap = samples(rec.render().decode())
+    for part, nbytes in report.parts().items():
+        assert value(snap, "d3d:memory_bytes", part=part) == nbytes
+
+
 # ---- the live server --------------------------------------------------------------------------
 
 
@@ -214,6 +227,9 @@ def test_every_design_metric_is_exported_with_labels(srv):
         assert kinds.get(f"d3d:{name}") == "gauge", name
     snap = samples(text)
     assert value(snap, "d3d:num_requests_running", model_name="tiny", mode="async") == 0
+    # the loaded engine's weights and caches, by part
+    assert value(snap, "d3d:memory_bytes", part="target_kv_cache") > 0
+    assert value(snap, "d3d:memory_bytes", part="target_weights") > 0
 
 
 @pytest.mark.slow

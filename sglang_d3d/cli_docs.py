@@ -9,6 +9,7 @@ help text, so the reference cannot go stale.
 from __future__ import annotations
 
 import argparse
+import enum
 import sys
 
 HEADER = """# Command-line reference
@@ -49,7 +50,8 @@ def help_text(parser: argparse.ArgumentParser, action: argparse.Action) -> str:
     if "%" in text:  # argparse's own substitutions, e.g. %(default)s
         text = text % {**vars(action), "prog": parser.prog}
     if action.choices is not None and not isinstance(action, argparse._SubParsersAction):
-        text = f"{text} One of: {', '.join(f'`{c}`' for c in action.choices)}.".strip()
+        choices = ", ".join(f"`{_show(c)}`" for c in action.choices)
+        text = f"{text} (one of {choices})" if text else f"one of {choices}"
     return text
 
 
@@ -71,9 +73,17 @@ def _default(action: argparse.Action) -> str:
     if action.required:
         return "required"
     d = action.default
+    if isinstance(d, (list, tuple)) and not d:
+        return ""
     if isinstance(d, (list, tuple)):
-        d = " ".join(str(x) for x in d)
+        d = " ".join(str(_show(x)) for x in d)
+    d = _show(d)
     return f"`{d}`" if str(d) != "" else "`''`"
+
+
+def _show(value):
+    """An enum as the value a user types."""
+    return value.value if isinstance(value, enum.Enum) else value
 
 
 def _cell(text: str) -> str:

@@ -45,7 +45,7 @@ def main() -> None:
     q4 = q4_drafter = None
     if a.target is None:  # the default target: also on its GGUF's 4-bit weights
         q4 = Decoder.from_hf(hf)  # same HF modules, its own fused model
-        use_gguf_q4(q4, loading.find_default_gguf())
+        use_gguf_q4(q4, loading.find_default_gguf(), q8_head=True)  # as the engine runs it
         if drafter is not None:
             q4_drafter = D3DDrafter.from_pretrained(loading.resolve_drafter_path(a.drafter), q4).eval()
     rows: dict[str, dict[int, float]] = {}  # median

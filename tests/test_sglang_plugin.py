@@ -214,9 +214,7 @@ def test_registered_without_the_deprecated_no_overlap_path(pair, caplog):
     assert "deprecated" not in caplog.text
 
 
-def test_tensor_parallelism_is_refused_through_sglangs_pipeline(pair):
-    from sglang_d3d.sglang_worker.validation import D3DArgumentError
-
+def test_tensor_parallelism_passes_sglangs_pipeline(pair):
     plugin.register()
-    with pytest.raises(D3DArgumentError, match="--tp-size 2 is not supported"):
-        _resolved(_argv(pair, "--tp-size", "2"))
+    _, view = _resolved(_argv(pair, "--tp-size", "2"))
+    assert view.tp_size == 2 and view.speculative_algorithm == "D3D"

@@ -77,7 +77,6 @@ def test_a_plain_configuration_passes_unchanged(folders):
         (dict(page_size=16), "--page-size 16 is not supported"),
         (dict(enable_dp_attention=True), "--enable-dp-attention is not supported"),
         (dict(pp_size=2), "--pp-size 1 only"),
-        (dict(tp_size=2), "--tp-size 1 only.*--dp-size"),
         (dict(speculative_adaptive=True), "--speculative-adaptive"),
         (dict(disaggregation_mode="prefill"), "disaggregation is not supported"),
         (dict(enable_lora=True), "--enable-lora"),
@@ -88,6 +87,12 @@ def test_a_plain_configuration_passes_unchanged(folders):
 def test_unsupported_combinations_are_refused_with_a_clear_message(folders, over, message):
     with pytest.raises(D3DArgumentError, match=message):
         validate_server_args(make_args(folders, **over))
+
+
+def test_tensor_parallelism_is_accepted(folders):
+    """Every rank runs its own drafter; the worker broadcasts rank 0's block and verdicts
+    (test_sglang_tp_cpu.py runs two ranks inside SGLang)."""
+    validate_server_args(make_args(folders, tp_size=2))
 
 
 def test_a_non_d3d_drafter_is_refused(folders):

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from sglang_d3d.config import SpecConfig
-from sglang_d3d.sglang_worker.cycle_step import check_width, worker_cycle
+from sglang_d3d.sglang_worker.cycle_step import check_width, from_rank0, verdicts_of, worker_cycle
 from sglang_d3d.sglang_worker.drafter_loading import build_drafter, placement, shared_target_weights
 from sglang_d3d.sglang_worker.requests import RequestTable
 from sglang_d3d.speculative.corpus_lookup import CorpusIndex
@@ -105,3 +105,43 @@ def test_every_cycle_verifies_the_reserved_width(pair, device):
     finally:
         executor.shutdown()
     assert widths == [BLOCK] * 3
+
+
+class _SeenFromRank1:
+    """SGLang's tensor-parallel group as rank 1 sees it: each broadcast brings rank 0's tensor."""
+
+    def __init__(self, *from_rank0: torch.Tensor) -> None:
+        self._next = iter(from_rank0)
+
+    def broadcast(self, t: torch.Tensor, src: int = 0) -> torch.Tensor:
+        assert src == 0
+        return t.copy_(next(self._next))
+
+
+def test_a_tensor_parallel_rank_commits_rank_0s_block_and_verdict(pair):
+    """Each rank drafts on its own; rank 1's drafts differ from rank 0's here, and it must still
+    verify rank 0's block and commit rank 0's accepted drafts (worker.py `_verify`)."""
+    drafter, device = _drafter_as_the_worker_builds_it(pair, "cpu")
+    drafting = Drafting.create(drafter, 1, 128, SpecConfig(block_size=BLOCK))
+    table = RequestTable(drafting, 1, VOCAB)
+    req = _req("r0", PROMPTS[0], FIRST[0])
+    (row,) = table.rows_for([req])
+    table.sync(row, req)
+    rank0_block = torch.tensor([[FIRST[0], 11, 12, 13]])
+    group = _SeenFromRank1(rank0_block, torch.tensor([[2, 9]]))  # 2 drafts accepted, then 9
+    own = []
+
+    def verify(rows, tokens, proposals):  # the worker's _verify around SGLang's pass
+        own.append(tokens[0, 1:].tolist())
+        tokens = from_rank0(tokens, group, device)
+        mine = torch.tensor([[0, 5]])  # what this rank's own verification decided
+        return verdicts_of(tokens, from_rank0(mine, group, device), parallel=True)
+
+    executor = Executor(device)
+    try:
+        (out,) = worker_cycle([row], drafting, verify, executor, Plan(BLOCK, overlap=True), 0)
+    finally:
+        executor.shutdown()
+    assert own[0] != [11, 12, 13]  # this rank drafted something else
+    assert out.tokens == [11, 12, 9]
+    assert row.tokens[-3:] == [11, 12, 9]  # the drafter follows rank 0's tokens too

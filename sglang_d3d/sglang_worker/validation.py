@@ -166,12 +166,6 @@ def _check_parallelism(args) -> None:
             "--enable-dp-attention is not supported with D3D: idle DP ranks would have to join "
             "the verify collectives without a drafter; use --dp-size without DP attention"
         )
-    if getattr(args, "tp_size", 1) != 1:
-        raise D3DArgumentError(
-            f"--tp-size {args.tp_size} is not supported with D3D (--tp-size 1 only): every rank "
-            "would run its own drafter and draw its own verdicts, and nothing makes the ranks "
-            "agree on the tokens they commit; serve one replica per GPU with --dp-size instead"
-        )
     if args.pp_size != 1:
         raise D3DArgumentError(
             "D3D supports --pp-size 1 only (the drafter runs beside the last stage)"

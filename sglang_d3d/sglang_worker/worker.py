@@ -30,7 +30,7 @@ from sglang.srt.speculative.base_spec_worker import BaseSpecWorker
 
 from sglang_d3d.config import Mode
 from sglang_d3d.sglang_worker.accept import unsupported_reason
-from sglang_d3d.sglang_worker.cycle_step import check_width, worker_cycle
+from sglang_d3d.sglang_worker.cycle_step import check_width, from_rank0, verdicts_of, worker_cycle
 from sglang_d3d.sglang_worker.draft_input import D3DDraftInput
 from sglang_d3d.sglang_worker.drafter_loading import (
     build_drafter,
@@ -50,7 +50,7 @@ from sglang_d3d.sglang_worker.requests import RequestRow, RequestTable
 from sglang_d3d.sglang_worker.validation import DEFAULT_MAX_RUNNING_REQUESTS, check_vocab
 from sglang_d3d.sglang_worker.verify_io import build_verify_forward_batch, commit_rows
 from sglang_d3d.speculative.corpus_lookup import corpus_index
-from sglang_d3d.speculative.cycle import Plan, Verdict, record
+from sglang_d3d.speculative.cycle import Plan, record
 from sglang_d3d.speculative.drafting import Drafting
 from sglang_d3d.speculative.executor import Executor
 from sglang_d3d.speculative.listeners import Listeners
@@ -76,6 +76,8 @@ class D3DWorker(BaseSpecWorker):
         # Concrete devices ("cuda:N", never a bare "cuda"), so that "same device" compares true.
         self.device, self.draft_device = placement(runner.device, self.options.draft_device, gpu_id)
         self.plan = Plan(self.block, self.options.mode is Mode.ASYNC)
+        parallel = get_parallel()
+        self.tp_group = parallel.tp_group if parallel.tp_size > 1 else None
         self.drafting = self._drafting(runner)
         # The drafter's corpus of the target's answers, for greedy batches' copies (or None).
         corpus = (corpus_index(self.drafting.runner.model, self.options.corpus_tokens)
@@ -215,6 +217,7 @@ class D3DWorker(BaseSpecWorker):
         """SGLang's target worker scores the block [bs, B]; acceptance runs on its device.
         -> (result, graph?, a Verdict per request)."""
         check_width(tokens, self.block)
+        tokens = from_rank0(tokens, self.tp_group, self.device)  # one block for every rank
         fb, can_graph = build_verify_forward_batch(batch, self.target_worker, tokens, self.block)
         out = self.target_worker.forward_batch_generation(
             batch=None, forward_batch=fb, is_verify=True
@@ -230,8 +233,8 @@ class D3DWorker(BaseSpecWorker):
             [r.verify_random for r in rows],  # verification's own streams (accept.Role)
         )
         # The one device -> host copy of the cycle: two ints per request (waits for the pass).
-        verdicts = [Verdict(a, t) for a, t in torch.stack([n, token], 1).tolist()]
-        return out, can_graph, verdicts
+        decided = from_rank0(torch.stack([n, token], 1), self.tp_group, self.device)
+        return out, can_graph, verdicts_of(tokens, decided, self.tp_group is not None)
 
     def shutdown(self) -> None:
         self.executor.shutdown()

@@ -1,9 +1,10 @@
 """Greedy output of SGLang alone against SGLang with D3D, on any pair, and D3D's sampled output.
 
     python -m sglang_d3d.sglang_worker.cpu_harness.compare TARGET DRAFTER PROMPTS_JSON MAX_NEW
-        [DEVICE [DTYPE]]
+        [DEVICE [DTYPE [TP]]]
 
-PROMPTS_JSON: a list of token-id lists. Runs under `cpu_harness.subprocess_env()` on CPU (as
+PROMPTS_JSON: a list of token-id lists; TP: SGLang's --tp-size for both runs (on CPU, two
+ranks need SGLANG_CPU_OMP_THREADS_BIND, e.g. "0|1"). Runs under `cpu_harness.subprocess_env()` on CPU (as
 e2e.py). Prints one JSON line, `COMPARE-RESULT {...}`:
   baseline  greedy output ids of SGLang without speculative decoding, per prompt
   d3d       the same prompts through SGLang + D3DWorker: ids, finish reason, error and the
@@ -19,16 +20,17 @@ from pathlib import Path
 
 from sglang_d3d.sglang_worker.cpu_harness.e2e import _attention, _collect
 
-CONTEXT = 2048
+CONTEXT = 512  # the tiny test models' longest
 
 
-def baseline(target: str, prompts: list, max_new: int, device: str, dtype: str) -> list:
+def baseline(target: str, prompts: list, max_new: int, device: str, dtype: str,
+             tp: int = 1) -> list:
     import sglang
 
     engine = sglang.Engine(
         model_path=target, device=device, max_running_requests=len(prompts), dtype=dtype,
         skip_tokenizer_init=True, log_level="error", max_total_tokens=8192,
-        context_length=CONTEXT, disable_overlap_schedule=True, **_attention(device),
+        context_length=CONTEXT, disable_overlap_schedule=True, tp_size=tp, **_attention(device),
     )  # fmt: skip
     try:
         out = engine.generate(input_ids=prompts,
@@ -39,7 +41,7 @@ def baseline(target: str, prompts: list, max_new: int, device: str, dtype: str) 
 
 
 def run_d3d(target: str, drafter: str, prompts: list, max_new: int, device: str,
-            dtype: str) -> dict:
+            dtype: str, tp: int = 1) -> dict:
     from sglang_d3d.api import GenerationRequest
     from sglang_d3d.config import EngineConfig, Mode, SamplingParams, SpecConfig
     from sglang_d3d.sglang_worker.backend import build_engine_loop
@@ -52,7 +54,7 @@ def run_d3d(target: str, drafter: str, prompts: list, max_new: int, device: str,
     # cache for 32 slots of SmolLM2's 8,192 tokens would be 12 GB in float32).
     loop = build_engine_loop(cfg, max_total_tokens=8192, log_level="error",
                              max_running_requests=len(prompts), context_length=CONTEXT,
-                             **_attention(device))
+                             tp_size=tp, **_attention(device))
     loop.start()
     try:
         greedy = SamplingParams(temperature=0.0, max_new_tokens=max_new)
@@ -71,13 +73,14 @@ def main() -> None:
     target, drafter, prompts_json, max_new = sys.argv[1:5]
     device = sys.argv[5] if len(sys.argv) > 5 else "cpu"
     dtype = sys.argv[6] if len(sys.argv) > 6 else "float32"
+    tp = int(sys.argv[7]) if len(sys.argv) > 7 else 1
     prompts, max_new = json.loads(prompts_json), int(max_new)
     if device == "cpu":
         from sglang_d3d.sglang_worker.cpu_harness import install
 
         install()
-    result = {"baseline": baseline(target, prompts, max_new, device, dtype)}
-    result.update(run_d3d(target, drafter, prompts, max_new, device, dtype))
+    result = {"baseline": baseline(target, prompts, max_new, device, dtype, tp)}
+    result.update(run_d3d(target, drafter, prompts, max_new, device, dtype, tp))
     print("COMPARE-RESULT " + json.dumps(result), flush=True)
 
 

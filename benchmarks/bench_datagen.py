@@ -6,8 +6,10 @@ length, the default target (SmolLM2-135M-Instruct) on the same CPU threads, gree
              continuous batching of all N prompts at once
   server     `d3d serve --mode async` (the default drafter) started here, then
              `d3d datagen --server URL --concurrency C`
-Tokens/s = response tokens stored / wall seconds of the datagen call (the server's start-up is
-not counted; the embedded run's model load is). Also reported: how many answers are identical
+The server runs first (its start-up, calibration included, is not counted), then, once it has
+stopped, the embedded run (its model load is counted; `generation_seconds` leaves it out, and
+leaves out the server run's tokenizer probes). Tokens/s = response tokens stored / wall
+seconds of the datagen call. Also reported: how many answers are identical
 token for token between the two (both are the target's greedy answers; float near-ties between
 batch shapes may flip a few).
 
@@ -42,11 +44,13 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_server(mode: str, threads: int, port: int, max_batch: int) -> subprocess.Popen:
+def start_server(mode: str, threads: int, port: int, max_batch: int,
+                 timeout: float) -> subprocess.Popen:
+    """`d3d serve` with its defaults (the adaptive controller calibrates before serving)."""
     cmd = [sys.executable, "-m", "sglang_d3d.cli", "serve", "--mode", mode, "--port", str(port),
            "--threads", str(threads), "--max-batch-size", str(max_batch), "--log-level", "warning"]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 600
+    deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise RuntimeError(f"d3d serve exited with {proc.returncode}: {' '.join(cmd)}")
@@ -66,7 +70,9 @@ def timed_run(cfg: DatagenConfig) -> dict:
     seconds = time.perf_counter() - t0
     tokens = m["num_response_tokens"]
     return {"response_tokens": tokens, "seconds": round(seconds, 2),
-            "tokens_per_s": round(tokens / seconds, 2), "samples": m["num_samples"]}
+            "tokens_per_s": round(tokens / seconds, 2), "samples": m["num_samples"],
+            # without model loading (embedded) or the tokenizer probes (server)
+            "generation_seconds": m["seconds"]}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -76,17 +82,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--concurrency", type=int, default=8)
     p.add_argument("--threads", type=int, default=2, help="CPU threads for either generator")
     p.add_argument("--server-mode", default="async", help="d3d serve --mode")
+    p.add_argument("--start-timeout", type=float, default=1800,
+                   help="seconds the server may take to start (calibration included)")
     p.add_argument("--out", default="benchmarks/results/datagen.json")
     args = p.parse_args(argv)
     tmp = Path(tempfile.mkdtemp(prefix="bench_datagen_"))
     common = dict(prompt_files=(str(PROMPTS),), max_prompts=args.num_prompts,
                   max_new_tokens=args.max_new_tokens, shard_size=args.num_prompts)
-    emb_cfg = DatagenConfig(out_dir=str(tmp / "embedded"), batch_size=args.num_prompts,
-                            threads=args.threads, **common)
-    embedded = timed_run(emb_cfg)
-    print(f"embedded: {embedded}")
     port = free_port()
-    proc = start_server(args.server_mode, args.threads, port, args.concurrency)
+    proc = start_server(args.server_mode, args.threads, port, args.concurrency, args.start_timeout)
     try:
         srv_cfg = DatagenConfig(out_dir=str(tmp / "server"), server=f"http://127.0.0.1:{port}",
                                 concurrency=args.concurrency, **common)
@@ -95,6 +99,10 @@ def main(argv: list[str] | None = None) -> int:
         proc.terminate()
         proc.wait(timeout=60)
     print(f"server ({args.server_mode}, concurrency {args.concurrency}): {server}")
+    emb_cfg = DatagenConfig(out_dir=str(tmp / "embedded"), batch_size=args.num_prompts,
+                            threads=args.threads, **common)
+    embedded = timed_run(emb_cfg)  # after the server has stopped: the CPU is its alone
+    print(f"embedded: {embedded}")
     a, b = load_samples(tmp / "embedded"), load_samples(tmp / "server")
     same = sum(x.response.tolist() == y.response.tolist() for x, y in zip(a, b, strict=True))
     result = {

@@ -89,6 +89,22 @@ def test_prompt_files_take_sharegpt_openai_and_plain_and_skip_the_rest(tmp_path)
     assert pf.conversations[4].user_turns == ("w60", "w62 w63")
 
 
+def test_mt_bench_turns_are_user_turns():
+    from sglang_d3d.training.prompt_files import conversation_of
+
+    assert conversation_of({"turns": ["w5", "w6 w7"]}).user_turns == ("w5", "w6 w7")
+    assert conversation_of({"turns": []}) is None
+
+
+def test_the_tokenizer_check_compares_text_as_a_server_detokenizes_it():
+    from sglang_d3d.training.tokenizer_check import _same, decode_after
+
+    assert _same("", "\ufffd")  # a partial UTF-8 character: held back by a server
+    assert _same(" w5 w6", "w5 w6") and not _same("w5", "w6")
+    tok = tiny_tokenizer()
+    assert decode_after(tok, [5, 6], [7, 8]).split() == ["w7", "w8"]
+
+
 def test_a_prompt_file_without_a_usable_turn_is_a_one_line_error(tmp_path, capsys):
     bad = _write_jsonl(tmp_path / "bad.jsonl", [{"text": "no known field"},
                                                 {"messages": [{"role": "assistant", "content": "x"}]}])

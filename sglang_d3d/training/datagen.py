@@ -17,19 +17,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
-import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from sglang_d3d.training.datagen_async import (
-    Progress,
-    ServerRun,
-    encode_chat,
-    record_shard,
-    resume_state,
-    run_server_datagen,
-)
-from sglang_d3d.training.datagen_journal import Record, Turn, pack_shard
+from sglang_d3d.training.datagen_async import ServerRun, resume_state, run_server_datagen
+from sglang_d3d.training.datagen_embedded import eos_ids_of, run_embedded
 from sglang_d3d.training.datagen_prompts import (  # noqa: F401 - interleave: re-exported
     PromptList,
     build_prompt_list,
@@ -37,9 +29,8 @@ from sglang_d3d.training.datagen_prompts import (  # noqa: F401 - interleave: re
     interleave,
 )
 from sglang_d3d.training.datagen_server import ServerError, TokenIdMode
-from sglang_d3d.training.generation import generate_continuous
 from sglang_d3d.training.prompt_files import PromptFileError
-from sglang_d3d.training.shards import read_manifest, shard_name, write_manifest
+from sglang_d3d.training.shards import read_manifest, write_manifest
 from sglang_d3d.training.tokenizer_check import TokenizerMismatch
 
 EMBEDDED_MAX_NEW, SERVER_MAX_NEW = 256, 2048
@@ -133,8 +124,10 @@ def check_compatible(old: dict, new: dict, out: Path) -> None:
     same = all(g_old.get(k) == g_new.get(k) for k in CONTENT_KEYS)
     if "prompts_sha256" in g_old:
         same = same and g_old["prompts_sha256"] == g_new["prompts_sha256"]
-    else:  # folders made before the prompt list had a fingerprint
-        same = same and g_old.get("gsm8k_path") == g_new.get("gsm8k_path") and not g_new["prompt_files"]
+    else:  # folders made before the prompt list had a fingerprint: GSM8K/mix, by size
+        same = (same and not g_new["prompt_files"]
+                and bool(g_old.get("gsm8k_path")) == bool(g_new.get("gsm8k_path"))
+                and old.get("num_prompts_planned") == new["num_prompts_planned"])
     if not same:
         raise DatagenError(f"{out} holds shards made with other settings or prompts; "
                            "use another --out-dir")
@@ -145,63 +138,6 @@ def open_manifest(cfg: DatagenConfig, target: Path, prompts: PromptList) -> dict
     old = read_manifest(Path(cfg.out_dir))
     check_compatible(old, new, Path(cfg.out_dir))
     return {**old, "generation": new["generation"], "generator": new["generator"]} if old else new
-
-
-# ---- the embedded engine ----------------------------------------------------------------------
-def generate_shard(target, tok, items, first_index: int, cfg: DatagenConfig, eos_ids,
-                   pbar=None) -> list[Record]:
-    """Records for `items` (absolute indices from first_index): turn t of every conversation
-    is generated in one continuous batch, after turn t-1 of all of them."""
-    answers: list[list[str]] = [[] for _ in items]
-    turns: list[list[Turn]] = [[] for _ in items]
-    for t in range(max(len(c.user_turns) for _, c in items)):
-        active = [j for j, (_, c) in enumerate(items) if t < len(c.user_turns)]
-        prompts = [encode_chat(tok, items[j][1].messages(answers[j])) for j in active]
-        results = generate_continuous(
-            target, prompts, cfg.resolved_max_new, eos_ids, num_slots=cfg.batch_size,
-            temperature=cfg.temperature, seed=cfg.seed + first_index + t * 1_000_003,
-            on_done=(lambda _: pbar.update(1)) if pbar is not None else None, device=cfg.device,
-        )  # fmt: skip
-        for j, prompt, (ids, finished) in zip(active, prompts, results, strict=True):
-            turns[j].append(Turn(prompt, list(ids), finished))
-            answers[j].append(tok.decode(ids, skip_special_tokens=True))
-    return [Record(first_index + j, items[j][0], tuple(turns[j])) for j in range(len(items))]
-
-
-def eos_ids_of(gen, tok) -> list[int]:
-    """The target's end ids (generation config `gen`, may be None, then the tokenizer's), the
-    generation config's first: it is appended to finished answers a server returned without it."""
-    eos = getattr(gen, "eos_token_id", None)
-    ids = list(eos if isinstance(eos, list) else [eos]) if eos is not None else []
-    if tok.eos_token_id is not None and tok.eos_token_id not in ids:
-        ids.append(tok.eos_token_id)
-    return ids
-
-
-def run_embedded(cfg: DatagenConfig, target: Path, tok, prompts: PromptList, prog: Progress) -> None:
-    import torch
-    from tqdm import tqdm
-
-    from sglang_d3d.models.decoder import Decoder
-    from sglang_d3d.models.loading import load_hf_model
-
-    torch.set_num_threads(cfg.threads)
-    torch.manual_seed(cfg.seed)
-    model = load_hf_model(target, cfg.dtype).to(cfg.device)
-    eos = eos_ids_of(model.generation_config, tok)
-    decoder = Decoder.from_hf(model)
-    s, items = cfg.shard_size, prompts.items
-    todo = [k for k in range(-(-len(items) // s)) if shard_name(k) not in prog.manifest["shards"]]
-    todo = todo[: cfg.max_shards] if cfg.max_shards is not None else todo
-    total = sum(sum(len(c.user_turns) for _, c in items[k * s : (k + 1) * s]) for k in todo)
-    pbar = tqdm(total=total, desc="datagen", unit="turn", mininterval=10)
-    for k in todo:
-        t0 = time.perf_counter()
-        records = generate_shard(decoder, tok, items[k * s : (k + 1) * s], k * s, cfg, set(eos), pbar)
-        samples = pack_shard(prog.out, k, records)
-        record_shard(prog.manifest, shard_name(k), samples, records, time.perf_counter() - t0)
-        write_manifest(prog.out, prog.manifest)  # after the shard: a listed shard exists whole
-    pbar.close()
 
 
 # ---- both ---------------------------------------------------------------------------------------
@@ -278,7 +214,7 @@ def add_datagen_args(p: argparse.ArgumentParser) -> None:
     s = p.add_argument_group("serving engine")
     s.add_argument("--server", default=None, help="base URL of an OpenAI-compatible server")
     s.add_argument("--server-model", default=None, help="model name (default: the first listed)")
-    s.add_argument("--api-key", default=None, help="the server's key, if it asks for one")
+    s.add_argument("--api-key", default=None, help="the server's key, if it asks for one (default: $OPENAI_API_KEY)")
     s.add_argument("--concurrency", type=int, default=d.concurrency, help="requests in flight")
     s.add_argument("--token-ids", default=d.token_ids, choices=[m.value for m in TokenIdMode],
                    help="how answers' token ids come back (default: the first the server offers)")

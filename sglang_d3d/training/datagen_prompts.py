@@ -27,13 +27,18 @@ class PromptList:
     items: tuple[tuple[int, Conversation], ...]  # (source, conversation) in shard order
     sources: dict[str, str]  # what each source number is, for the manifest
     skipped: dict[str, int]  # prompt file -> lines without a usable turn
+    digest: str = ""  # sha256 of the whole list, before any --max-prompts cap
 
     def fingerprint(self) -> str:
-        """sha256 of the list's content: a resumed run must cut shards from the same list."""
-        h = hashlib.sha256()
-        for source, conv in self.items:
-            h.update(json.dumps([source, conv.to_json()], sort_keys=True).encode())
-        return h.hexdigest()
+        """A resumed run must cut shards from the same list; a cap may change."""
+        return self.digest or digest(self.items)
+
+
+def digest(items) -> str:
+    h = hashlib.sha256()
+    for source, conv in items:
+        h.update(json.dumps([source, conv.to_json()], sort_keys=True).encode())
+    return h.hexdigest()
 
 
 def gsm8k_train_path(explicit: str | None) -> str | None:
@@ -89,5 +94,5 @@ def build_prompt_list(prompt_files: tuple[str, ...], gsm8k_path: str | None, gsm
     pl = (files_list(prompt_files) if prompt_files
           else default_list(gsm8k_path, gsm8k_per_mix, seed))
     if max_prompts:
-        pl = PromptList(pl.items[:max_prompts], pl.sources, pl.skipped)
+        pl = PromptList(pl.items[:max_prompts], pl.sources, pl.skipped, digest(pl.items))
     return pl

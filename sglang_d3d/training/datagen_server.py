@@ -13,6 +13,7 @@ prompt is exactly what the server saw. Answers come back in one of three ways (`
 from __future__ import annotations
 
 import enum
+import os
 from dataclasses import dataclass
 
 
@@ -62,6 +63,7 @@ class ServerClient:
             raise ServerError(f"--server needs the openai and httpx packages ({e}): "
                               "pip install 'sglang-d3d[datagen]'") from e
 
+        api_key = api_key or os.environ.get("OPENAI_API_KEY")
         self.root = api_root(url)
         self.model: str | None = None
         self.max_model_len: int | None = None

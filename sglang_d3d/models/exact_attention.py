@@ -26,16 +26,10 @@ KeyPlan = list[list[int | torch.Tensor]]
 
 def key_plan(mask: torch.Tensor) -> KeyPlan:
     """mask [N, T, S] bool (True = may attend) -> the keys each query sees."""
-    seen = mask.sum(-1)  # [N, T]
-    lead = mask.int().cumprod(-1).sum(-1)  # [N, T] length of the leading run of True
-    plan = []
-    for r in range(mask.shape[0]):
-        row = []
-        for i in range(mask.shape[1]):
-            n = int(seen[r, i])
-            row.append(n if int(lead[r, i]) == n else mask[r, i].nonzero().squeeze(1))
-        plan.append(row)
-    return plan
+    seen = mask.sum(-1).tolist()  # [N][T]: one read each, not one per query
+    lead = mask.int().cumprod(-1).sum(-1).tolist()  # [N][T] length of the leading run of True
+    return [[n if n == lead[r][i] else mask[r, i].nonzero().squeeze(1) for i, n in enumerate(row)]
+            for r, row in enumerate(seen)]
 
 
 def exact_attention(q: torch.Tensor, cache: KVCache, li: int, slots: list[int],

@@ -283,6 +283,23 @@ def test_datagen_from_d3d_serve_stores_the_ids_of_every_turn(served, reference):
 
 
 @pytest.mark.slow
+def test_d3d_serve_returns_token_ids_only_when_asked(served):
+    import httpx
+
+    _, url, _ = served
+    body = {"prompt": [5, 9, HIGH], "max_tokens": 4, "temperature": 0}
+    plain = httpx.post(f"{url}/v1/completions", json=body, timeout=60).json()["choices"][0]
+    ids = httpx.post(f"{url}/v1/completions", json={**body, "return_token_ids": True},
+                     timeout=60).json()["choices"][0]
+    assert "token_ids" not in plain and len(ids["token_ids"]) == 4
+    assert tiny_tokenizer(LARGE_VOCAB).decode(ids["token_ids"]) == ids["text"].strip()
+    chat = httpx.post(f"{url}/v1/chat/completions", timeout=60, json={
+        "messages": [{"role": "user", "content": "w5"}], "max_tokens": 3, "temperature": 0,
+        "return_token_ids": True}).json()["choices"][0]
+    assert len(chat["token_ids"]) == 3
+
+
+@pytest.mark.slow
 def test_manifest_reports_the_server_and_token_id_mode(served, chats, tmp_path):
     out = tmp_path / "d"
     rc, _ = _datagen(_server_args(served, chats, out, "--max-prompts", "2"))

@@ -210,7 +210,9 @@ def add_datagen_args(p: argparse.ArgumentParser) -> None:
                    help="sequences in flight (cache slots of continuous batching)")
     e.add_argument("--threads", type=int, default=d.threads, help="CPU threads of the target")
     e.add_argument("--device", default=d.device, help="cpu, cuda, cuda:1, ...")
-    e.add_argument("--dtype", default=d.dtype, help="float32, bfloat16 or auto")
+    e.add_argument("--dtype", default=d.dtype,
+                   help="float32, bfloat16, or auto: bf16 on GPUs and CPUs with bf16 matrix "
+                        "units, else fp32")
     s = p.add_argument_group("serving engine")
     s.add_argument("--server", default=None, help="base URL of an OpenAI-compatible server")
     s.add_argument("--server-model", default=None, help="model name (default: the first listed)")

@@ -56,11 +56,12 @@ def run_embedded(cfg: DatagenConfig, target: Path, tok, prompts: PromptList, pro
     from tqdm import tqdm
 
     from sglang_d3d.models.decoder import Decoder
-    from sglang_d3d.models.loading import load_hf_model
+    from sglang_d3d.models.loading import load_hf_model, resolve_dtype
 
     torch.set_num_threads(cfg.threads)
     torch.manual_seed(cfg.seed)
-    model = load_hf_model(target, cfg.dtype).to(cfg.device)
+    dtype = str(resolve_dtype(cfg.dtype, cfg.device)).removeprefix("torch.")
+    model = load_hf_model(target, dtype).to(cfg.device)
     eos = eos_ids_of(model.generation_config, tok)
     decoder = Decoder.from_hf(model)
     s, items = cfg.shard_size, prompts.items

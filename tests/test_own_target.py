@@ -1,7 +1,8 @@
-"""A drafter for the user's own target, data half: `d3d datagen --server` against a real
-`d3d serve` on a tiny random Qwen2-shaped target whose vocabulary exceeds uint16, the user's
-prompt files (multi-turn included), resume after a kill or a failing server, and the refusals
-(each one line)."""
+"""A drafter for the user's own target: `d3d datagen --server` against a real `d3d serve` on a
+tiny random Qwen2-shaped target whose vocabulary exceeds uint16, the user's prompt files
+(multi-turn included), resume after a kill or a failing server, the whole path from a served
+target through torchrun training to a served drafter, and the refusals (each one line).
+Two processes against one at the same global batch: tests/test_train_distributed.py."""
 
 from __future__ import annotations
 
@@ -401,3 +402,71 @@ def test_a_server_with_another_tokenizer_is_refused_in_one_line(served, chats, t
     rc, err = _datagen(args, capsys)
     assert rc == 1 and "not the target's tokenizer" in _error_line(err)
     assert not list((tmp_path / "o").glob("shard_*"))
+
+
+# ---- the whole path: a server's answers -> torchrun training -> a served drafter --------------
+def _run(*argv: str, timeout: int = 300) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    proc = subprocess.Popen([sys.executable, *argv], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)  # torchrun's workers go with it
+        raise
+    assert proc.returncode == 0, err[-3000:]
+    return subprocess.CompletedProcess(argv, proc.returncode, out, err)
+
+
+@pytest.mark.slow
+def test_from_a_served_target_to_a_served_drafter(served, chats, tmp_path):
+    """d3d serve -> d3d datagen --server (4 in flight, a multi-turn ShareGPT record) ->
+    torchrun --nproc_per_node 2 train on gloo -> d3d bench: the drafter's greedy output is the
+    target's own."""
+    target = served[0]
+    data, run = tmp_path / "data", tmp_path / "run"
+    rc, _ = _datagen(_server_args(served, chats, data))
+    assert rc == 0 and max(s.response.max() for s in load_samples(data)) > 0
+    _run("-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+         "-m", "sglang_d3d", "train", "--target", target, "--data-dir", str(data),
+         "--out-dir", str(run), "--block-size", "4", "--num-anchors", "2", "--rank", "4",
+         "--alpha", "4", "--batch-size", "2", "--max-steps", "2", "--warmup-steps", "1",
+         "--heldout-every", "4", "--eval-every", "100", "--eval-samples", "2",
+         "--no-initial-eval", "--no-tensorboard")
+    drafter = run / "drafter"
+    assert (drafter / "config.json").exists() and (drafter / "README.md").exists()
+    prompts = _write_jsonl(tmp_path / "p.jsonl", [{"prompt": f"w5 w9 w{HIGH}"},
+                                                  {"prompt": "w40 w41"}])
+    out = tmp_path / "bench.json"
+    _run("-m", "sglang_d3d", "bench", "--target", target, "--drafter", str(drafter),
+         "--dataset", prompts, "--num-prompts", "2", "--max-new-tokens", "12",
+         "--block-size", "4", "--modes", "ar,sync,async", "--threads", "1", "--out", str(out))
+    report = json.loads(out.read_text())
+    assert report["greedy_identical"] is True
+
+
+def test_an_unsupported_architecture_is_refused_in_one_line(tmp_path, capsys):
+    from transformers import Gemma2Config
+
+    folder = tmp_path / "gemma2"
+    folder.mkdir()
+    Gemma2Config(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                 num_attention_heads=2, num_key_value_heads=1, head_dim=16).save_pretrained(folder)
+    prompts = _write_jsonl(tmp_path / "p.jsonl", [{"prompt": "w5 w6"}])
+    rc, err = _datagen(["--target", str(folder), "--prompts", prompts,
+                        "--out-dir", str(tmp_path / "out")], capsys)
+    assert rc != 0
+    line = [ln for ln in err.splitlines() if "gemma2" in ln]
+    assert len(line) == 1 and "supported: llama, mistral, qwen2, qwen3" in line[0]
+    assert not list((tmp_path / "out").glob("shard_*"))
+
+
+def test_a_config_key_that_does_not_exist_is_refused_in_one_line(tmp_path, capsys):
+    from sglang_d3d.training.train import main as train_main
+
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("max-steps: 2\nlearning-rate: 0.1\n")  # the flag is --lr
+    assert train_main(["--config", str(cfg), "--out-dir", str(tmp_path / "run")]) != 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "unknown key 'learning-rate'" in err[0], err
+    assert not (tmp_path / "run").exists()  # refused before anything was written

@@ -20,6 +20,7 @@ import sys
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
+from sglang_d3d.models.architectures import UnsupportedArchitectureError
 from sglang_d3d.training.datagen_async import ServerRun, resume_state, run_server_datagen
 from sglang_d3d.training.datagen_embedded import eos_ids_of, run_embedded
 from sglang_d3d.training.datagen_prompts import (  # noqa: F401 - interleave: re-exported
@@ -144,10 +145,12 @@ def open_manifest(cfg: DatagenConfig, target: Path, prompts: PromptList) -> dict
 def run_datagen_config(cfg: DatagenConfig) -> dict:
     """Generate every missing shard; returns the final manifest. Raises DatagenError,
     PromptFileError, ServerError or TokenizerMismatch with a one-line message."""
+    from sglang_d3d.models.architectures import check_config_file
     from sglang_d3d.models.loading import load_tokenizer, resolve_target_path
 
     cfg = replace(cfg, gsm8k_path=gsm8k_train_path(cfg.gsm8k_path) if not cfg.prompt_files else None)
     target = resolve_target_path(cfg.target_path)
+    check_config_file(target)  # an unsupported family is refused before anything is written
     prompts = build_prompt_list(cfg.prompt_files, cfg.gsm8k_path, cfg.gsm8k_per_mix, cfg.seed,
                                 cfg.max_prompts)
     out = Path(cfg.out_dir)
@@ -226,7 +229,8 @@ def add_datagen_args(p: argparse.ArgumentParser) -> None:
                    help="seconds one request may take")
 
 
-USER_ERRORS = (DatagenError, PromptFileError, ServerError, TokenizerMismatch, FileNotFoundError)
+USER_ERRORS = (DatagenError, PromptFileError, ServerError, TokenizerMismatch, FileNotFoundError,
+               UnsupportedArchitectureError)
 
 
 def run_datagen(args: argparse.Namespace) -> int:

@@ -213,6 +213,28 @@ def measured_scale(shape_run: dict, s: Shape, hw: Hardware, context: int,
     return scale, predicted
 
 
+def tokens_within(by_position: list[float], width: int) -> float:
+    """Offline accepted length at a verify width: the one token every cycle emits plus the
+    chance of each of the width - 1 drafts (`bench_accept.py`'s by_position: P(draft d
+    accepted), d = 1 .. B-1, acceptance stopping at the first miss)."""
+    return 1.0 + float(sum(by_position[: width - 1]))
+
+
+def per_position_line(path: Path, block: int) -> str | None:
+    """What verifying wider than `block` would add, from an offline per-position trace."""
+    if not path.is_file():
+        return None
+    blocks = json.loads(path.read_text()).get("blocks", {})
+    if not blocks:
+        return None
+    widest = max(blocks, key=int)
+    pos = blocks[widest]["by_position"]
+    return (f"{path.name} block {widest}, accepted per position: "
+            + " ".join(f"{x:.2f}" for x in pos[:8])
+            + f" ...; width {block}: {tokens_within(pos, block):.2f} tokens, width {widest}: "
+            f"{tokens_within(pos, int(widest)):.2f}, so the projection verifies {block} wide")
+
+
 def error_pct(predicted: float, measured: float) -> float:
     return 100.0 * (predicted - measured) / measured
 
@@ -268,7 +290,11 @@ def main(argv=None) -> list[str]:
                 f"{error_pct(p, m):+6.1f}%" for name, p, m in predicted]
     else:
         out.append(f"cost model: roofline only ({measured.name} not found: not measured on a GPU)")
+    offline = {"bench_fixed_gsm8k30.json": "accept_gsm8k.json",
+               "bench_fixed_mt_bench20.json": "accept_mt_bench.json"}
     for f in files:
+        line = per_position_line(RESULTS / offline.get(f.name, ""), rows[0].block) if rows else None
+        out += [line] if line else []
         out += table(s, hw, [r for r in rows if r.source.startswith(f.name + ":")], a.context, scale)
     out.append("speedup = tokens/s over ar's at the same batch; a projection, not measured.")
     print("\n".join(out))

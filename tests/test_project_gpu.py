@@ -109,3 +109,10 @@ def test_a_gpu_check_file_calibrates_and_prints_the_error(tmp_path):
     text = "\n".join(pg.main(["--measured", str(f)]))
     assert "roofline scaled by gpu_check.json" in text
     assert "measured    4.00 ms" in text and "async cycle 4 br." in text
+
+
+def test_accepted_length_within_a_width_counts_its_drafts_and_the_emitted_token():
+    pos = [1.0, 0.7, 0.4, 0.1]  # bench_accept.py's by_position at block 5
+    assert pg.tokens_within(pos, 5) == pytest.approx(3.2)
+    assert pg.tokens_within(pos, 3) == pytest.approx(2.7)
+    assert pg.tokens_within(pos, 1) == 1.0

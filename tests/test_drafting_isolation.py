@@ -10,7 +10,7 @@ import sglang_d3d.speculative.sampling as sampling_mod
 from sglang_d3d.config import SamplingParams, SpecConfig
 from sglang_d3d.models.draft_runner import DraftRunner
 from sglang_d3d.speculative.drafting import MAX_DRAFTER_FAULTS, Drafting
-from sglang_d3d.speculative.sampling import make_generator
+from sglang_d3d.speculative.sampling import Role, make_generator
 
 BLOCK = 4
 
@@ -43,7 +43,7 @@ def test_one_faulting_request_never_costs_the_others_their_drafts(tiny_models, m
         real = sampling_mod.sample_rows  # what drafts are drawn with (draw_drafts)
 
         def sample_rows(q, generator):
-            if generator is bad.generator:
+            if generator is bad.generator.for_role(Role.DRAFTING):  # its drafting stream
                 raise RuntimeError("Expected a 'cuda' device type for generator")
             return real(q, generator)
 

@@ -5,11 +5,14 @@ whole cycle in the worker; `verify_row` is its one-request form).
 
 from __future__ import annotations
 
-import enum
 import zlib
 
 from sglang_d3d.config import SamplingParams
-from sglang_d3d.speculative.sampling import RequestRandom, make_generator
+from sglang_d3d.speculative.sampling import (
+    RequestRandom,
+    Role,
+    make_generator,
+)
 from sglang_d3d.speculative.verify import verify_draft as verify_row  # noqa: F401 - re-exported
 
 
@@ -62,18 +65,8 @@ def unsupported_reason(req) -> str | None:
     return f"--speculative-algorithm D3D does not support {', '.join(names)} (request {req.rid})"
 
 
-class Role(enum.Enum):
-    """What a request's random stream is for. Each role has a stream of its own."""
-
-    DRAFTING = "drafting"  # the drafter's draws (sampled drafts, tree branches)
-    VERIFICATION = "verification"  # rejection sampling's uniforms and the residual draw
-
-
 def request_generator(rid: str, seed: int | None, role: Role) -> RequestRandom:
-    """Seeded from the request's seed, else from its id, and from the role. One generator per
-    device, created on first use. With the drafter on a second GPU, one seed for both roles
-    would make the draws that pick the drafts and the draws that test them identical Philox
-    streams advancing about in step: correlated, so sampled output is biased
-    (tests/test_sglang_random.py). Deterministic, so every run of a seeded request draws alike."""
-    base = seed if seed is not None else zlib.crc32(rid.encode())
-    return make_generator(zlib.crc32(f"{role.value}:{base}".encode()))
+    """Seeded from the request's seed, else from its id, and from the role (speculative/
+    sampling.py `Role`: drafting and verification never share a stream). Deterministic, so
+    every run of a seeded request draws alike."""
+    return make_generator(seed if seed is not None else zlib.crc32(rid.encode()), role)

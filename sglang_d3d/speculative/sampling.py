@@ -3,9 +3,15 @@
 The processed distribution is what speculative verification must reproduce exactly, so the
 target's logits always go through `target_probs` (temperature, top-k, top-p, min-p, in that
 order; SGLang's sampler keeps the same order).
+
+Each request draws from two streams, one per `Role`: the drafter's draws, and the draws from the
+target (first tokens, verification), so the two never replay each other's uniforms.
 """
 
 from __future__ import annotations
+
+import enum
+import zlib
 
 import torch
 
@@ -62,11 +68,12 @@ def usable(logits: torch.Tensor) -> bool:
 def draw_drafts(logits: torch.Tensor, params: SamplingParams,
                 generator: RequestRandom | torch.Generator | None) -> tuple[list[int], torch.Tensor]:
     """Drafter slot logits [B, V] -> (one draft per slot: argmax, or drawn from q; q [B, V]).
-    Drafts must be drawn from the q that verification is given, or sampling is not exact."""
+    Drafts must be drawn from the q that verification is given, or sampling is not exact.
+    A request's streams draw here in their drafting role (`Role`)."""
     q = draft_probs(logits, params)
     if params.greedy:
         return logits.argmax(-1).tolist(), q
-    return sample_rows(q, generator), q  # on q's device, one host sync
+    return sample_rows(q, as_role(generator, Role.DRAFTING)), q  # on q's device, one host sync
 
 
 def sample_rows(probs: torch.Tensor, generator: RequestRandom | torch.Generator | None) -> list[int]:
@@ -102,16 +109,36 @@ def sample(probs: torch.Tensor, generator: RequestRandom | torch.Generator | Non
     return sample_rows(probs.unsqueeze(0), generator)[0]
 
 
-class RequestRandom:
-    """A request's random streams: one torch.Generator per device, all seeded from the
-    request's seed. CUDA sampling needs a generator on the probabilities' device (a CPU
-    generator handed to torch.multinomial on CUDA tensors raises), and the drafter and the
-    target may sit on different devices. Same seed, same draws per device, so seeded requests
-    are reproducible and tensor-parallel ranks agree."""
+class Role(enum.Enum):
+    """What a request's random stream is for. Each role has a stream of its own."""
 
-    def __init__(self, seed: int) -> None:
-        self.seed = seed
+    DRAFTING = "drafting"  # the drafter's draws (sampled drafts, tree branches)
+    VERIFICATION = "verification"  # draws from the target: first tokens, rejection sampling
+
+
+def role_seed(seed: int, role: Role) -> int:
+    """The seed of one role's stream, derived from the request's seed (deterministic, so every
+    run of a seeded request draws alike, and distinct per role)."""
+    return zlib.crc32(f"{role.value}:{seed}".encode())
+
+
+class RequestRandom:
+    """One role's random streams for a request: one torch.Generator per device, seeded from
+    the request's seed and the role. CUDA sampling needs a generator on the probabilities'
+    device, and the drafter and the target may sit on different devices. Seeded per role, not
+    per device: with the drafter on a second GPU, one seed everywhere would make the uniforms
+    that pick the drafts and the uniforms that test them identical Philox streams advancing
+    about in step, and sampled output would be biased (tests/test_random_roles.py). Not per
+    device: tensor-parallel ranks, each on its own GPU, must draw alike; and each role draws on
+    one device only (the drafter's or the target's). Seeded requests stay reproducible.
+    `for_role` gives the same request's stream of another role."""
+
+    def __init__(self, seed: int, role: Role = Role.VERIFICATION) -> None:
+        self.request_seed = seed  # shared by the request's roles
+        self.role = role
+        self.seed = role_seed(seed, role)  # what this role's generators are seeded with
         self._by_device: dict[torch.device, torch.Generator] = {}
+        self._roles: dict[Role, RequestRandom] = {role: self}
 
     def on(self, device: torch.device | str) -> torch.Generator:
         device = _concrete(torch.device(device))
@@ -121,6 +148,21 @@ class RequestRandom:
             g.manual_seed(self.seed)
             self._by_device[device] = g
         return g
+
+    def for_role(self, role: Role) -> RequestRandom:
+        """The same request's stream for `role`, created once and shared by its roles."""
+        other = self._roles.get(role)
+        if other is None:
+            other = RequestRandom(self.request_seed, role)
+            other._roles = self._roles
+            self._roles[role] = other
+        return other
+
+
+def as_role(generator: RequestRandom | torch.Generator | None,
+            role: Role) -> RequestRandom | torch.Generator | None:
+    """A request's stream for `role`; a bare torch.Generator (or None) is used as given."""
+    return generator.for_role(role) if isinstance(generator, RequestRandom) else generator
 
 
 def on_device(
@@ -133,9 +175,10 @@ def on_device(
     return generator.on(device)
 
 
-def make_generator(seed: int | None) -> RequestRandom:
-    """A request's random streams; an unseeded request gets a fresh random seed."""
-    return RequestRandom(torch.Generator().seed() if seed is None else seed)
+def make_generator(seed: int | None, role: Role = Role.VERIFICATION) -> RequestRandom:
+    """A request's stream for `role` (its other roles through `for_role`); an unseeded request
+    gets a fresh random seed."""
+    return RequestRandom(torch.Generator().seed() if seed is None else seed, role)
 
 
 def _concrete(device: torch.device) -> torch.device:

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import torch
 
-from sglang_d3d.speculative.sampling import RequestRandom, inverse_cdf, on_device
+from sglang_d3d.speculative.sampling import RequestRandom, Role, as_role, inverse_cdf, on_device
 from sglang_d3d.speculative.tree import DraftTree, children
 from sglang_d3d.speculative.verify import residual
 
@@ -79,7 +79,8 @@ def sample_tree(
     generator: Generator,
 ) -> DraftTree:
     """The shape with each depth's sibling slots filled by draws without replacement from
-    that depth's q, the chain's draft first."""
+    that depth's q, the chain's draft first (a request's drafting stream)."""
+    generator = as_role(generator, Role.DRAFTING)
     ranks = sibling_ranks(shape)
     wanted = [0] * shape.depth
     for d, r in zip(shape.depths, ranks):

@@ -130,6 +130,10 @@ def _memory_report(engine: Any) -> Any:
         return None
     from sglang_d3d.engine.memory import memory_report
 
-    report = memory_report(spec)
+    try:
+        report = memory_report(spec)
+    except Exception:  # noqa: BLE001 - a report must never keep the server from serving
+        log.warning("could not measure the engine's memory", exc_info=True)
+        return None
     log.info("%s (--max-batch-size and --max-context size the caches)", report.summary())
     return report

@@ -13,8 +13,10 @@ from sglang_d3d.engine.memory import memory_report, storages
 def test_views_and_arrays_count_their_storage_once():
     w = torch.zeros(10, 4)  # 160 bytes
     a = np.zeros(8, dtype=np.float32)  # 32 bytes
-    holder = {"w": w, "view": w[2:5], "again": [w.t()], "arr": a, "arr_view": a[1:3]}
-    assert sorted(storages(holder).values()) == [32, 160]
+    u = torch.zeros(6, dtype=torch.float64)  # 48 bytes, also seen through numpy
+    holder = {"w": w, "view": w[2:5], "again": [w.t()], "arr": a, "arr_view": a[1:3],
+              "u": u, "u_np": u.numpy()[1:4], "u_np_whole": u.numpy()}
+    assert sorted(storages(holder).values()) == [32, 48, 160]
 
 
 def test_report_counts_caches_and_separates_shared_weights(tiny_models):

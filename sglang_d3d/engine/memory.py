@@ -56,18 +56,26 @@ def storages(root: Any, skip: tuple[Any, ...] = ()) -> dict[int, int]:
     found: dict[int, int] = {}
     skipped = {id(s) for s in skip}
     for t in _walk(root, skipped):
+        while isinstance(t, np.ndarray) and t.base is not None:  # a view: count what it views
+            t = t.base
         if isinstance(t, torch.Tensor):
-            if t.device.type == "meta":
-                continue
-            try:
-                s = t.untyped_storage()
-                found[s.data_ptr()] = s.nbytes()
-            except (NotImplementedError, RuntimeError):  # opaque (e.g. oneDNN-packed) weights
-                found[id(t)] = t.numel() * t.element_size()
-        else:
-            base = t if t.base is None else t.base
-            found[base.__array_interface__["data"][0]] = base.nbytes
+            key, nbytes = _tensor_storage(t)
+        elif isinstance(t, np.ndarray):
+            key, nbytes = t.__array_interface__["data"][0], t.nbytes
+        else:  # an array over a foreign buffer (bytes, mmap): its own bytes, once
+            key, nbytes = id(t), getattr(t, "nbytes", 0) or len(memoryview(t))
+        found[key] = nbytes
     return found
+
+
+def _tensor_storage(t: torch.Tensor) -> tuple[int, int]:
+    if t.device.type == "meta":
+        return id(t), 0
+    try:
+        s = t.untyped_storage()
+        return s.data_ptr(), s.nbytes()
+    except (NotImplementedError, RuntimeError):  # opaque (e.g. oneDNN-packed) weights
+        return id(t), t.numel() * t.element_size()
 
 
 def _walk(root: Any, skipped: set[int]) -> Iterator[torch.Tensor | np.ndarray]:

@@ -70,11 +70,13 @@ def add_engine_args(
                    "the target's outputs are unchanged), full (the target's own: 4-bit where "
                    "--target-weights is q4), or auto: int8 where the drafter runs on a CPU in "
                    "float32")
-    g.add_argument("--target-weights", choices=list(TARGET_WEIGHTS), default="auto",
+    g.add_argument("--target-weights", choices=list(TARGET_WEIGHTS),
+                   default=EngineConfig.target_weights,
                    help="the target's projection weights in its passes: q4 (the 4-bit Q4_1 "
                    "weights of the GGUF it came from, bf16 activations into the int4 kernel), "
                    "fp32 (as loaded; equal to HF generate), or auto: q4 where the target came "
-                   "from a Q4_1 GGUF (the default target) and runs on a CPU in float32")
+                   "from a Q4_1 GGUF (the default target) and runs on a CPU in float32 (default fp32: the "
+                   "faster end to end with speculation, docs/benchmarks.md)")
     g.add_argument("--draft-cutoff", type=_cutoff, default=EngineConfig.draft_cutoff,
                    help="sync/async: verify a row's leading drafts while the product of the "
                    "drafter's probabilities of them stays at or above this (0: whole blocks; "

@@ -190,8 +190,12 @@ class EngineConfig:
     # The target's projection weights in its inference passes: "q4" (the Q4_1 blocks of the
     # GGUF it was converted from, models/q4_target.py: a sixth of fp32's bytes a step),
     # "fp32" (the weights as loaded, equal to HF generate), or "auto": q4 where the target
-    # came from a Q4_1 GGUF (the default target) and runs on a CPU in fp32.
-    target_weights: str = "auto"
+    # came from a Q4_1 GGUF (the default target) and runs on a CPU in fp32. fp32 is the
+    # default because it is the faster path end to end: on the default target (GSM8K 10,
+    # 64 tokens, 2 threads, `d3d bench --target-weights q4|fp32`) q4 decoded plainly at 29.8
+    # tokens/s, and speculation on it lost (its verify passes keep rows apart for exactness),
+    # while fp32 with the server's async mode reached 33.5.
+    target_weights: str = "fp32"
     target_threads: int = 1  # intra-op threads of the target's worker (CPU)
     # sync/async: a row verifies its leading drafts while the product of the drafter's
     # probabilities of them stays >= draft_cutoff (speculative/draft_length.py); 0 verifies

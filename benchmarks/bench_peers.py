@@ -11,12 +11,13 @@ accepted length where it applies, and how many outputs equal the engine's own pl
     llama-pld   the same with its prompt-lookup speculation (LlamaPromptLookupDecoding)
     llama-f32   llama.cpp on an all-fp32 GGUF of the same weights (benchmarks/gguf_f32.py)
     d3d         this project's engine as `d3d serve` runs it: async, the adaptive controller,
-                calibrated at start-up; target on the GGUF's 4-bit weights (target_weights auto)
-    d3d-ar / d3d-sync               plain decoding and sync speculation, 4-bit target
-    d3d-fp32 / d3d-ar-fp32          the default configuration and plain decoding, fp32 target
+                calibrated at start-up, fp32 target (the default `--target-weights`)
+    d3d-ar / d3d-sync               plain decoding and sync speculation, fp32 target
+    d3d-q4 / d3d-ar-q4              the default configuration and plain decoding on the GGUF's
+                                    own 4-bit weights (`--target-weights q4`)
 
-Peers by arithmetic: d3d (4-bit) and llama (Q4_1) read the same 4-bit weights; d3d-fp32,
-llama-f32 and HF compute in fp32. Outputs of different arithmetic are not expected to match.
+Peers by arithmetic: d3d-q4 and llama (Q4_1) read the same 4-bit weights; d3d, llama-f32 and
+HF compute in fp32. Outputs of different arithmetic are not expected to match.
 llama.cpp is a benchmark extra (`make bench-peers` builds it from source), not a dependency.
 
     make bench-peers    # builds llama.cpp, runs this, plots benchmarks/results/peers.png
@@ -42,13 +43,13 @@ from sglang_d3d.models import loading
 from sglang_d3d.prompts import chat_ids, load_questions
 
 PEERS = ("hf", "hf-pld", "llama", "llama-pld", "llama-f32", "d3d", "d3d-ar", "d3d-sync",
-         "d3d-fp32", "d3d-ar-fp32")
+         "d3d-q4", "d3d-ar-q4")
 PLAIN = {"hf-pld": "hf", "llama-pld": "llama", "d3d": "d3d-ar", "d3d-sync": "d3d-ar",
-         "d3d-fp32": "d3d-ar-fp32"}
+         "d3d-q4": "d3d-ar-q4"}
 D3D = {  # name -> (mode, server's default configuration, target weights)
-    "d3d": (Mode.ASYNC, True, "auto"), "d3d-ar": (Mode.AR, False, "auto"),
-    "d3d-sync": (Mode.SYNC, False, "auto"), "d3d-fp32": (Mode.ASYNC, True, "fp32"),
-    "d3d-ar-fp32": (Mode.AR, False, "fp32"),
+    "d3d": (Mode.ASYNC, True, "fp32"), "d3d-ar": (Mode.AR, False, "fp32"),
+    "d3d-sync": (Mode.SYNC, False, "fp32"), "d3d-q4": (Mode.ASYNC, True, "q4"),
+    "d3d-ar-q4": (Mode.AR, False, "q4"),
 }
 
 
@@ -187,7 +188,10 @@ def _d3d_runner(m: Mode, default: bool, threads: int, target, drafter, eos):
     """default: `d3d serve`'s configuration (the adaptive controller, calibrated before the
     first request; prompts run one at a time here, so batch 1 is all there is to time)."""
     t, d = (threads - threads // 2, threads // 2) if m is Mode.ASYNC and threads >= 2 else (threads, threads)
-    cfg = EngineConfig(mode=m, target_threads=t, draft_threads=d, adaptive=default, calibrate=default)
+    # One request at a time: one cache slot of 1,024 positions (prompt and answer), not the
+    # server's 16 x 2,048, so the several engines of a run fit in memory together.
+    cfg = EngineConfig(mode=m, target_threads=t, draft_threads=d, adaptive=default,
+                       calibrate=default, max_batch_size=1, max_context=1024)
     engine = SpecEngine(cfg, target, drafter if m is not Mode.AR else None, eos)
     if default:
         calibrate(engine, CalibrationConfig(max_batch=1))
@@ -236,7 +240,7 @@ def _print_summary(datasets: dict) -> None:
     print("|---|" + "---|" * len(datasets))
     for n in names:
         print(f"| {n} | " + " | ".join(str(d["table"][n]["tokens_per_s"]) for d in datasets.values()) + " |")
-    for ours, peer in (("d3d", "llama"), ("d3d-fp32", "llama-f32")):
+    for ours, peer in (("d3d", "llama"), ("d3d-q4", "llama"), ("d3d", "llama-f32")):
         if ours in names and peer in names:
             ratios = [d["table"][ours]["tokens_per_s"] / d["table"][peer]["tokens_per_s"] for d in datasets.values()]
             print(f"{ours} / {peer}: " + ", ".join(f"{ds} {r:.2f}x" for ds, r in zip(datasets, ratios)))

@@ -22,6 +22,19 @@ def tiny_pair_dir(tmp_path_factory) -> tuple[str, str]:
 
 
 @pytest.fixture(scope="session")
+def json_pair(tiny_pair_dir, tmp_path_factory) -> tuple[str, str]:
+    """The tiny pair with a tokenizer whose tokens can write JSON (`tiny_pieces`)."""
+    import shutil
+
+    from sglang_d3d.testing import tiny_tokenizer
+
+    target = tmp_path_factory.mktemp("json_target")
+    shutil.copytree(tiny_pair_dir[0], target, dirs_exist_ok=True)
+    tiny_tokenizer(pieces=True).save_pretrained(target)
+    return str(target), tiny_pair_dir[1]
+
+
+@pytest.fixture(scope="session")
 def tiny_models(tiny_pair_dir):
     """(hf_model, target Decoder, drafter) in float64, llama family."""
     return _load(*tiny_pair_dir)

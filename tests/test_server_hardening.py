@@ -7,7 +7,6 @@ match nothing refused (speculative/char_classes.py); slow uploads and huge heade
 from __future__ import annotations
 
 import json
-import shutil
 import socket
 import threading
 import time
@@ -31,7 +30,6 @@ from sglang_d3d.server.testing import ServerThread, tiny_server_config
 
 from sglang_d3d.config import GrammarSpec
 from sglang_d3d.speculative.char_classes import class_ranges, empty_class, matches_nothing
-from sglang_d3d.testing import tiny_tokenizer
 
 MESSAGES = [{"role": "user", "content": "w30 w40 w31"}]
 # Compiles for seconds on the tiny vocabulary (long enum strings cost xgrammar most), far
@@ -162,15 +160,6 @@ def test_deeply_nested_bodies_are_400s_not_recursion_errors():
 
 
 # ---- through the server --------------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def json_pair(tiny_pair_dir, tmp_path_factory):
-    """The tiny pair with a tokenizer whose tokens can write JSON (`tiny_pieces`)."""
-    target = tmp_path_factory.mktemp("json_target")
-    shutil.copytree(tiny_pair_dir[0], target, dirs_exist_ok=True)
-    tiny_tokenizer(pieces=True).save_pretrained(target)
-    return str(target), tiny_pair_dir[1]
-
-
 def _config(pair, **server):
     cfg = tiny_server_config(pair)
     return replace(cfg, **{"limits": BIG_SOURCES, "body_timeout": 1.0, **server})

@@ -5,7 +5,6 @@ do not compile, and grammars the vocabulary cannot start, are 400s naming the fi
 from __future__ import annotations
 
 import json
-import shutil
 
 import openai
 import pytest
@@ -13,22 +12,12 @@ from sglang_d3d.server.app import create_app
 from sglang_d3d.server.testing import ServerThread, tiny_server_config
 
 from sglang_d3d.config import Mode
-from sglang_d3d.testing import tiny_tokenizer
 
 pytestmark = pytest.mark.slow
 
 SCHEMA = {"type": "object", "properties": {"a": {"type": "boolean"}}, "required": ["a"],
           "additionalProperties": False}
 MESSAGES = [{"role": "user", "content": "w30 w40 w31"}]
-
-
-@pytest.fixture(scope="module")
-def json_pair(tiny_pair_dir, tmp_path_factory):
-    """The tiny pair with a tokenizer whose tokens can write JSON (`tiny_pieces`)."""
-    target = tmp_path_factory.mktemp("json_target")
-    shutil.copytree(tiny_pair_dir[0], target, dirs_exist_ok=True)
-    tiny_tokenizer(pieces=True).save_pretrained(target)
-    return str(target), tiny_pair_dir[1]
 
 
 @pytest.fixture(scope="module")

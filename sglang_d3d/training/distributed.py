@@ -59,6 +59,13 @@ def init(device: str) -> Dist:
     return Dist(rank, world, device)
 
 
+def finish(d: Dist) -> None:
+    """Wait for every rank before leaving: rank 0 alone writes checkpoints and exports, and a
+    gloo rank that tears its group down while a peer is still busy can abort the process."""
+    if d.enabled and dist.is_initialized():
+        dist.barrier()
+
+
 def shutdown(d: Dist) -> None:
     if d.enabled and dist.is_initialized():
         dist.destroy_process_group()

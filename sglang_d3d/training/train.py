@@ -324,6 +324,7 @@ def run_train(args: argparse.Namespace) -> int:
             print(f"d3d train: {e}", file=sys.stderr)
             return 2
         final = trainer.run()
+        dd.finish(dist)
     finally:
         dd.shutdown(dist)
     if dist.is_main:

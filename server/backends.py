@@ -18,7 +18,7 @@ def check_backend(backend: Backend) -> None:
         return
     if importlib.util.find_spec("sglang") is None:
         raise BackendUnavailable(
-            "--backend sglang needs SGLang: pip install 'sglang-d3d[sglang]' "
+            "--backend sglang needs SGLang: pip install '.[sglang]' in a clone of sglang-d3d "
             "(or use the default --backend embedded)"
         )
     import torch

@@ -470,3 +470,17 @@ def test_a_config_key_that_does_not_exist_is_refused_in_one_line(tmp_path, capsy
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "unknown key 'learning-rate'" in err[0], err
     assert not (tmp_path / "run").exists()  # refused before anything was written
+
+
+def test_ids_outside_the_targets_vocabulary_are_refused(tmp_path):
+    from sglang_d3d.models.loading import load_tokenizer
+    from sglang_d3d.training.datagen import vocab_size
+    from sglang_d3d.training.datagen_async import check_vocabulary
+    from sglang_d3d.training.datagen_server import ServerError
+
+    target = Path(make_tiny_target(tmp_path / "t"))
+    n = vocab_size(target, load_tokenizer(target))
+    assert n == json.loads((target / "config.json").read_text())["vocab_size"]
+    check_vocabulary([0, n - 1], n)
+    with pytest.raises(ServerError, match=f"token id {n}, outside the target's vocabulary of {n}"):
+        check_vocabulary([3, n, 4], n)

@@ -161,7 +161,7 @@ def test_only_the_sglang_backend_needs_sglang(monkeypatch):
     monkeypatch.setattr(
         importlib.util, "find_spec", lambda name, *a: None if name == "sglang" else real(name, *a)
     )
-    with pytest.raises(BackendUnavailable, match="pip install 'sglang-d3d\\[sglang\\]'"):
+    with pytest.raises(BackendUnavailable, match=r"pip install '\.\[sglang\]'"):
         check_backend(Backend.SGLANG)
     assert check_backend(Backend.EMBEDDED) is None
 

@@ -1,5 +1,5 @@
 """D3D inside real SGLang on a CUDA GPU (skipped without one; SGLang installed with its CUDA
-stack: pip install 'sglang-d3d[sglang]'). The same end-to-end run as the CPU test, no test
+stack: pip install '.[sglang]' in a clone). The same end-to-end run as the CPU test, no test
 harness, SGLang's real sgl-kernel, on two attention backends: triton in float32, and SGLang's
 default choice for the GPU (fa3 on Hopper) in float16, since fa3 takes no float32. Under
 float16 a block verified at once and tokens decoded one by one round differently; a greedy

@@ -4,6 +4,7 @@ TensorBoard log, mixed precision with fp32 master weights, gradient checkpointin
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -129,3 +130,41 @@ def test_log_rows_become_tensorboard_tags():
                   "by_position": [1.0, 0.5], "num_blocks": 8})
     assert ev == {"eval/accept_len": 2.0, "eval/accept_len_source_0": 2.1,
                   "eval/accept_pos_1": 1.0, "eval/accept_pos_2": 0.5, "eval/num_blocks": 8.0}
+
+
+def test_a_target_with_a_sliding_window_trains_inside_it():
+    from sglang_d3d.training.train_config import seq_len_for
+
+    cfg = TrainConfig(data_dir="d")
+    assert seq_len_for(cfg, 32_768, 4_096) == 4_096  # full attention equals windowed inside it
+    assert seq_len_for(cfg, 32_768, None) == 32_768
+    assert seq_len_for(TrainConfig(data_dir="d", max_seq_len=1_024), 32_768, 4_096) == 1_024
+    with pytest.raises(ValueError, match="beyond the target's attention window"):
+        seq_len_for(TrainConfig(data_dir="d", max_seq_len=8_192), 32_768, 4_096)
+
+
+def test_held_out_samples_are_cropped_as_training_reads_them():
+    import numpy as np
+
+    from sglang_d3d.training.shards import Sample, crop
+
+    s = Sample(np.arange(5), np.arange(5, 10), source=1, prompt_index=3)
+    assert crop(s, 7).ids.tolist() == list(range(7)) and len(crop(s, 7).prompt) == 5
+    assert crop(s, 3).ids.tolist() == [0, 1, 2] and crop(s, 3).response.size == 0
+    assert crop(s, 50).ids.tolist() == list(range(10)) and crop(s, 7).source == 1
+
+
+def test_the_cards_commands_name_the_device_it_was_trained_on():
+    from sglang_d3d.training.model_card import CardFacts, _serve_lines
+
+    facts = CardFacts(target="T", model_type="llama", num_layers=2, vocab_size=10,
+                      fingerprint="f", source_layers=(0,), config={"block_size": 4,
+                      "device": "cpu"}, world=1, step=0, elapsed_s=0.0, data={},
+                      evaluation=None)
+    cpu = "\n".join(_serve_lines(facts, "D"))
+    assert "d3d serve --target T --drafter D --block-size 4" in cpu
+    gpu = "\n".join(_serve_lines(replace(facts, config={"block_size": 4, "device": "cuda:1"}), "D"))
+    assert "d3d serve --target T --drafter D --device cuda --block-size 4" in gpu
+    default = "\n".join(_serve_lines(replace(facts, default_target=True), "D"))
+    assert "d3d serve --drafter D" in default and "--model-path T" not in default
+    assert "default_target_path()" in default  # SGLang gets the local folder, not a hub id

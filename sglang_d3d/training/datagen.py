@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import sys
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -79,7 +80,9 @@ class DatagenConfig:
     def resolved_max_new(self) -> int:
         if self.max_new_tokens is not None:
             return self.max_new_tokens
-        return SERVER_MAX_NEW if self.server else EMBEDDED_MAX_NEW
+        # a CPU's answers stay short (hours per million tokens); servers and GPUs write long ones
+        long = self.server or not str(self.device).startswith("cpu")
+        return SERVER_MAX_NEW if long else EMBEDDED_MAX_NEW
 
     def server_run(self) -> ServerRun:
         return ServerRun(self.server, self.server_model, self.api_key, TokenIdMode(self.token_ids),
@@ -164,7 +167,8 @@ def run_datagen_config(cfg: DatagenConfig) -> dict:
         return prog.manifest
     eos = eos_ids_of(_generation_config(target), tok)
     try:
-        facts = asyncio.run(run_server_datagen(cfg.server_run(), tok, prompts, prog, eos))
+        run = replace(cfg.server_run(), vocab_size=vocab_size(target, tok))
+        facts = asyncio.run(run_server_datagen(run, tok, prompts, prog, eos))
     except ServerError as e:
         kept = prog.manifest.get("num_records", 0) + sum(len(p) for p in prog.pending.values())
         raise ServerError(f"{e}; the {kept} records done are kept in {out}: run the same "
@@ -172,6 +176,13 @@ def run_datagen_config(cfg: DatagenConfig) -> dict:
     prog.manifest["server"] = facts
     write_manifest(out, prog.manifest)
     return prog.manifest
+
+
+def vocab_size(target: Path, tok) -> int:
+    """Ids the target can produce: its embedding rows (often padded past the tokenizer)."""
+    cfg = json.loads((target / "config.json").read_text())
+    cfg = cfg.get("text_config", cfg)
+    return max(len(tok), int(cfg.get("vocab_size") or 0))
 
 
 def _generation_config(target: Path):
@@ -200,8 +211,8 @@ def add_datagen_args(p: argparse.ArgumentParser) -> None:
                    help="use only the first N records of the prompt list (default: all)")
     p.add_argument("--shard-size", type=int, default=d.shard_size, help="records per shard")
     p.add_argument("--max-new-tokens", type=int, default=None,
-                   help=f"per answer (default: {SERVER_MAX_NEW} with --server, {EMBEDDED_MAX_NEW} "
-                        "embedded)")
+                   help=f"per answer (default: {SERVER_MAX_NEW} with --server or on a GPU, "
+                        f"{EMBEDDED_MAX_NEW} on a CPU)")
     p.add_argument("--temperature", type=float, default=d.temperature,
                    help="0: greedy, the target's own continuation (what acceptance measures)")
     p.add_argument("--seed", type=int, default=d.seed,

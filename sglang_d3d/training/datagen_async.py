@@ -46,6 +46,7 @@ class ServerRun:
     seed: int
     shard_size: int
     max_shards: int | None
+    vocab_size: int | None = None  # the target's; a returned id at or above it is refused
 
 
 @dataclass
@@ -145,6 +146,17 @@ def response_ids(reply: Reply, tok, eos_ids: list[int]) -> tuple[list[int], int,
     return ids, retok, mismatch
 
 
+def check_vocabulary(ids: list[int], vocab_size: int | None) -> None:
+    """A server with a larger vocabulary can pass the tokenizer probes (it accepts every id
+    the target has) and still answer with ids the target lacks: refuse before storing them."""
+    if vocab_size is None:
+        return
+    bad = [t for t in ids if not 0 <= t < vocab_size]
+    if bad:
+        raise ServerError(f"the server returned token id {bad[0]}, outside the target's "
+                          f"vocabulary of {vocab_size}: it serves another model or tokenizer")
+
+
 async def answer_record(client: ServerClient, tok, run: ServerRun, eos_ids: list[int],
                         index: int, source: int, conv: Conversation) -> Record:
     answers: list[str] = []
@@ -161,6 +173,7 @@ async def answer_record(client: ServerClient, tok, run: ServerRun, eos_ids: list
             raise ServerError(f"the server returned no token ids ({run.token_ids.value}); "
                               "use --token-ids auto or text")
         ids, r, m = response_ids(reply, tok, eos_ids)
+        check_vocabulary(ids, run.vocab_size)
         turns.append(Turn(prompt, ids, reply.finished))
         retok, mismatches = retok + r, mismatches + m
         answers.append(reply.text)

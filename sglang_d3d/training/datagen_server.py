@@ -61,7 +61,7 @@ class ServerClient:
             import openai
         except ImportError as e:
             raise ServerError(f"--server needs the openai and httpx packages ({e}): "
-                              "pip install 'sglang-d3d[datagen]'") from e
+                              "pip install '.[datagen]' in a clone of sglang-d3d") from e
 
         api_key = api_key or os.environ.get("OPENAI_API_KEY")
         self.root = api_root(url)

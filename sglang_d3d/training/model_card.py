@@ -119,18 +119,26 @@ def _eval_lines(row: dict | None) -> list[str]:
     return lines
 
 
+# SGLang needs the default target's local folder (converted from the packaged GGUF)
+DEFAULT_TARGET_FOLDER = ("\"$(python -c 'from sglang_d3d.models.loading import "
+                         "default_target_path; print(default_target_path())')\"")
+
+
 def _serve_lines(f: CardFacts, folder: str) -> list[str]:
     block = f.config["block_size"]
     target = "" if f.default_target else f" --target {f.target}"
+    # the device it was trained on: a CPU-trained drafter's commands run on that CPU
+    device = "" if str(f.config.get("device", "cpu")) == "cpu" else " --device cuda"
+    model_path = DEFAULT_TARGET_FOLDER if f.default_target else f.target
     return [
         "The embedded engine and its OpenAI-compatible server:", "", "```bash",
-        f"d3d serve{target} --drafter {folder} --device cuda --block-size {block}",
-        f"d3d bench{target} --drafter {folder} --device cuda  # ar / sync / async",
+        f"d3d serve{target} --drafter {folder}{device} --block-size {block}",
+        f"d3d bench{target} --drafter {folder}{device}  # ar / sync / async",
         "```", "",
-        "SGLang (the plugin registers `--speculative-algorithm D3D`; docs/sglang.md). This "
-        "folder's config.json already carries the target's `model_type`, which SGLang needs "
-        "to parse the draft path, so no `mark_for_sglang` step is needed:", "", "```bash",
-        f"python -m sglang.launch_server --model-path {f.target} \\",
+        "SGLang on a GPU (the plugin registers `--speculative-algorithm D3D`; docs/sglang.md). "
+        "This folder's config.json already carries the target's `model_type`, which SGLang "
+        "needs to parse the draft path, so no `mark_for_sglang` step is needed:", "", "```bash",
+        f"python -m sglang.launch_server --model-path {model_path} \\",
         f"  --speculative-algorithm D3D --speculative-draft-model-path {folder} \\",
         f"  --speculative-num-draft-tokens {block} --attention-backend flashinfer",
         f"d3d serve --backend sglang{target} --drafter {folder} --device cuda",

@@ -1,5 +1,5 @@
 """Training logs: JSON lines (history.jsonl and stdout), and TensorBoard when it is installed
-(`pip install 'sglang-d3d[tensorboard]'`; `tensorboard --logdir OUT_DIR/tensorboard`).
+(`pip install '.[tensorboard]'` in a clone; `tensorboard --logdir OUT_DIR/tensorboard`).
 Only rank 0 writes either."""
 
 from __future__ import annotations

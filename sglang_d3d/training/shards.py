@@ -22,7 +22,7 @@ import json
 import os
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -42,6 +42,12 @@ class Sample:
     @property
     def ids(self) -> np.ndarray:
         return np.concatenate([self.prompt, self.response])
+
+
+def crop(sample: Sample, max_len: int) -> Sample:
+    """The sample's first max_len tokens (prompt first), as training reads it."""
+    p = sample.prompt[:max_len]
+    return replace(sample, prompt=p, response=sample.response[: max_len - len(p)])
 
 
 def shard_name(index: int) -> str:

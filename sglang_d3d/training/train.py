@@ -51,6 +51,7 @@ from sglang_d3d.training.model_card import CardFacts, data_summary, render
 from sglang_d3d.training.objective import IGNORE, chain_weights, draft_weights
 from sglang_d3d.training.precision import Precision
 from sglang_d3d.training.run_log import RunLog
+from sglang_d3d.training.shards import crop
 from sglang_d3d.training.stopping import stop_requests
 from sglang_d3d.training.train_args import add_train_args, config_from_args, parse_layers
 from sglang_d3d.training.train_config import CHOICES, TrainConfig, lr_at, seq_len_for
@@ -76,7 +77,8 @@ class Trainer:
         if target is None:
             target = load_target(cfg.target_path, self.dtype, "cpu" if cfg.fsdp else self.device)
         self.target = target
-        self.max_seq_len = seq_len_for(cfg, int(self.target.arch.max_position))
+        arch = self.target.arch
+        self.max_seq_len = seq_len_for(cfg, int(arch.max_position), arch.sliding_window)
         self.spec = cfg.batch_spec(self.max_seq_len)
         if cfg.batch_size < self.dist.world:
             raise ValueError(f"--batch-size {cfg.batch_size} is below the {self.dist.world} "
@@ -203,7 +205,7 @@ class Trainer:
         if not self.evaluates:
             return None
         self.drafter.eval()
-        held = list(self.held[: self.cfg.eval_samples])
+        held = [crop(s, self.max_seq_len) for s in self.held[: self.cfg.eval_samples]]
         with self.precision.autocast():
             r = acceptance_length(self.drafter, held, self.cfg.block_size)
             row = {"step": self.step, "accept_len": r.mean, "by_source": r.by_source,

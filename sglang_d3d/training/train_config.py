@@ -113,12 +113,15 @@ HELP = {
 }
 
 
-def seq_len_for(cfg: TrainConfig, context: int) -> int:
-    """--max-seq-len, or the target's context length `context`; refused above the context."""
-    if cfg.max_seq_len is not None and cfg.max_seq_len > context:
-        raise ValueError(f"--max-seq-len {cfg.max_seq_len} is beyond the target's context "
-                         f"({context})")
-    return cfg.max_seq_len or context
+def seq_len_for(cfg: TrainConfig, context: int, window: int | None = None) -> int:
+    """--max-seq-len, or the target's context length `context`; refused above the context.
+    A target with a sliding attention `window` trains no longer than the window: the target's
+    passes compute full attention, which equals the windowed one only inside it."""
+    limit, what = (window, "attention window") if window and window < context else (context, "context")
+    if cfg.max_seq_len is not None and cfg.max_seq_len > limit:
+        raise ValueError(f"--max-seq-len {cfg.max_seq_len} is beyond the target's {what} "
+                         f"({limit})")
+    return cfg.max_seq_len or limit
 
 
 def lr_at(step: int, cfg: TrainConfig) -> float:

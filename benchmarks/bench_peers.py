@@ -11,13 +11,14 @@ accepted length where it applies, and how many outputs equal the engine's own pl
     llama-pld   the same with its prompt-lookup speculation (LlamaPromptLookupDecoding)
     llama-f32   llama.cpp on an all-fp32 GGUF of the same weights (benchmarks/gguf_f32.py)
     d3d         this project's engine as `d3d serve` runs it: async, the adaptive controller,
-                calibrated at start-up, fp32 target (the default `--target-weights`)
-    d3d-ar / d3d-sync               plain decoding and sync speculation, fp32 target
-    d3d-q4 / d3d-ar-q4              the default configuration and plain decoding on the GGUF's
-                                    own 4-bit weights (`--target-weights q4`)
+                calibrated at start-up, default `--target-weights` (auto: the default
+                target's own 4-bit GGUF weights on a CPU)
+    d3d-ar / d3d-sync               plain decoding and sync speculation, same weights
+    d3d-fp32 / d3d-ar-fp32          the default configuration and plain decoding on the
+                                    dequantised fp32 weights (`--target-weights fp32`)
 
-Peers by arithmetic: d3d-q4 and llama (Q4_1) read the same 4-bit weights; d3d, llama-f32 and
-HF compute in fp32. Outputs of different arithmetic are not expected to match.
+Peers by arithmetic: d3d and llama (Q4_1) read the same 4-bit weights; d3d-fp32, llama-f32
+and HF compute in fp32. Outputs of different arithmetic are not expected to match.
 llama.cpp is a benchmark extra (`make bench-peers` builds it from source), not a dependency.
 
     make bench-peers    # builds llama.cpp, runs this, plots benchmarks/results/peers.png
@@ -43,13 +44,13 @@ from sglang_d3d.models import loading
 from sglang_d3d.prompts import chat_ids, load_questions
 
 PEERS = ("hf", "hf-pld", "llama", "llama-pld", "llama-f32", "d3d", "d3d-ar", "d3d-sync",
-         "d3d-q4", "d3d-ar-q4")
+         "d3d-fp32", "d3d-ar-fp32")
 PLAIN = {"hf-pld": "hf", "llama-pld": "llama", "d3d": "d3d-ar", "d3d-sync": "d3d-ar",
-         "d3d-q4": "d3d-ar-q4"}
+         "d3d-fp32": "d3d-ar-fp32"}
 D3D = {  # name -> (mode, server's default configuration, target weights)
-    "d3d": (Mode.ASYNC, True, "fp32"), "d3d-ar": (Mode.AR, False, "fp32"),
-    "d3d-sync": (Mode.SYNC, False, "fp32"), "d3d-q4": (Mode.ASYNC, True, "q4"),
-    "d3d-ar-q4": (Mode.AR, False, "q4"),
+    "d3d": (Mode.ASYNC, True, "auto"), "d3d-ar": (Mode.AR, False, "auto"),
+    "d3d-sync": (Mode.SYNC, False, "auto"), "d3d-fp32": (Mode.ASYNC, True, "fp32"),
+    "d3d-ar-fp32": (Mode.AR, False, "fp32"),
 }
 
 
@@ -240,7 +241,7 @@ def _print_summary(datasets: dict) -> None:
     print("|---|" + "---|" * len(datasets))
     for n in names:
         print(f"| {n} | " + " | ".join(str(d["table"][n]["tokens_per_s"]) for d in datasets.values()) + " |")
-    for ours, peer in (("d3d", "llama"), ("d3d-q4", "llama"), ("d3d", "llama-f32")):
+    for ours, peer in (("d3d", "llama"), ("d3d-fp32", "llama-f32")):
         if ours in names and peer in names:
             ratios = [d["table"][ours]["tokens_per_s"] / d["table"][peer]["tokens_per_s"] for d in datasets.values()]
             print(f"{ours} / {peer}: " + ", ".join(f"{ds} {r:.2f}x" for ds, r in zip(datasets, ratios)))

@@ -32,8 +32,8 @@ def main(src: str, out: str) -> None:
         ax.tick_params(axis="x", rotation=60)
     axes[0].set_ylabel("tokens/s (higher is better)")
     fig.suptitle(f"{args['num_prompts']} prompts x {args['max_new_tokens']} tokens, greedy, "
-                 f"{args['threads']} CPU threads, batch 1 (llama and d3d-q4: 4-bit weights; "
-                 f"d3d, llama-f32 and hf: fp32)")
+                 f"{args['threads']} CPU threads, batch 1 (llama and d3d: 4-bit weights; "
+                 f"d3d-fp32, llama-f32 and hf: fp32)")
     fig.tight_layout()
     fig.savefig(out, dpi=110)
 

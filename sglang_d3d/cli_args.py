@@ -8,8 +8,10 @@ import os
 from pathlib import Path
 
 from sglang_d3d.config import (
+    APART_ROW_COPIES,
     DRAFT_WEIGHTS,
     JSON_OBJECT,
+    SHARED_ROW_COPIES,
     TARGET_WEIGHTS,
     BranchPolicy,
     EngineConfig,
@@ -75,8 +77,8 @@ def add_engine_args(
                    help="the target's projection weights in its passes: q4 (the 4-bit Q4_1 "
                    "weights of the GGUF it came from, bf16 activations into the int4 kernel), "
                    "fp32 (as loaded; equal to HF generate), or auto: q4 where the target came "
-                   "from a Q4_1 GGUF (the default target) and runs on a CPU in float32 (default fp32: the "
-                   "faster end to end with speculation, docs/benchmarks.md)")
+                   "from a Q4_1 GGUF (the default target) and runs on a CPU in float32, else "
+                   "fp32 (default auto: q4 is the faster there end to end, docs/benchmarks.md)")
     g.add_argument("--draft-cutoff", type=_cutoff, default=EngineConfig.draft_cutoff,
                    help="sync/async: verify a row's leading drafts while the product of the "
                    "drafter's probabilities of them stays at or above this (0: whole blocks; "
@@ -93,7 +95,9 @@ def add_engine_args(
                    "tokens) to each token tree (--tree-nodes > 0), under its first draft; a "
                    "verify pass grows by "
                    "them only within --verify-token-budget; also the length of a cycle's copies "
-                   f"(--copy-ngram) (0: neither; default {EngineConfig.lookup_tokens}); outputs "
+                   f"(--copy-ngram) (0: neither; default {SHARED_ROW_COPIES[0]}, or "
+                   f"{APART_ROW_COPIES[0]} on 4-bit target weights, where verify width costs "
+                   "more); outputs "
                    "do not change (sampled: in distribution)")
     g.add_argument("--copy-ngram", type=count, default=None,
                    help="a request whose latest N or more tokens occurred before verifies a copy "
@@ -112,11 +116,12 @@ def add_engine_args(
                    "answers it was distilled on, corpus.npz in the drafter folder; `d3d corpus` "
                    "writes one), indexing at most N of its tokens (0: off; default "
                    f"{EngineConfig.corpus_tokens}); outputs do not change")
-    g.add_argument("--copy-guesses", type=count, default=EngineConfig.copy_guesses,
+    g.add_argument("--copy-guesses", type=count, default=None,
                    help="a cycle of copies also verifies, beside greedy requests' copies, earlier "
                    "requests' continuations and the corpus's likeliest other guesses, each "
                    "request's as one token tree, at most N guessed tokens a pass shared among "
-                   f"its requests (0: copies alone; default {EngineConfig.copy_guesses}); "
+                   f"its requests (0: copies alone; default {SHARED_ROW_COPIES[1]}, or "
+                   f"{APART_ROW_COPIES[1]} on 4-bit target weights); "
                    "each batch size measures that against copies cut to half their length, "
                    "alone (and at batch 1 whole copies alone), and keeps the fastest; outputs "
                    "do not change")
@@ -265,11 +270,10 @@ def engine_config(args: argparse.Namespace, mode: str | None = None) -> EngineCo
         draft_cutoff=getattr(args, "draft_cutoff", EngineConfig.draft_cutoff),
         tree_nodes=EngineConfig.tree_nodes if getattr(args, "tree_nodes", None) is None
         else args.tree_nodes,
-        lookup_tokens=EngineConfig.lookup_tokens if getattr(args, "lookup_tokens", None) is None
-        else args.lookup_tokens,
+        lookup_tokens=getattr(args, "lookup_tokens", None),
         copy_ngram=EngineConfig.copy_ngram if getattr(args, "copy_ngram", None) is None
         else args.copy_ngram,
         shared_lookup_tokens=getattr(args, "shared_lookup_tokens", EngineConfig.shared_lookup_tokens),
         corpus_tokens=getattr(args, "corpus_tokens", EngineConfig.corpus_tokens),
-        copy_guesses=getattr(args, "copy_guesses", EngineConfig.copy_guesses),
+        copy_guesses=getattr(args, "copy_guesses", None),
     )

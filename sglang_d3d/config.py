@@ -6,7 +6,7 @@ SpecConfig -> EngineConfig -> ServerConfig (server/). Derived values are propert
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 
 class Mode(str, enum.Enum):
@@ -190,12 +190,11 @@ class EngineConfig:
     # The target's projection weights in its inference passes: "q4" (the Q4_1 blocks of the
     # GGUF it was converted from, models/q4_target.py: a sixth of fp32's bytes a step),
     # "fp32" (the weights as loaded, equal to HF generate), or "auto": q4 where the target
-    # came from a Q4_1 GGUF (the default target) and runs on a CPU in fp32. fp32 is the
-    # default because it is the faster path end to end: on the default target (GSM8K 10,
-    # 64 tokens, 2 threads, `d3d bench --target-weights q4|fp32`) q4 decoded plainly at 29.8
-    # tokens/s, and speculation on it lost (its verify passes keep rows apart for exactness),
-    # while fp32 with the server's async mode reached 33.5.
-    target_weights: str = "fp32"
+    # came from a Q4_1 GGUF (the default target) and runs on a CPU in fp32, else fp32. auto
+    # is the default because q4 is the faster path end to end there: the server's
+    # configuration on it beat the same on fp32 on GSM8K, MT-Bench and code in one process
+    # (`benchmarks/bench_peers.py --peers d3d,d3d-fp32`, docs/benchmarks.md).
+    target_weights: str = "auto"
     target_threads: int = 1  # intra-op threads of the target's worker (CPU)
     # sync/async: a row verifies its leading drafts while the product of the drafter's
     # probabilities of them stays >= draft_cutoff (speculative/draft_length.py); 0 verifies
@@ -215,8 +214,9 @@ class EngineConfig:
     # ... and up to this many more guesses copied from the request's own text after its first
     # draft (prompt lookup, speculative/lookup.py), where a 2-4 token suffix occurred before;
     # 0: none. Exact either way: the target verifies them in the same tree (a sampled row's
-    # as proposed with probability one, speculative/tree_sampling.py).
-    lookup_tokens: int = 8
+    # as proposed with probability one, speculative/tree_sampling.py). None: by what a token
+    # of verify width costs the target (`copy_widths`).
+    lookup_tokens: int | None = None
     # A row whose latest `copy_ngram` or more tokens occurred before verifies a copy of what
     # followed in place of drafting (0: never; copies then only ride in the drafter's trees).
     # Where every row copies, the cycle makes no drafter pass. A greedy row beside rows that
@@ -247,7 +247,8 @@ class EngineConfig:
     # bucket measures and keeps the fastest,
     # or the controller's plan where it expects more of that (engine/copy_arms.py): a token of
     # verify width costs more on some machines than the guesses bring. Exact either way.
-    copy_guesses: int = 8
+    # None: by what a token of verify width costs the target (`copy_widths`).
+    copy_guesses: int | None = None
 
     def __post_init__(self) -> None:
         if not 0 <= self.draft_cutoff < 1:
@@ -255,6 +256,7 @@ class EngineConfig:
         counts = {"tree_nodes": self.tree_nodes, "lookup_tokens": self.lookup_tokens,
                   "copy_ngram": self.copy_ngram, "shared_lookup_tokens": self.shared_lookup_tokens,
                   "corpus_tokens": self.corpus_tokens, "copy_guesses": self.copy_guesses}
+        counts = {k: v for k, v in counts.items() if v is not None}  # None: set by the target
         if min(counts.values()) < 0:
             raise ValueError("must be >= 0: " + ", ".join(f"{k} {v}" for k, v in counts.items() if v < 0))
         if self.max_batch_size < 1 or self.max_context < 8:
@@ -278,3 +280,29 @@ class EngineConfig:
     @property
     def resolved_draft_device(self) -> str:
         return self.draft_device or self.device
+
+    def with_copy_widths(self, rows_apart: bool) -> EngineConfig:
+        """This config with lookup_tokens and copy_guesses set where they are None, for a
+        target whose verify passes keep every row's attention apart (`rows_apart`) or not."""
+        lookup, guesses = copy_widths(self.lookup_tokens, self.copy_guesses, rows_apart)
+        return replace(self, lookup_tokens=lookup, copy_guesses=guesses)
+
+
+# (lookup_tokens, copy_guesses) where a config leaves them None. A verify pass whose rows
+# share one attention call per layer costs little a token of width (fp32 on a 2-core CPU: a
+# 16-token verify about 1.7 plain steps), so copies run long with guesses beside them. Where
+# every row's attention runs alone, for bitwise-equal rows (the q4 target), a token of width
+# costs about a fifth of a plain step (4 rows 1.6 plain steps, 16 rows 4.3), and short copies alone
+# win: on the default target in q4, the server's configuration ran GSM8K, MT-Bench and code
+# at 60.8, 47.9 and 59.0 tokens/s with (4, 0) against 45.8, 42.3 and 48.1 with (8, 8)
+# (`d3d bench --target-weights q4 --modes ar,async-adaptive@8,async-adaptive-lookup4-guesses0@8`,
+# 4 prompts, 128 tokens, 2 threads); on fp32, (8, 8) stayed ahead on GSM8K (37.8 against 36.5).
+SHARED_ROW_COPIES = (8, 8)
+APART_ROW_COPIES = (4, 0)
+
+
+def copy_widths(lookup: int | None, guesses: int | None, rows_apart: bool) -> tuple[int, int]:
+    """(lookup_tokens, copy_guesses): each as given, or where None the default for a target
+    whose verify rows run apart or share their passes."""
+    default = APART_ROW_COPIES if rows_apart else SHARED_ROW_COPIES
+    return (default[0] if lookup is None else lookup, default[1] if guesses is None else guesses)

@@ -10,7 +10,7 @@ from conftest import reference_greedy
 from engine_helpers import make_engine
 
 from sglang_d3d.cli_args import add_engine_args, engine_config
-from sglang_d3d.config import EngineConfig, Mode, SamplingParams
+from sglang_d3d.config import EngineConfig, Mode, SamplingParams, copy_widths
 from sglang_d3d.engine.copy_arms import ALONE, SHORT, WIDE, ArmsConfig, CopyArms, Rate
 from sglang_d3d.engine.offline import generate
 
@@ -144,6 +144,16 @@ def test_a_negative_number_of_guesses_is_refused(capsys):
         p.parse_args(["--copy-guesses", "-1"])
     assert "--copy-guesses" in capsys.readouterr().err
     assert engine_config(p.parse_args(["--copy-guesses", "3"])).copy_guesses == 3
+    assert engine_config(p.parse_args([])).copy_guesses is None  # the engine sets it
+
+
+def test_copy_widths_follow_what_verify_width_costs():
+    assert copy_widths(None, None, rows_apart=False) == (8, 8)
+    assert copy_widths(None, None, rows_apart=True) == (4, 0)
+    assert copy_widths(6, None, rows_apart=True) == (6, 0)
+    assert copy_widths(0, 3, rows_apart=False) == (0, 3)
+    cfg = EngineConfig(lookup_tokens=2).with_copy_widths(rows_apart=False)
+    assert (cfg.lookup_tokens, cfg.copy_guesses) == (2, 8)
 
 
 def test_the_engine_tries_both_ways_and_keeps_the_targets_output(tiny_models):

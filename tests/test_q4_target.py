@@ -165,18 +165,36 @@ def test_plain_steps_equal_a_verify_pass_bitwise(q4_models, threads):
 PROMPTS = [[5, 9, 13, 17, 21], [30, 31, 32, 33, 30, 31, 32], [7, 70, 7, 71, 7, 72, 7]]
 
 
+@pytest.mark.parametrize("widths", [{}, {"lookup_tokens": 8, "copy_guesses": 8}])
 @pytest.mark.parametrize("batch", [1, 3])
-def test_modes_greedy_identical_on_the_q4_runner(q4_models, batch):
+def test_modes_greedy_identical_on_the_q4_runner(q4_models, batch, widths):
+    """With the q4 runner's own short copies alone, and with long copies and guesses."""
     from sglang_d3d.engine.offline import generate
 
     hf, _, q4, drafter, _ = q4_models
     params = SamplingParams(max_new_tokens=24)
     outs = {}
     for mode in (Mode.AR, Mode.SYNC, Mode.ASYNC):
-        eng = make_engine((hf, q4, drafter), mode, batch=batch)
+        eng = make_engine((hf, q4, drafter), mode, batch=batch, **widths)
         outs[mode] = [o.token_ids for o in generate(eng, PROMPTS, params)]
     assert outs[Mode.SYNC] == outs[Mode.AR]
     assert outs[Mode.ASYNC] == outs[Mode.AR]
+
+
+def test_copies_are_short_and_alone_where_verify_rows_run_apart(q4_models):
+    """Each token of a q4 verify pass is its own attention pass, so copies default to 4
+    tokens without guesses there, and to 8 with 8 guesses on fp32; a setting given stays."""
+    from sglang_d3d.engine.copy_arms import ALONE, SHORT
+
+    hf, fp32, q4, drafter, _ = q4_models
+    assert q4.rows_apart and not fp32.rows_apart
+    eng = make_engine((hf, q4, drafter), Mode.SYNC, batch=1)
+    assert (eng.cfg.lookup_tokens, eng.cfg.copy_guesses) == (4, 0)
+    assert eng.copy_arms.ways(1) == (ALONE, SHORT)
+    eng = make_engine((hf, q4, drafter), Mode.SYNC, batch=1, lookup_tokens=6)
+    assert (eng.cfg.lookup_tokens, eng.cfg.copy_guesses) == (6, 0)
+    eng = make_engine((hf, fp32, None), Mode.AR, batch=1)
+    assert (eng.cfg.lookup_tokens, eng.cfg.copy_guesses) == (8, 8)
 
 
 def test_fp32_runner_unchanged_and_equal_to_hf_generate(q4_models):

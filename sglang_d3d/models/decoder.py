@@ -262,6 +262,12 @@ class Decoder(nn.Module):
     def device(self) -> torch.device:
         return self.embed_tokens.weight.device
 
+    @property
+    def rows_apart(self) -> bool:
+        """Its inference passes compute every query's attention alone (4-bit weights,
+        models/q4_target.py), so each token of verify width costs an attention pass."""
+        return self._fused is not None and self._fused.exact_rows
+
     def make_cache(self, num_slots: int, max_len: int) -> KVCache:
         s = self.arch
         return KVCache(

@@ -88,7 +88,9 @@ def run_d3d(target: str, drafter: str, block: int, device: str, backend: str = "
                 loop, [GenerationRequest(f"g{i}", p, greedy) for i, p in enumerate(PROMPTS)]
             )
         }
-        seeded = SamplingParams(temperature=0.9, top_p=0.95, seed=7, max_new_tokens=MAX_NEW)
+        # ignore_eos: a draw of the tiny model's end-of-sequence token would end the answer early
+        seeded = SamplingParams(temperature=0.9, top_p=0.95, seed=7, max_new_tokens=MAX_NEW,
+                                ignore_eos=True)
         result["seeded"] = [
             _collect(loop, [GenerationRequest(f"s{k}", PROMPTS[1], seeded)])["s" + str(k)]["ids"]
             for k in range(2)

@@ -75,14 +75,19 @@ def tiny_llama_head_dim_64():
     return hf
 
 
-@pytest.fixture(scope="module")
-def q4_models(tmp_path_factory):
-    """(hf fp32, fp32 Decoder, q4 Decoder, drafter over the q4 one, GGUF path)."""
+@pytest.fixture(scope="module", params=["cpp", "script"])
+def q4_models(tmp_path_factory, request):
+    """(hf fp32, fp32 Decoder, q4 Decoder, drafter over the q4 one, GGUF path), the q4
+    decode and verify layers in C++ and in TorchScript (models/exact_pass.py)."""
+    from sglang_d3d.models import cpu_kernels
+
+    if request.param == "cpp" and cpu_kernels.exact_layers() is None:
+        pytest.skip("the C++ CPU kernels do not build here (no compiler or ninja)")
     hf = tiny_llama_head_dim_64()
     path = tmp_path_factory.mktemp("q4") / "tiny.Q4_1.gguf"
     write_q4_gguf(hf, path)
     fp32, q4 = Decoder.from_hf(hf), Decoder.from_hf(hf)
-    use_gguf_q4(q4, path, q8_head=True)
+    use_gguf_q4(q4, path, q8_head=True, kernels=request.param)
     drafter = D3DDrafter.init_from_target(q4, block_size=4).eval()
     gen = torch.Generator().manual_seed(0)
     with torch.no_grad():  # deltas that change the drafts, so verification rejects some

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from sglang_d3d.models.architectures import check_architecture, sliding_window
-from sglang_d3d.models.exact_attention import KeyPlan, exact_attention, key_plan
+from sglang_d3d.models.exact_pass import key_plan
 from sglang_d3d.models.fused import FusedLayer, FusedModel
 from sglang_d3d.models.kv_cache import KVCache, slot_selector
 
@@ -92,10 +92,9 @@ class Batch:
     segments: list[Segment] | None = None
     slot_index: torch.Tensor | None = None  # [N, T] cache row of each input (set by prepare)
     segment_masks: list[torch.Tensor | None] | None = None
-    # Each query attends alone over exactly the keys it sees (models/exact_attention.py), so
-    # its result does not depend on the rest of the pass; `key_plan` is set by prepare.
+    # Each query attends alone over exactly the keys it sees (models/exact_pass.py), so its
+    # result does not depend on the rest of the pass: the 4-bit target's decode and verify.
     exact_rows: bool = False
-    key_plan: KeyPlan | None = None
 
     def prepare(self) -> None:
         """Once per pass: each input's cache row, and per-row key spans (so rows of
@@ -111,8 +110,6 @@ class Batch:
             ]
             return
         n, t = self.positions.shape
-        if self.exact_rows:
-            self.key_plan = key_plan(self.mask)
         self.slot_index = torch.tensor(self.slots, device=self.positions.device).unsqueeze(1).expand(n, t)
         if self.row_spans is None:
             seen = self.mask.any(1)  # [N, S]
@@ -147,8 +144,6 @@ def attention(
         b.cache.write(li, b.slot_index, b.write_at, k.transpose(1, 2), v.transpose(1, 2))
         if b.segments is not None:
             out = _segment_attention(q, b, li)
-        elif b.key_plan is not None:
-            out = exact_attention(q, b.cache, li, b.slots, b.key_plan)
         else:
             out = _cached_attention(q, b, li)
     out = out.transpose(1, 2).reshape(n, t, -1)
@@ -266,7 +261,7 @@ class Decoder(nn.Module):
     def rows_apart(self) -> bool:
         """Its inference passes compute every query's attention alone (4-bit weights,
         models/q4_target.py), so each token of verify width costs an attention pass."""
-        return self._fused is not None and self._fused.exact_rows
+        return self._fused is not None and self._fused.exact is not None
 
     def make_cache(self, num_slots: int, max_len: int) -> KVCache:
         s = self.arch
@@ -296,6 +291,10 @@ class Decoder(nn.Module):
         (inference: no gradients reach the HF modules through them)."""
         f = self.fused() if fast else None
         h = self.embed_tokens(input_ids)
+        if f is not None and f.exact is not None and b.exact_rows:
+            cos, sin = rope_tables(*self.rotary(h, b.positions))
+            h = f.exact(h, cos, sin, b.cache, b.slots, b.write_at, key_plan(b.mask))
+            return f.lm_head(f.norm(h))
         h = run_layers(self.layers, self.rotary, h, b, self.arch, None if f is None else f.layers)
         if pick is not None:
             h = h.gather(1, pick.to(h.device).unsqueeze(-1).expand(-1, -1, h.shape[-1]))

@@ -52,9 +52,13 @@ class FusedModel:
     layers: tuple[FusedLayer, ...]
     norm: object
     lm_head: PackedLinear
-    # Decode and verify passes compute each query as if alone (Batch.exact_rows): needed
-    # where the projections round their inputs (models/q4_target.py).
-    exact_rows: bool = False
+    # Decode and verify passes compute each query as if alone (Batch.exact_rows) through
+    # this pass: needed where the projections round their inputs (models/exact_pass.py).
+    exact: object = None
+
+    @property
+    def exact_rows(self) -> bool:
+        return self.exact is not None
 
     @classmethod
     def from_decoder(cls, decoder) -> FusedModel:

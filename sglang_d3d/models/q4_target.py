@@ -24,6 +24,7 @@ import torch
 from sglang_d3d.config import TARGET_WEIGHTS
 from sglang_d3d.models import q4_linear
 from sglang_d3d.models.cpu_linear import fuse, probe
+from sglang_d3d.models.exact_pass import ExactPass, ExactWeights
 from sglang_d3d.models.fused import FusedLayer, FusedModel, rms_norm
 from sglang_d3d.models.gguf_q4 import read_q4_layers, read_q8_head
 from sglang_d3d.models.q4_linear import Q4Blocks, Q4Linear, Q8AsTwoQ4
@@ -52,9 +53,13 @@ def q4_layer(layer, blocks: dict[str, Q4Blocks]) -> FusedLayer:
 
 
 def q4_model(decoder, layers: list[dict[str, Q4Blocks]],
-             q8_head: tuple[torch.Tensor, torch.Tensor] | None = None) -> FusedModel:
+             q8_head: tuple[torch.Tensor, torch.Tensor] | None = None,
+             kernels: str = "auto") -> FusedModel:
     """The decoder's fused inference model on 4-bit projection weights, one dict per layer;
-    the LM head on the file's Q8_0 weights (q, d) where given, else fp32."""
+    the LM head on the file's Q8_0 weights (q, d) where given, else fp32. `kernels`: the
+    decode and verify layers' implementation (models/exact_pass.py: auto, cpp or script)."""
+    if hasattr(decoder.layers[0].self_attn, "q_norm"):
+        raise ValueError("4-bit target weights serve llama-style layers; this target normalises q and k per head")
     if len(layers) != decoder.num_layers:
         raise ValueError(f"{len(layers)} layers of 4-bit weights for a {decoder.num_layers}-layer target")
     fused = tuple(q4_layer(layer, b) for layer, b in zip(decoder.layers, layers))
@@ -63,16 +68,19 @@ def q4_model(decoder, layers: list[dict[str, Q4Blocks]],
     head = fuse([decoder.lm_head], replace(probe(), openblas=None))
     if q8_head is not None:
         head = Q8AsTwoQ4(*q8_head)
-    return FusedModel(fused, rms_norm(decoder.norm), head, exact_rows=True)
+    a = decoder.arch
+    weights = ExactWeights.from_layers(fused, (a.num_heads, a.num_kv_heads, a.head_dim))
+    exact = ExactPass(weights, kernels)
+    return FusedModel(fused, rms_norm(decoder.norm), head, exact=exact)
 
 
-def use_gguf_q4(decoder, gguf_path: Path, q8_head: bool = False) -> None:
+def use_gguf_q4(decoder, gguf_path: Path, q8_head: bool = False, kernels: str = "auto") -> None:
     """Run the decoder's inference passes on the Q4_1 projections of `gguf_path`, the file
     its HF weights were dequantised from (and with q8_head, its Q8_0 LM head)."""
     arch = decoder.arch
     layers = read_q4_layers(Path(gguf_path), arch.num_heads, arch.num_kv_heads)
     head = read_q8_head(Path(gguf_path)) if q8_head else None
-    decoder.use_fused(q4_model(decoder, layers, head))
+    decoder.use_fused(q4_model(decoder, layers, head, kernels))
 
 
 def resolve_target_weights(setting: str, gguf_path: Path | None, device: str, dtype: torch.dtype) -> str:

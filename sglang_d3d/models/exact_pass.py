@@ -1,0 +1,193 @@
+"""The 4-bit target's decode and verify passes: every query alone, one TorchScript function.
+
+Why each query alone: where a pass rounds its activations (bf16 into the 4-bit kernel,
+models/q4_linear.py), the last-bit differences between an attention kernel run over 1 query and
+over 16, or over a span padded with masked keys, flip roundings, and 30 layers grow them to
+~0.2 in the logits (measured on the default target: a 6-token verify against 6 plain steps),
+enough to change greedy tokens between plain decoding and speculation. Here every query is its
+own attention over exactly the keys it sees, in cache order, and every other operation works
+row by row (the int4 kernel, the norms, RoPE, the MLP; tested), so a token's keys, values and
+logits are bitwise the same in a plain step, a chain verify and a token tree.
+
+Why TorchScript: at SmolLM2-135M's size a plain step's 4-bit matrix products take about 7 ms
+at 2 threads, and the ~40 small operations around them per layer cost as much again when
+Python dispatches each one. The scripted loop runs the same ATen operations without the
+interpreter between them (benchmarks/bench_passes.py prints both paths' steps).
+
+Precision: activations enter each projection as bf16 and its products sum in fp32
+(models/q4_linear.py); the residual stream, norms, RoPE, attention and MLP activation are
+fp32. The prompt's prefill takes the general path (models/decoder.py), shared by every mode.
+"""
+
+# ruff: noqa: UP006, UP035, UP045 - TorchScript reads typing's List and Optional
+from __future__ import annotations
+
+import math
+import warnings
+from dataclasses import dataclass
+from typing import List, Optional
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from sglang_d3d.models.kv_cache import KVCache
+
+GROUP = 32  # the int4 kernel's group: one Q4_1 block
+
+
+@dataclass(frozen=True)
+class KeyPlan:
+    """Per query (rows flattened, N * T): the keys it sees, as a count (the first n cache
+    entries) or, where counts[i] is -1, cache indices paths[i] [n] long (a token tree's path:
+    cache prefix then its ancestors)."""
+
+    counts: list[int]
+    paths: list[Tensor]
+
+
+def key_plan(mask: Tensor) -> KeyPlan:
+    """mask [N, T, S] bool (True = may attend) -> the keys each query sees, rows flattened."""
+    flat = mask.reshape(-1, mask.shape[-1])  # [N * T, S]
+    seen = flat.sum(-1).tolist()  # one read each, not one per query
+    lead = flat.int().cumprod(-1).sum(-1).tolist()  # length of the leading run of True
+    empty = torch.empty(0, dtype=torch.long)
+    counts = [n if n == run else -1 for n, run in zip(seen, lead)]
+    paths = [empty if c >= 0 else flat[i].nonzero().squeeze(1) for i, c in enumerate(counts)]
+    return KeyPlan(counts, paths)
+
+
+@dataclass(frozen=True)
+class ExactWeights:
+    """A 4-bit fused model's layers as flat lists the scripted pass reads: per layer its four
+    projections (qkv, o, gate_up, down) as int4-packed weights, bf16 scales and zeros and
+    optional fp32 biases, and its two RMSNorm weights."""
+
+    packed: list[Tensor]
+    scales: list[Tensor]
+    biases: list[Optional[Tensor]]
+    norms: list[Tensor]
+    eps: float
+    heads: tuple[int, int, int]  # (query heads, key-value heads, head size)
+
+    @classmethod
+    def from_layers(cls, layers, heads: tuple[int, int, int]) -> ExactWeights:
+        packed, scales, biases, norms, eps = [], [], [], [], None
+        for layer in layers:
+            if "SiLU" not in type(layer.act).__name__:  # torch's or transformers' SiLU
+                raise ValueError(f"the 4-bit pass computes SiLU MLPs, not {type(layer.act).__name__}")
+            for proj in (layer.qkv, layer.o, layer.gate_up, layer.down):
+                packed.append(proj.packed)
+                scales.append(proj.scales_zeros)
+                biases.append(proj.bias)
+            for norm in (layer.input_norm, layer.post_norm):
+                norms.append(norm.keywords["weight"])
+                eps = norm.keywords["eps"]
+        return cls(packed, scales, biases, norms, float(eps), heads)
+
+
+def _rms(x: Tensor, w: Tensor, eps: float) -> Tensor:
+    """x [R, H] -> [R, H]; per row, so a row's result is the same in any pass."""
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
+
+
+def _proj(x: Tensor, packed: Tensor, scales: Tensor, bias: Optional[Tensor]) -> Tensor:
+    """x [R, K] -> [R, N] bf16 (fp32 with a bias) through the int4 kernel."""
+    y = torch.ops.aten._weight_int4pack_mm_for_cpu(x.to(torch.bfloat16), packed, 32, scales)
+    if bias is not None:
+        y = y + bias
+    return y
+
+
+def _attend(q: Tensor, kl: Tensor, vl: Tensor, slot: int, count: int, path: Tensor,
+            hkv: int) -> Tensor:
+    """q [Hq, D] (scaled) over one query's keys in layer cache kl/vl [S, L, Hkv, D] -> [Hq * D]."""
+    if count >= 0:
+        k, v = kl[slot, :count], vl[slot, :count]  # [n, Hkv, D] views
+    else:
+        k, v = kl[slot].index_select(0, path), vl[slot].index_select(0, path)
+    hq, d = q.shape[0], q.shape[1]
+    scores = torch.bmm(q.view(hkv, hq // hkv, d), k.permute(1, 2, 0))  # [Hkv, G, n]
+    out = torch.bmm(torch.softmax(scores, -1), v.transpose(0, 1))  # [Hkv, G, D]
+    return out.reshape(hq * d)
+
+
+def _layers(h: Tensor, cos: Tensor, sin: Tensor, slots: List[int], writes: List[int],
+            counts: List[int], paths: List[Tensor], packed: List[Tensor], scales: List[Tensor],
+            biases: List[Optional[Tensor]], norms: List[Tensor], kc: Tensor, vc: Tensor,
+            eps: float, hq: int, hkv: int, d: int) -> Tensor:
+    """h [R, H] embeddings of R queries -> [R, H] before the final norm. cos, sin [R, 1, D]
+    (sin signed, decoder.rope_tables); query r writes cache row slots[r] at writes[r] and sees
+    counts[r] / paths[r] (KeyPlan); kc, vc [L, S, max_len, Hkv, D]."""
+    r_n = h.shape[0]
+    slot_t, write_t = torch.tensor(slots), torch.tensor(writes)
+    scale = 1.0 / math.sqrt(d)
+    for li in range(kc.shape[0]):
+        p = 4 * li
+        qkv = _proj(_rms(h, norms[2 * li], eps), packed[p], scales[p], biases[p])
+        qk = qkv[:, : (hq + hkv) * d].view(r_n, hq + hkv, d)
+        qk = qk * cos + torch.roll(qk, d // 2, -1) * sin  # RoPE on q and k at once, fp32
+        q, k = qk[:, :hq] * scale, qk[:, hq:]
+        v = qkv[:, (hq + hkv) * d :].view(r_n, hkv, d).float()
+        kl, vl = kc[li], vc[li]
+        kl.index_put_((slot_t, write_t), k)
+        vl.index_put_((slot_t, write_t), v)
+        att = [_attend(q[r], kl, vl, slots[r], counts[r], paths[r], hkv) for r in range(r_n)]
+        h = h + _proj(torch.stack(att), packed[p + 1], scales[p + 1], biases[p + 1])
+        gate_up = _proj(_rms(h, norms[2 * li + 1], eps), packed[p + 2], scales[p + 2], biases[p + 2]).float()
+        inter = gate_up.shape[1] // 2
+        act = F.silu(gate_up[:, :inter]) * gate_up[:, inter:]
+        h = h + _proj(act, packed[p + 3], scales[p + 3], biases[p + 3])
+    return h
+
+
+def scripted_layers():
+    """`_layers` through TorchScript; the Python function itself (the same operations, the
+    same results, tested) where this torch cannot script it."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)  # scripting is kept for CPU speed
+            return torch.jit.script(_layers)
+    except Exception:  # noqa: BLE001 - any scripting failure leaves the eager path
+        return _layers
+
+
+KERNELS = ("auto", "cpp", "script")
+
+
+def layers_fn(kernels: str):
+    """The layers' implementation: the C++ loop (models/csrc/exact_layers.cpp) or the
+    TorchScript one; auto takes C++ where it builds. Each is exact with itself: a runner keeps
+    the one it was built with."""
+    if kernels not in KERNELS:
+        raise ValueError(f"kernels must be one of {KERNELS}, not {kernels!r}")
+    if kernels != "script":
+        from sglang_d3d.models import cpu_kernels
+
+        op = cpu_kernels.exact_layers()
+        if op is not None:
+            return op
+        if kernels == "cpp":
+            raise RuntimeError("the C++ CPU kernels did not build (see the log); use 'auto' or 'script'")
+    return scripted_layers()
+
+
+class ExactPass:
+    """The layers of a 4-bit fused model, every query alone."""
+
+    def __init__(self, weights: ExactWeights, kernels: str = "auto") -> None:
+        self.weights = weights
+        self._fn = layers_fn(kernels)
+
+    def __call__(self, h: Tensor, cos: Tensor, sin: Tensor, cache: KVCache, slots: list[int],
+                 write_at: Tensor, plan: KeyPlan) -> Tensor:
+        """h [N, T, H] embeddings; cos, sin [N, 1, T, D]; write_at [N, T] -> [N, T, H]."""
+        n, t, width = h.shape
+        w = self.weights
+        rows = [s for s in slots for _ in range(t)]
+        cos_r = cos.squeeze(1).reshape(n * t, 1, -1).contiguous()  # [N * T, 1, D]
+        sin_r = sin.squeeze(1).reshape(n * t, 1, -1).contiguous()
+        out = self._fn(h.reshape(n * t, width), cos_r, sin_r, rows, write_at.reshape(-1).tolist(),
+                       plan.counts, plan.paths, w.packed, w.scales, w.biases, w.norms,
+                       cache.k, cache.v, w.eps, *w.heads)
+        return out.view(n, t, width)

@@ -292,11 +292,13 @@ class EngineConfig:
 # share one attention call per layer costs little a token of width (fp32 on a 2-core CPU: a
 # 16-token verify about 1.7 plain steps), so copies run long with guesses beside them. Where
 # every row's attention runs alone, for bitwise-equal rows (the q4 target), a token of width
-# costs about a fifth of a plain step (4 rows 1.6 plain steps, 16 rows 4.3), and short copies alone
-# win: on the default target in q4, the server's configuration ran GSM8K, MT-Bench and code
-# at 60.8, 47.9 and 59.0 tokens/s with (4, 0) against 45.8, 42.3 and 48.1 with (8, 8)
-# (`d3d bench --target-weights q4 --modes ar,async-adaptive@8,async-adaptive-lookup4-guesses0@8`,
-# 4 prompts, 128 tokens, 2 threads); on fp32, (8, 8) stayed ahead on GSM8K (37.8 against 36.5).
+# costs about a quarter of a plain step (4 rows 1.8 plain steps, 16 rows 7; benchmarks/results/
+# passes.json), and short copies alone win: on the default target in q4, the server's
+# configuration ran GSM8K, MT-Bench and code at 60.8, 47.9 and 59.0 tokens/s with (4, 0)
+# against 45.8, 42.3 and 48.1 with (8, 8) (`d3d bench --target-weights q4 --modes
+# ar,async-adaptive@8,async-adaptive-lookup4-guesses0@8`, 4 prompts, 128 tokens, 2 threads,
+# before the layers ran in one C++ call); on fp32, (8, 8) stayed ahead on GSM8K (37.8 against
+# 36.5). With the C++ layers, 2- and 3-token copies led on no set (docs/benchmarks.md).
 SHARED_ROW_COPIES = (8, 8)
 APART_ROW_COPIES = (4, 0)
 

@@ -38,11 +38,19 @@ typedef float lanes2 __attribute__((vector_size(2 * sizeof(float))));
 
 // The lanes' sum in a fixed tree: halves added, then their halves, down to one
 float hsum(lanes v) {
+#if defined(__clang__) || (defined(__GNUC__) && __GNUC__ >= 12)
   const lanes8 a = __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7) +
                    __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15);
   const lanes4 b = __builtin_shufflevector(a, a, 0, 1, 2, 3) + __builtin_shufflevector(a, a, 4, 5, 6, 7);
   const lanes2 c = __builtin_shufflevector(b, b, 0, 1) + __builtin_shufflevector(b, b, 2, 3);
   return c[0] + c[1];
+#else  // the same tree, lane by lane
+  float part[LANES];
+  std::memcpy(part, &v, sizeof(part));
+  for (int w = LANES / 2; w > 0; w /= 2)
+    for (int j = 0; j < w; ++j) part[j] += part[j + w];
+  return part[0];
+#endif
 }
 
 // sum a[i] * b[i] for n a multiple of LANES: LANES running sums, then the tree

@@ -261,7 +261,7 @@ class Decoder(nn.Module):
     def rows_apart(self) -> bool:
         """Its inference passes compute every query's attention alone (4-bit weights,
         models/q4_target.py), so each token of verify width costs an attention pass."""
-        return self._fused is not None and self._fused.exact is not None
+        return self._fused is not None and self._fused.exact_rows
 
     def make_cache(self, num_slots: int, max_len: int) -> KVCache:
         s = self.arch
@@ -291,7 +291,7 @@ class Decoder(nn.Module):
         (inference: no gradients reach the HF modules through them)."""
         f = self.fused() if fast else None
         h = self.embed_tokens(input_ids)
-        if f is not None and f.exact is not None and b.exact_rows:
+        if f is not None and f.exact_rows and b.exact_rows:
             cos, sin = rope_tables(*self.rotary(h, b.positions))
             h = f.exact(h, cos, sin, b.cache, b.slots, b.write_at, key_plan(b.mask))
             return f.lm_head(f.norm(h))

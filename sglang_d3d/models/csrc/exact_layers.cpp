@@ -75,6 +75,19 @@ void to_bf16(const float* x, bf16* out, int64_t n) {
 template <typename T>
 float at_f(const T* p, int64_t i) { return static_cast<float>(p[i]); }
 
+// [rows, width] bf16, row r filled in fp32 by fill(r, buffer) and then rounded
+template <typename Fill>
+at::Tensor bf16_rows(int64_t rows, int64_t width, const at::TensorOptions& options, Fill fill) {
+  at::Tensor out = at::empty({rows, width}, options.dtype(at::kBFloat16));
+  bf16* op = out.data_ptr<bf16>();
+  std::vector<float> row(width);
+  for (int64_t r = 0; r < rows; ++r) {
+    fill(r, row.data());
+    to_bf16(row.data(), op + r * width, width);
+  }
+  return out;
+}
+
 // h [R, H] += y [R, H] (bf16 or fp32), unless y is undefined
 void add_rows(at::Tensor& h, const at::Tensor& y) {
   if (!y.defined()) return;
@@ -92,19 +105,14 @@ void add_rows(at::Tensor& h, const at::Tensor& y) {
 // h += y, then bf16(h * rsqrt(mean(h^2) + eps) * w) per row: [R, H] -> [R, H] bf16
 at::Tensor residual_rms(at::Tensor& h, const at::Tensor& y, const at::Tensor& w, double eps) {
   add_rows(h, y);
-  const int64_t rows = h.size(0), width = h.size(1);
-  at::Tensor out = at::empty({rows, width}, h.options().dtype(at::kBFloat16));
+  const int64_t width = h.size(1);
   const float* hp = h.data_ptr<float>();
   const float* wp = w.data_ptr<float>();
-  bf16* op = out.data_ptr<bf16>();
-  std::vector<float> normed(width);
-  for (int64_t r = 0; r < rows; ++r) {
+  return bf16_rows(h.size(0), width, h.options(), [&](int64_t r, float* out) {
     const float* x = hp + r * width;
     const float inv = 1.0f / std::sqrt(dot(x, x, width) / static_cast<float>(width) + static_cast<float>(eps));
-    for (int64_t i = 0; i < width; ++i) normed[i] = x[i] * inv * wp[i];
-    to_bf16(normed.data(), op + r * width, width);
-  }
-  return out;
+    for (int64_t i = 0; i < width; ++i) out[i] = x[i] * inv * wp[i];
+  });
 }
 
 // x [R, K] bf16 -> [R, N]: bf16, or fp32 where the projection has a bias
@@ -129,12 +137,30 @@ struct Heads {
   int64_t hq, hkv, d;
 };
 
+using KeyLists = std::vector<std::vector<int64_t>>;
+
+// Per row, the cache indices it sees: the first counts[r] entries, or paths[r] where
+// counts[r] is -1 (the same in every layer, so resolved once a pass)
+KeyLists key_lists(c10::IntArrayRef counts, at::TensorList paths) {
+  KeyLists keys(counts.size());
+  for (size_t r = 0; r < counts.size(); ++r) {
+    if (counts[r] >= 0) {
+      keys[r].resize(counts[r]);
+      for (int64_t t = 0; t < counts[r]; ++t) keys[r][t] = t;
+    } else {
+      const at::Tensor path = paths[r].to(at::kLong).contiguous();
+      keys[r].assign(path.data_ptr<int64_t>(), path.data_ptr<int64_t>() + path.numel());
+    }
+  }
+  return keys;
+}
+
 // Writes every row's key and value into the layer cache, then -> [R, Hq * D] bf16: row r's
-// attention over the keys it sees (the first counts[r] cache entries, or paths[r]).
+// attention over the cache entries keys[r].
 template <typename T>
 at::Tensor attend(const at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& sin,
                   at::Tensor& kl, at::Tensor& vl, c10::IntArrayRef slots, c10::IntArrayRef writes,
-                  c10::IntArrayRef counts, at::TensorList paths, Heads hd) {
+                  const KeyLists& keys, Heads hd) {
   const int64_t rows = qkv.size(0), width = qkv.size(1), d = hd.d;
   const int64_t group = hd.hq / hd.hkv, slot_stride = kl.stride(0), pos_stride = kl.stride(1);
   const T* src = qkv.data_ptr<T>();
@@ -158,16 +184,9 @@ at::Tensor attend(const at::Tensor& qkv, const at::Tensor& cos, const at::Tensor
   at::Tensor out = at::empty({rows, hd.hq * d}, qkv.options().dtype(at::kBFloat16));
   bf16* op = out.data_ptr<bf16>();
   std::vector<float> out_h(d);
-  std::vector<int64_t> keys;
   for (int64_t r = 0; r < rows; ++r) {
-    keys.clear();
-    if (counts[r] >= 0) {
-      for (int64_t t = 0; t < counts[r]; ++t) keys.push_back(t);
-    } else {
-      const at::Tensor path = paths[r].to(at::kLong).contiguous();
-      keys.assign(path.data_ptr<int64_t>(), path.data_ptr<int64_t>() + path.numel());
-    }
-    const int64_t n = static_cast<int64_t>(keys.size());
+    const std::vector<int64_t>& seen = keys[r];
+    const int64_t n = static_cast<int64_t>(seen.size());
     const float* kbase = kp + slots[r] * slot_stride;
     const float* vbase = vp + slots[r] * slot_stride;
     at::Tensor scores = at::empty({hd.hq, n}, cos.options());
@@ -175,7 +194,7 @@ at::Tensor attend(const at::Tensor& qkv, const at::Tensor& cos, const at::Tensor
     for (int64_t h = 0; h < hd.hq; ++h) {
       const float* qh = q.data() + (r * hd.hq + h) * d;
       const int64_t kvh = h / group;  // query heads share key-value heads in runs (HF repeat_kv)
-      for (int64_t t = 0; t < n; ++t) sc[h * n + t] = dot(qh, kbase + keys[t] * pos_stride + kvh * d, d);
+      for (int64_t t = 0; t < n; ++t) sc[h * n + t] = dot(qh, kbase + seen[t] * pos_stride + kvh * d, d);
     }
     const at::Tensor probs = at::_softmax(scores, -1, false);  // vectorised exp, row by row
     const float* pr = probs.data_ptr<float>();
@@ -183,7 +202,7 @@ at::Tensor attend(const at::Tensor& qkv, const at::Tensor& cos, const at::Tensor
       const int64_t kvh = h / group;
       lanes acc[MAX_HEAD / LANES] = {};
       for (int64_t t = 0; t < n; ++t) {
-        const float* v = vbase + keys[t] * pos_stride + kvh * d;
+        const float* v = vbase + seen[t] * pos_stride + kvh * d;
         const float w = pr[h * n + t];
         for (int64_t j = 0; j < d / LANES; ++j) acc[j] += w * load(v + j * LANES);
       }
@@ -197,18 +216,13 @@ at::Tensor attend(const at::Tensor& qkv, const at::Tensor& cos, const at::Tensor
 // gate_up [R, 2I] -> bf16 silu(gate) * up [R, I]; SiLU through ATen (vectorised exp)
 template <typename T>
 at::Tensor silu_gate(const at::Tensor& gu) {
-  const int64_t rows = gu.size(0), inter = gu.size(1) / 2;
+  const int64_t inter = gu.size(1) / 2;
   const at::Tensor gate = at::silu(gu.narrow(1, 0, inter).to(at::kFloat)).contiguous();  // [R, I]
-  at::Tensor out = at::empty({rows, inter}, gu.options().dtype(at::kBFloat16));
   const T* src = gu.data_ptr<T>();
   const float* gp = gate.data_ptr<float>();
-  bf16* op = out.data_ptr<bf16>();
-  std::vector<float> y(inter);
-  for (int64_t r = 0; r < rows; ++r) {
-    for (int64_t i = 0; i < inter; ++i) y[i] = gp[r * inter + i] * at_f(src + r * 2 * inter, inter + i);
-    to_bf16(y.data(), op + r * inter, inter);
-  }
-  return out;
+  return bf16_rows(gu.size(0), inter, gu.options(), [&](int64_t r, float* out) {
+    for (int64_t i = 0; i < inter; ++i) out[i] = gp[r * inter + i] * at_f(src + r * 2 * inter, inter + i);
+  });
 }
 
 at::Tensor exact_layers(const at::Tensor& h0, const at::Tensor& cos, const at::Tensor& sin,
@@ -224,6 +238,7 @@ at::Tensor exact_layers(const at::Tensor& h0, const at::Tensor& cos, const at::T
   at::Tensor h = h0.contiguous().clone();
   const at::Tensor c = cos.contiguous(), s = sin.contiguous();
   const Heads hd{hq, hkv, d};
+  const KeyLists keys = key_lists(counts, paths);
   at::Tensor down;  // the previous layer's MLP output, added at the next norm
   for (int64_t li = 0; li < kc.size(0); ++li) {
     const int64_t p = 4 * li;
@@ -231,8 +246,8 @@ at::Tensor exact_layers(const at::Tensor& h0, const at::Tensor& cos, const at::T
     at::Tensor qkv = project(x, packed[p], scales[p], biases.get(p)).contiguous();
     at::Tensor kl = kc[li], vl = vc[li];
     at::Tensor att = qkv.scalar_type() == at::kBFloat16
-        ? attend<bf16>(qkv, c, s, kl, vl, slots, writes, counts, paths, hd)
-        : attend<float>(qkv, c, s, kl, vl, slots, writes, counts, paths, hd);
+        ? attend<bf16>(qkv, c, s, kl, vl, slots, writes, keys, hd)
+        : attend<float>(qkv, c, s, kl, vl, slots, writes, keys, hd);
     at::Tensor o = project(att, packed[p + 1], scales[p + 1], biases.get(p + 1)).contiguous();
     x = residual_rms(h, o, norms[2 * li + 1], eps);
     at::Tensor gu = project(x, packed[p + 2], scales[p + 2], biases.get(p + 2)).contiguous();

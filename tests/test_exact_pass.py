@@ -1,15 +1,17 @@
-"""The 4-bit target's scripted decode and verify pass (models/exact_pass.py): every query alone,
-so a token's logits are bitwise the same in a plain step, a chain, a tree and a batch."""
+"""The 4-bit target's one-call decode and verify pass (models/exact_pass.py), in C++ and in
+TorchScript: every query alone, so a token's logits are bitwise the same in a plain step, a
+chain, a tree and a batch."""
 
 from __future__ import annotations
 
 import pytest
 import torch
-from test_q4_target import q4_models  # noqa: F401 - the module's fixture, shared
+from test_q4_target import q4_models, tiny_llama_head_dim_64, write_q4_gguf  # noqa: F401 - shared
 
 from sglang_d3d.models import cpu_kernels, q4_linear
-from sglang_d3d.models.decoder import rope_tables
+from sglang_d3d.models.decoder import Decoder, rope_tables
 from sglang_d3d.models.exact_pass import _layers, key_plan, scripted_layers
+from sglang_d3d.models.q4_target import use_gguf_q4
 from sglang_d3d.models.target import TargetRunner
 
 pytestmark = pytest.mark.skipif(not q4_linear.available(), reason="no int4 CPU kernel in this torch")
@@ -66,16 +68,32 @@ def test_rows_of_a_batch_equal_each_row_alone(q4_models):  # noqa: F811
     assert torch.equal(both[1], alone.forward_block([1], torch.tensor([[43, 47, 53]]))[0])
 
 
+@pytest.fixture(scope="module")
+def both(tmp_path_factory):
+    """(fp32 Decoder, q4 Decoder on the C++ kernels, q4 Decoder on torch's int4 kernel and
+    TorchScript), one tiny model's GGUF."""
+    if not cpu_kernels.load():
+        pytest.skip("the C++ CPU kernels do not build here")
+    hf = tiny_llama_head_dim_64()
+    path = tmp_path_factory.mktemp("q4both") / "tiny.Q4_1.gguf"
+    write_q4_gguf(hf, path)
+    models = [Decoder.from_hf(hf) for _ in range(3)]
+    use_gguf_q4(models[1], path, q8_head=True, kernels="cpp")
+    use_gguf_q4(models[2], path, q8_head=True, kernels="script")
+    return models
+
+
 @torch.inference_mode()
-def _layer_outputs(q4, fns) -> list[torch.Tensor]:
-    """Each implementation's hidden states for the same two tokens after the same prompt."""
+def _layer_outputs(q4, fns=(None,)) -> list[torch.Tensor]:
+    """The hidden states for the same two tokens after the same prompt, through the model's
+    own layer loop (None) or each of `fns` on its weights."""
     exact, outs = q4.fused().exact, []
     for fn in fns:
         r = _runner(q4)
         ids, pos = torch.tensor([[31, 37]]), torch.tensor([[23, 24]])
         h = q4.embed_tokens(ids)
         cos, sin = rope_tables(*q4.rotary(h, pos))
-        exact._fn, saved = fn, exact._fn
+        exact._fn, saved = fn or exact._fn, exact._fn
         try:
             mask = torch.arange(25).view(1, 1, 25) <= pos.unsqueeze(-1)
             outs.append(exact(h, cos, sin, r.cache, [0], pos, key_plan(mask)))
@@ -84,23 +102,31 @@ def _layer_outputs(q4, fns) -> list[torch.Tensor]:
     return outs
 
 
-def test_scripted_layers_equal_the_python_function_bitwise(q4_models):  # noqa: F811
+def test_scripted_layers_equal_the_python_function_bitwise(both):
     """The eager function is the fallback where scripting fails: it must compute the same."""
     scripted = scripted_layers()
     assert scripted is not _layers  # this torch scripts it
-    a, b = _layer_outputs(q4_models[2], (scripted, _layers))
+    a, b = _layer_outputs(both[2], (scripted, _layers))
     assert torch.equal(a, b)
 
 
-def test_cpp_layers_compute_the_scripted_model(q4_models):  # noqa: F811
-    """Two implementations of one model, each exact with itself (tested above): their sums
-    run in different orders, so they agree up to where bf16 roundings of the projections'
-    inputs fall (on this tiny model, often to the bit)."""
-    op = cpu_kernels.exact_layers()
-    if op is None:
-        pytest.skip("the C++ CPU kernels do not build here")
-    a, b = _layer_outputs(q4_models[2], (op, scripted_layers()))
+def test_cpp_and_scripted_loops_compute_one_model(both):
+    """Two kernels on the same file's weights, each exact with itself (tested above), agree
+    within the bf16 roundings of the scripted one."""
+    _, cpp, script = both
+    a, b = _layer_outputs(cpp)[0], _layer_outputs(script)[0]
     assert torch.allclose(a, b, rtol=0.05, atol=0.05 * float(b.abs().max()))
+
+
+def test_cpp_kernels_land_closer_to_fp32_than_bf16_activations(both):
+    """The same weights (the file's), three arithmetics: the block products' logits sit
+    nearer fp32's than those of torch's int4 kernel (bf16 activations and scales)."""
+    logits = []
+    for model in both:
+        r = _runner(model)
+        logits.append(r.forward_block([0], torch.tensor([[31, 37, 41]]))[0])
+    fp32, cpp, script = logits
+    assert (cpp - fp32).abs().max() < 0.5 * (script - fp32).abs().max()
 
 
 def test_unsupported_layers_are_refused(q4_models):  # noqa: F811
@@ -116,28 +142,26 @@ def test_unsupported_layers_are_refused(q4_models):  # noqa: F811
 
 
 @torch.inference_mode()
-def test_biases_are_added_by_both_implementations(q4_models):  # noqa: F811
+def test_biases_are_added_by_both_implementations(both):
     """Qwen2-style q/k/v biases: the C++ loop adds them where the TorchScript one does."""
     from dataclasses import replace
 
-    op = cpu_kernels.exact_layers()
-    if op is None:
-        pytest.skip("the C++ CPU kernels do not build here")
-    q4 = q4_models[2]
-    exact = q4.fused().exact
-    width = exact.weights.packed[0].shape[0]  # qkv outputs
+    _, cpp_model, script_model = both
+    width = cpp_model.fused().layers[0].qkv.out_features
     gen = torch.Generator().manual_seed(5)
-    biases = [torch.randn(width, generator=gen) if i % 4 == 0 else b
-              for i, b in enumerate(exact.weights.biases)]
+    biases = [torch.randn(width, generator=gen) if i % 4 == 0 else None
+              for i in range(len(cpp_model.fused().exact.weights.biases))]
     outs = []
-    for weights in (exact.weights, replace(exact.weights, biases=biases)):
+    for q4 in (cpp_model, script_model):
+        exact = q4.fused().exact
         saved = exact.weights
-        exact.weights = weights
         try:
-            outs.append(_layer_outputs(q4, (op, scripted_layers())))
+            for weights in (saved, replace(saved, biases=biases)):
+                exact.weights = weights
+                outs.append(_layer_outputs(q4)[0])
         finally:
             exact.weights = saved
-    (plain_cpp, _), (cpp, script) = outs
+    plain_cpp, cpp, _, script = outs
     assert torch.allclose(cpp, script, rtol=0.05, atol=0.05 * float(script.abs().max()))
     assert not torch.allclose(cpp, plain_cpp, atol=1e-3)  # the biases changed something
 

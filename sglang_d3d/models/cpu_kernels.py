@@ -1,11 +1,12 @@
-"""The C++ CPU kernels in models/csrc/, built on first use with torch's extension loader and
-cached per machine (in $TORCH_EXTENSIONS_DIR, default ~/.cache/torch_extensions).
+"""The C++ CPU kernels in models/csrc/ (the 4-bit target's block products and its decode and
+verify layers), built on first use with torch's extension loader and cached per machine (in
+$TORCH_EXTENSIONS_DIR, default ~/.cache/torch_extensions).
 
 The build takes about half a minute once. It needs a C++ compiler and ninja (a dependency,
-from PyPI). Where it cannot build, `exact_layers()` returns None and the 4-bit target runs
-its TorchScript path (models/exact_pass.py), which is slower and exact in the same sense. The
-compiled code targets the CPU it is built on (-march=native), so the cache key names that
-CPU's flags.
+from PyPI). Where it cannot build, `load()` is False and the 4-bit target runs on torch's int4
+kernel and its TorchScript path (models/exact_pass.py), which is slower and exact in the same
+sense. The compiled code targets the CPU it is built on (-march=native), so the cache key
+names that CPU's flags.
 """
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ from pathlib import Path
 import torch
 
 log = logging.getLogger(__name__)
-SOURCE = Path(__file__).parent / "csrc" / "exact_layers.cpp"
+CSRC = Path(__file__).parent / "csrc"
+SOURCES = ("exact_layers.cpp", "block_mm.cpp")
 
 
 def _cpu_flags() -> str:
@@ -36,7 +38,8 @@ def _cpu_flags() -> str:
 
 def build_name() -> str:
     """One build per source, torch version and CPU."""
-    key = SOURCE.read_bytes() + torch.__version__.encode() + _cpu_flags().encode()
+    files = sorted(p for p in CSRC.iterdir() if p.suffix in (".cpp", ".h"))
+    key = b"".join(p.read_bytes() for p in files) + torch.__version__.encode() + _cpu_flags().encode()
     return "d3d_cpu_" + hashlib.sha256(key).hexdigest()[:12]
 
 
@@ -51,16 +54,21 @@ def _ninja_on_path() -> None:
 
 
 @functools.lru_cache(maxsize=1)
-def exact_layers():
-    """torch.ops.d3d_cpu.exact_layers, built and loaded; None where it cannot be built."""
+def load() -> bool:
+    """Build and load the kernels (torch.ops.d3d_cpu.*); False where they cannot be built."""
     from torch.utils import cpp_extension
 
     _ninja_on_path()
     try:
-        cpp_extension.load(build_name(), sources=[str(SOURCE)], is_python_module=False,
+        cpp_extension.load(build_name(), sources=[str(CSRC / s) for s in SOURCES], is_python_module=False,
                            extra_cflags=["-O3", "-march=native"], verbose=False)
-        return torch.ops.d3d_cpu.exact_layers
+        return True
     except Exception as e:  # noqa: BLE001 - no compiler, no ninja, a failed build: the fallback
-        log.warning("C++ CPU kernels unavailable (%s: %s); the 4-bit target runs its "
-                    "TorchScript path", type(e).__name__, str(e).splitlines()[0] if str(e) else "")
-        return None
+        log.warning("C++ CPU kernels unavailable (%s: %s); the 4-bit target runs on torch's int4 "
+                    "kernel and its TorchScript path", type(e).__name__, str(e).splitlines()[0] if str(e) else "")
+        return False
+
+
+def exact_layers():
+    """torch.ops.d3d_cpu.exact_layers; None where the kernels cannot be built."""
+    return torch.ops.d3d_cpu.exact_layers if load() else None

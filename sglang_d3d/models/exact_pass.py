@@ -1,6 +1,7 @@
-"""The 4-bit target's decode and verify passes: every query alone, one TorchScript function.
+"""The 4-bit target's decode and verify passes: every query alone, in one call (the C++ loop of
+models/csrc/exact_layers.cpp, or a TorchScript function where it cannot be built).
 
-Why each query alone: where a pass rounds its activations (bf16 into the 4-bit kernel,
+Why each query alone: where a pass rounds its activations (into the 4-bit kernels,
 models/q4_linear.py), the last-bit differences between an attention kernel run over 1 query and
 over 16, or over a span padded with masked keys, flip roundings, and 30 layers grow them to
 ~0.2 in the logits (measured on the default target: a 6-token verify against 6 plain steps),
@@ -9,14 +10,15 @@ own attention over exactly the keys it sees, in cache order, and every other ope
 row by row (the int4 kernel, the norms, RoPE, the MLP; tested), so a token's keys, values and
 logits are bitwise the same in a plain step, a chain verify and a token tree.
 
-Why TorchScript: at SmolLM2-135M's size a plain step's 4-bit matrix products take about 7 ms
-at 2 threads, and the ~40 small operations around them per layer cost as much again when
-Python dispatches each one. The scripted loop runs the same ATen operations without the
-interpreter between them (benchmarks/bench_passes.py prints both paths' steps).
+Why one call: at SmolLM2-135M's size a plain step's 4-bit matrix products take a few ms, and
+the ~40 small operations around them per layer cost as much again when Python dispatches each
+one. The C++ loop (on the block products) and the scripted one (on torch's int4 kernel) run
+them without the interpreter between them.
 
-Precision: activations enter each projection as bf16 and its products sum in fp32
-(models/q4_linear.py); the residual stream, norms, RoPE, attention and MLP activation are
-fp32. The prompt's prefill takes the general path (models/decoder.py), shared by every mode.
+Precision: each projection rounds its input as its kernel does (models/q4_linear.py: 14-bit
+blocks for the block products, bf16 for torch's int4 kernel); the residual stream, norms, RoPE,
+attention and MLP activation are fp32. The prompt's prefill takes the general path
+(models/decoder.py), on the same projections, shared by every mode.
 """
 
 # ruff: noqa: UP006, UP035, UP045 - TorchScript reads typing's List and Optional
@@ -59,31 +61,30 @@ def key_plan(mask: Tensor) -> KeyPlan:
 
 @dataclass(frozen=True)
 class ExactWeights:
-    """A 4-bit fused model's layers as flat lists the scripted pass reads: per layer its four
-    projections (qkv, o, gate_up, down) as int4-packed weights, bf16 scales and zeros and
-    optional fp32 biases, and its two RMSNorm weights."""
+    """A 4-bit fused model's layers as flat lists the one-call pass reads: per layer its four
+    projections (qkv, o, gate_up, down) as their kernel's operands (`operands[i]`: the i-th
+    tensor of every projection; block products: qs, d, m; torch's int4 kernel: packed
+    weights, bf16 scales and zeros) and optional fp32 biases, and its two RMSNorm weights."""
 
-    packed: list[Tensor]
-    scales: list[Tensor]
+    operands: tuple[list[Tensor], ...]
     biases: list[Optional[Tensor]]
     norms: list[Tensor]
     eps: float
     heads: tuple[int, int, int]  # (query heads, key-value heads, head size)
+    cpp: bool  # the block products' operands (the C++ loop reads them), else int4's
 
     @classmethod
     def from_layers(cls, layers, heads: tuple[int, int, int]) -> ExactWeights:
-        packed, scales, biases, norms, eps = [], [], [], [], None
+        projs, norms, eps = [], [], None
         for layer in layers:
             if "SiLU" not in type(layer.act).__name__:  # torch's or transformers' SiLU
                 raise ValueError(f"the 4-bit pass computes SiLU MLPs, not {type(layer.act).__name__}")
-            for proj in (layer.qkv, layer.o, layer.gate_up, layer.down):
-                packed.append(proj.packed)
-                scales.append(proj.scales_zeros)
-                biases.append(proj.bias)
+            projs += [layer.qkv, layer.o, layer.gate_up, layer.down]
             for norm in (layer.input_norm, layer.post_norm):
                 norms.append(norm.keywords["weight"])
                 eps = norm.keywords["eps"]
-        return cls(packed, scales, biases, norms, float(eps), heads)
+        operands = tuple(list(t) for t in zip(*(p.operands for p in projs)))
+        return cls(operands, [p.bias for p in projs], norms, float(eps), heads, projs[0].cpp)
 
 
 def _rms(x: Tensor, w: Tensor, eps: float) -> Tensor:
@@ -155,29 +156,30 @@ def scripted_layers():
 KERNELS = ("auto", "cpp", "script")
 
 
-def layers_fn(kernels: str):
-    """The layers' implementation: the C++ loop (models/csrc/exact_layers.cpp) or the
-    TorchScript one; auto takes C++ where it builds. Each is exact with itself: a runner keeps
-    the one it was built with."""
+def use_cpp(kernels: str) -> bool:
+    """Whether a 4-bit model runs on the C++ kernels (the block products and the C++ loop,
+    models/csrc/) or on torch's int4 kernel and the TorchScript loop; auto takes C++ where it
+    builds. Each is exact with itself: a runner keeps the one it was built with."""
     if kernels not in KERNELS:
         raise ValueError(f"kernels must be one of {KERNELS}, not {kernels!r}")
-    if kernels != "script":
-        from sglang_d3d.models import cpu_kernels
+    if kernels == "script":
+        return False
+    from sglang_d3d.models import cpu_kernels
 
-        op = cpu_kernels.exact_layers()
-        if op is not None:
-            return op
-        if kernels == "cpp":
-            raise RuntimeError("the C++ CPU kernels did not build (see the log); use 'auto' or 'script'")
-    return scripted_layers()
+    if cpu_kernels.load():
+        return True
+    if kernels == "cpp":
+        raise RuntimeError("the C++ CPU kernels did not build (see the log); use 'auto' or 'script'")
+    return False
 
 
 class ExactPass:
-    """The layers of a 4-bit fused model, every query alone."""
+    """The layers of a 4-bit fused model, every query alone, on the loop its weights' kernel
+    belongs to."""
 
-    def __init__(self, weights: ExactWeights, kernels: str = "auto") -> None:
+    def __init__(self, weights: ExactWeights) -> None:
         self.weights = weights
-        self._fn = layers_fn(kernels)
+        self._fn = torch.ops.d3d_cpu.exact_layers if weights.cpp else scripted_layers()
 
     def __call__(self, h: Tensor, cos: Tensor, sin: Tensor, cache: KVCache, slots: list[int],
                  write_at: Tensor, plan: KeyPlan) -> Tensor:
@@ -188,6 +190,6 @@ class ExactPass:
         cos_r = cos.squeeze(1).reshape(n * t, 1, -1).contiguous()  # [N * T, 1, D]
         sin_r = sin.squeeze(1).reshape(n * t, 1, -1).contiguous()
         out = self._fn(h.reshape(n * t, width), cos_r, sin_r, rows, write_at.reshape(-1).tolist(),
-                       plan.counts, plan.paths, w.packed, w.scales, w.biases, w.norms,
+                       plan.counts, plan.paths, *w.operands, w.biases, w.norms,
                        cache.k, cache.v, w.eps, *w.heads)
         return out.view(n, t, width)

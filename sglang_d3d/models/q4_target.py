@@ -4,7 +4,8 @@ The HF modules keep the fp32 weights transformers dequantised from the same file
 HF generate and the drafter's int8 copies read those); the target's fused inference model
 (models/fused.py, `Decoder.fused`) is replaced by one whose projections are the file's Q4_1
 blocks (models/q4_linear.py), and its LM head the file's Q8_0 one (the default target's is the
-tied embedding) as two 4-bit products. Norms, RoPE, attention and the embedding stay fp32.
+tied embedding: fp32 products on the block kernels, or two 4-bit products on torch's int4
+kernel). Norms, RoPE, attention and the embedding stay fp32.
 
 Why the Q8_0 head: it is the largest single read of a step (113 MB in fp32 against 66 MB for
 all 4-bit layers). Measured on the default target (1 thread, 200-token context, min of 9, a
@@ -24,15 +25,16 @@ import torch
 from sglang_d3d.config import TARGET_WEIGHTS
 from sglang_d3d.models import q4_linear
 from sglang_d3d.models.cpu_linear import fuse, probe
-from sglang_d3d.models.exact_pass import ExactPass, ExactWeights
+from sglang_d3d.models.exact_pass import ExactPass, ExactWeights, use_cpp
 from sglang_d3d.models.fused import FusedLayer, FusedModel, rms_norm
 from sglang_d3d.models.gguf_q4 import read_q4_layers, read_q8_head
-from sglang_d3d.models.q4_linear import Q4Blocks, Q4Linear, Q8AsTwoQ4
+from sglang_d3d.models.q4_linear import Q4Blocks, Q4Linear, Q8AsTwoQ4, Q8Linear
 
 
-def q4_layer(layer, blocks: dict[str, Q4Blocks]) -> FusedLayer:
+def q4_layer(layer, blocks: dict[str, Q4Blocks], cpp: bool = False) -> FusedLayer:
     """One HF decoder layer's fused inference form with its projections on 4-bit `blocks`
-    (HF projection name -> Q4Blocks); biases, norms and activation from the HF layer."""
+    (HF projection name -> Q4Blocks; cpp: on the block products, else torch's int4 kernel);
+    biases, norms and activation from the HF layer."""
     a, m = layer.self_attn, layer.mlp
 
     def proj(module, names: tuple[str, ...]) -> Q4Linear:
@@ -42,7 +44,7 @@ def q4_layer(layer, blocks: dict[str, Q4Blocks]) -> FusedLayer:
         if any(b is not None for b in biases):
             bias = torch.cat([x.weight.new_zeros(x.out_features) if b is None else b.detach()
                               for x, b in zip(mods, biases)])
-        return Q4Linear(Q4Blocks.cat([blocks[n] for n in names]), bias)
+        return Q4Linear(Q4Blocks.cat([blocks[n] for n in names]), bias, cpp)
 
     return FusedLayer(
         qkv=proj(a, ("q_proj", "k_proj", "v_proj")), o=proj(a, ("o_proj",)),
@@ -56,21 +58,22 @@ def q4_model(decoder, layers: list[dict[str, Q4Blocks]],
              q8_head: tuple[torch.Tensor, torch.Tensor] | None = None,
              kernels: str = "auto") -> FusedModel:
     """The decoder's fused inference model on 4-bit projection weights, one dict per layer;
-    the LM head on the file's Q8_0 weights (q, d) where given, else fp32. `kernels`: the
-    decode and verify layers' implementation (models/exact_pass.py: auto, cpp or script)."""
+    the LM head on the file's Q8_0 weights (q, d) where given, else fp32. `kernels`: auto, cpp
+    (the block products and the C++ layer loop) or script (torch's int4 kernel and the
+    TorchScript loop); models/exact_pass.py."""
     if hasattr(decoder.layers[0].self_attn, "q_norm"):
         raise ValueError("4-bit target weights serve llama-style layers; this target normalises q and k per head")
     if len(layers) != decoder.num_layers:
         raise ValueError(f"{len(layers)} layers of 4-bit weights for a {decoder.num_layers}-layer target")
-    fused = tuple(q4_layer(layer, b) for layer, b in zip(decoder.layers, layers))
+    cpp = use_cpp(kernels)
+    fused = tuple(q4_layer(layer, b, cpp) for layer, b in zip(decoder.layers, layers))
     # oneDNN for every row count: OpenBLAS' 1-row GEMV sums in another order, and its last
     # bits would tell a plain step's logits from a verify pass's.
     head = fuse([decoder.lm_head], replace(probe(), openblas=None))
     if q8_head is not None:
-        head = Q8AsTwoQ4(*q8_head)
+        head = Q8Linear(*q8_head) if cpp else Q8AsTwoQ4(*q8_head)
     a = decoder.arch
-    weights = ExactWeights.from_layers(fused, (a.num_heads, a.num_kv_heads, a.head_dim))
-    exact = ExactPass(weights, kernels)
+    exact = ExactPass(ExactWeights.from_layers(fused, (a.num_heads, a.num_kv_heads, a.head_dim)))
     return FusedModel(fused, rms_norm(decoder.norm), head, exact=exact)
 
 

@@ -1,0 +1,440 @@
+// Matrix products on a GGUF's own block weights: Q4_1 (w = d q + m: 4-bit q, fp16 d and m per
+// block of 32 inputs) and Q8_0 (w = d q: int8 q, fp16 d per block), read as stored.
+//
+// Q4_1 (q4_mm), the target's projections: the products run on integers. Each input row is
+// rounded per block of 32 to 14-bit integers (x ~ dx * xq, |xq| <= 16256 = 127 * 128, dx the
+// block's largest magnitude / 16256, xq = x * (16256 / largest) rounded to even), split as xq = 128 h + l into two bytes, and each block's
+// sum of q * xq is exact in int32 (AVX-VNNI's byte dot products, or the same sums in plain
+// C++). Per block, that sum times the fp32 product d * dx, plus m times the block's dx * sum(xq),
+// accumulates in fp32 in a fixed order. So the weights are the file's exactly, the activations
+// keep 14 bits of each block's range (bf16 keeps 8 of each value), and integer sums cost a
+// fraction of fp32 multiply-adds per weight, which is what lets one core read 4-bit weights
+// at memory speed.
+//
+// Q8_0 (q8_mm), the LM head: fp32 activations, each weight d q formed exactly in fp32, 16
+// running fp32 sums (fused multiply-adds) added in a fixed tree.
+//
+// Nothing depends on which other rows share a call or on the thread count, so an output is
+// bitwise the same for 1 row or 512. Rows share each weight block's decode in tiles, which is
+// what makes a verify pass of several rows cheaper than as many single-row steps.
+
+#include "block_mm.h"
+
+#include <ATen/Parallel.h>
+#include <c10/util/Half.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "lanes.h"
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#endif
+
+namespace d3d {
+namespace {
+
+constexpr int64_t BLOCK = 32;
+constexpr int64_t OCTET = 8;  // blocks whose sums share one 8-lane register
+constexpr int64_t OCTET_BYTES = OCTET * BLOCK / 2;  // one octet's 4-bit weights: 4 chunks of 32
+constexpr int64_t XQ_BYTES = 4 * 4 * 32;  // one octet's activation bytes: 4 chunks of 4 parts
+constexpr int XQ_MAX = 127 * 128;  // |xq|: h = xq >> 7 and l = xq & 127 both fit a signed byte
+constexpr int TILE = 4;  // input rows that share one decode of a weight octet
+constexpr int64_t GRAIN = 16;  // weight rows per parallel task, at least
+#ifndef PREFETCH_BYTES
+#define PREFETCH_BYTES 2048
+#endif
+constexpr int64_t PREFETCH = PREFETCH_BYTES;  // bytes of weights fetched ahead of the one in use
+
+// ---------------------------------------------------------------------------------------
+// Q4_1 weights, as q4_mm reads them (packed by models/q4_linear.py): each row's blocks in
+// octets of 8. An octet is 4 chunks of 32 bytes; byte 4 j + i of chunk c is byte 4 c + i of
+// block j (whose low nibble is input 4 c + i, high nibble input 16 + 4 c + i), so lane j of a
+// chunk's byte dot product sums block j. The last octet may hold t < 8 blocks: its chunks are
+// 4 t bytes long, and lanes t..7 meet zero activations.
+
+// One input row, rounded for the integer products. bytes: per octet and chunk, 4 parts of 32
+// (the h and l bytes of the inputs meeting the low nibbles, then of those meeting the high
+// ones), laid out as the weight chunk; dx [octets * 8] the blocks' scales and xs [octets * 8]
+// dx * sum(xq) (zero past the last block).
+struct Rounded {
+  int8_t* bytes;
+  float* dx;
+  float* xs;
+};
+
+void round_row(const float* x, int64_t groups, Rounded out) {
+  const int64_t octets = (groups + OCTET - 1) / OCTET;
+  std::memset(out.bytes, 0, octets * XQ_BYTES);
+  std::fill(out.dx, out.dx + octets * OCTET, 0.0f);
+  std::fill(out.xs, out.xs + octets * OCTET, 0.0f);
+  constexpr float ROUNDER = 12582912.0f;  // 1.5 * 2^23: v + R - R is v rounded to even, |v| < 2^22
+  int32_t xq[BLOCK];
+  for (int64_t g = 0; g < groups; ++g) {
+    const float* xb = x + g * BLOCK;
+    float amax = 0.0f;
+    for (int i = 0; i < BLOCK; ++i) amax = std::max(amax, std::fabs(xb[i]));
+    const float inv = amax > 0.0f ? static_cast<float>(XQ_MAX) / amax : 0.0f;
+    int32_t sum = 0;
+    for (int i = 0; i < BLOCK; ++i) {
+      const float v = std::clamp(xb[i] * inv, -static_cast<float>(XQ_MAX), static_cast<float>(XQ_MAX));
+      xq[i] = static_cast<int32_t>((v + ROUNDER) - ROUNDER);
+      sum += xq[i];
+    }
+    int8_t* oct = out.bytes + (g / OCTET) * XQ_BYTES;
+    const int64_t j = g % OCTET;
+    for (int i = 0; i < BLOCK; ++i) {
+      const int nib = i / 16, c = (i % 16) / 4, b = i % 4;  // high nibble?, chunk, byte
+      int8_t* part = oct + c * 128 + nib * 64;
+      part[4 * j + b] = static_cast<int8_t>(xq[i] >> 7);  // h (arithmetic shift: floor)
+      part[32 + 4 * j + b] = static_cast<int8_t>(xq[i] & 127);  // l
+    }
+    out.dx[g] = amax / static_cast<float>(XQ_MAX);
+    out.xs[g] = out.dx[g] * static_cast<float>(sum);  // the integer sum is exact in fp32 (< 2^24)
+  }
+}
+
+// The 8 lanes' sum in a fixed tree (halves, quarters, then the last two), as hsum8 of the
+// vector path computes it
+inline float hsum8(const float* v) {
+  float a[4], b[2];
+  for (int i = 0; i < 4; ++i) a[i] = v[i] + v[i + 4];
+  for (int i = 0; i < 2; ++i) b[i] = a[i] + a[i + 2];
+  return b[0] + b[1];
+}
+
+// Lane j of an octet accumulates total_j += float(sum of q * xq) * (d * dx) and
+// mt_j += m * xs over the octets; the output is hsum8(total + mt). The portable path computes
+// the same sums element by element.
+void q4_row_portable(const Rounded* xr, int rows, const uint8_t* w, const at::Half* d, const at::Half* m,
+                     int64_t groups, float* y, int64_t ldy) {
+  const int64_t full = groups / OCTET, octets = (groups + OCTET - 1) / OCTET;
+  for (int r = 0; r < rows; ++r) {
+    float total[OCTET] = {}, mt[OCTET] = {};
+    for (int64_t o = 0; o < octets; ++o) {
+      const int64_t lanes_here = o < full ? OCTET : groups - full * OCTET, stride = 4 * lanes_here;
+      const int8_t* xb = xr[r].bytes + o * XQ_BYTES;
+      for (int64_t j = 0; j < lanes_here; ++j) {
+        int32_t sum = 0;
+        for (int c = 0; c < 4; ++c)
+          for (int b = 0; b < 4; ++b) {
+            const int32_t byte = w[o * OCTET_BYTES + c * stride + 4 * j + b];
+            const int8_t* part = xb + c * 128 + 4 * j + b;
+            sum += (byte & 15) * (128 * part[0] + part[32]) + (byte >> 4) * (128 * part[64] + part[96]);
+          }
+        const int64_t g = o * OCTET + j;
+        const float dw = static_cast<float>(d[g]), mw = static_cast<float>(m[g]);
+        total[j] = std::fma(static_cast<float>(sum), dw * xr[r].dx[g], total[j]);
+        mt[j] = std::fma(mw, xr[r].xs[g], mt[j]);
+      }
+    }
+    for (int j = 0; j < OCTET; ++j) total[j] += mt[j];
+    y[r * ldy] = hsum8(total);
+  }
+}
+
+#if defined(__AVXVNNI__) && defined(__F16C__)
+constexpr bool VNNI = true;
+
+inline __m256i load32(const void* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
+
+inline float hsum8(__m256 v) {
+  const __m128 a = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));  // v[i] + v[i + 4]
+  const __m128 b = _mm_add_ps(a, _mm_movehl_ps(a, a));  // a[i] + a[i + 2]
+  return _mm_cvtss_f32(_mm_add_ss(b, _mm_movehdup_ps(b)));  // b[0] + b[1]
+}
+
+inline __m256 load_half8(const at::Half* p) {
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+
+// One weight row against R rounded input rows, with AVX-VNNI byte dot products (u8 nibbles
+// times s8 h and l bytes, 4 products a lane summed into int32)
+template <int R>
+void q4_row_vnni(const Rounded* xr, const uint8_t* w, const at::Half* d, const at::Half* m,
+                 int64_t groups, float* y, int64_t ldy) {
+  const int64_t full = groups / OCTET, octets = (groups + OCTET - 1) / OCTET;
+  const __m256i low4 = _mm256_set1_epi8(15);
+  __m256 total[R], mt[R];
+  for (int r = 0; r < R; ++r) total[r] = mt[r] = _mm256_setzero_ps();
+  for (int64_t o = 0; o < octets; ++o) {
+    const uint8_t* wo = w + o * OCTET_BYTES;
+    _mm_prefetch(reinterpret_cast<const char*>(wo + PREFETCH), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(wo + PREFETCH + 64), _MM_HINT_T0);
+    const int64_t stride = o < full ? 32 : 4 * (groups - full * OCTET);
+    __m256i lo[4], hi[4];
+    for (int c = 0; c < 4; ++c) {
+      const __m256i v = load32(wo + c * stride);
+      lo[c] = _mm256_and_si256(v, low4);
+      hi[c] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
+    }
+    const __m256 dw = load_half8(d + o * OCTET), mw = load_half8(m + o * OCTET);
+    for (int r = 0; r < R; ++r) {
+      const int8_t* xb = xr[r].bytes + o * XQ_BYTES;
+      __m256i acc[4] = {};  // four independent chains (h and l bytes against low and high nibbles)
+      for (int c = 0; c < 4; ++c)
+        for (int part = 0; part < 4; ++part)
+          acc[part] = _mm256_dpbusd_avx_epi32(acc[part], part < 2 ? lo[c] : hi[c], load32(xb + c * 128 + part * 32));
+      const __m256i ah = _mm256_add_epi32(acc[0], acc[2]), al = _mm256_add_epi32(acc[1], acc[3]);
+      const __m256 sum = _mm256_cvtepi32_ps(_mm256_add_epi32(_mm256_slli_epi32(ah, 7), al));  // exact
+      const __m256 scale = _mm256_mul_ps(dw, _mm256_loadu_ps(xr[r].dx + o * OCTET));
+      total[r] = _mm256_fmadd_ps(sum, scale, total[r]);
+      mt[r] = _mm256_fmadd_ps(mw, _mm256_loadu_ps(xr[r].xs + o * OCTET), mt[r]);
+    }
+  }
+  for (int r = 0; r < R; ++r) y[r * ldy] = hsum8(_mm256_add_ps(total[r], mt[r]));
+}
+
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__) && defined(__AVX512DQ__)
+constexpr bool PAIRS = true;
+
+// a's 32 bytes in the low half, b's in the high
+inline __m512i pair32(const uint8_t* a, const uint8_t* b) {
+  return _mm512_inserti64x4(_mm512_castsi256_si512(load32(a)), load32(b), 1);
+}
+
+inline __m512 half_pair(const at::Half* a, const at::Half* b) {
+  const __m128i lo = _mm_loadu_si128(reinterpret_cast<const __m128i*>(a));
+  const __m128i hi = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b));
+  return _mm512_cvtph_ps(_mm256_inserti128_si256(_mm256_castsi128_si256(lo), hi, 1));
+}
+
+// Two adjacent weight rows a and b at once in AVX-512 registers (a's octet in the low half, b's
+// in the high, the input bytes broadcast to both): every lane computes what q4_row_vnni's
+// does, so the outputs are the same bits; the wider byte dot products do twice the work.
+template <int R>
+void q4_pair_vnni(const Rounded* xr, const uint8_t* wa, const uint8_t* wb, const at::Half* da,
+                  const at::Half* db, const at::Half* ma, const at::Half* mb, int64_t groups, float* y,
+                  int64_t ldy) {
+  const int64_t full = groups / OCTET, octets = (groups + OCTET - 1) / OCTET;
+  const __m512i low4 = _mm512_set1_epi8(15);
+  __m512 total[R], mt[R];
+  for (int r = 0; r < R; ++r) total[r] = mt[r] = _mm512_setzero_ps();
+  for (int64_t o = 0; o < octets; ++o) {
+    const int64_t at = o * OCTET_BYTES, stride = o < full ? 32 : 4 * (groups - full * OCTET);
+    _mm_prefetch(reinterpret_cast<const char*>(wa + at + PREFETCH), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(wa + at + PREFETCH + 64), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(wb + at + PREFETCH), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(wb + at + PREFETCH + 64), _MM_HINT_T0);
+    __m512i lo[4], hi[4];
+    for (int c = 0; c < 4; ++c) {
+      const __m512i v = pair32(wa + at + c * stride, wb + at + c * stride);
+      lo[c] = _mm512_and_si512(v, low4);
+      hi[c] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
+    }
+    const __m512 dw = half_pair(da + o * OCTET, db + o * OCTET), mw = half_pair(ma + o * OCTET, mb + o * OCTET);
+    for (int r = 0; r < R; ++r) {
+      const int8_t* xb = xr[r].bytes + o * XQ_BYTES;
+      __m512i acc[4] = {};  // four independent chains (h and l bytes against low and high nibbles)
+      for (int c = 0; c < 4; ++c)
+        for (int part = 0; part < 4; ++part)
+          acc[part] = _mm512_dpbusd_epi32(acc[part], part < 2 ? lo[c] : hi[c],
+                                          _mm512_broadcast_i64x4(load32(xb + c * 128 + part * 32)));
+      const __m512i ah = _mm512_add_epi32(acc[0], acc[2]), al = _mm512_add_epi32(acc[1], acc[3]);
+      const __m512 sum = _mm512_cvtepi32_ps(_mm512_add_epi32(_mm512_slli_epi32(ah, 7), al));  // exact
+      const __m512 scale = _mm512_mul_ps(dw, _mm512_broadcast_f32x8(_mm256_loadu_ps(xr[r].dx + o * OCTET)));
+      total[r] = _mm512_fmadd_ps(sum, scale, total[r]);
+      mt[r] = _mm512_fmadd_ps(mw, _mm512_broadcast_f32x8(_mm256_loadu_ps(xr[r].xs + o * OCTET)), mt[r]);
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    const __m512 v = _mm512_add_ps(total[r], mt[r]);
+    y[r * ldy] = hsum8(_mm512_castps512_ps256(v));
+    y[r * ldy + 1] = hsum8(_mm512_extractf32x8_ps(v, 1));
+  }
+}
+
+void q4_pairs(const Rounded* xr, int rows, const uint8_t* wa, int64_t row_bytes, const at::Half* da,
+              const at::Half* ma, int64_t groups, float* y, int64_t ldy) {
+  const uint8_t* wb = wa + row_bytes;
+  const at::Half *db = da + groups, *mb = ma + groups;
+  switch (rows) {
+    case 1: return q4_pair_vnni<1>(xr, wa, wb, da, db, ma, mb, groups, y, ldy);
+    case 2: return q4_pair_vnni<2>(xr, wa, wb, da, db, ma, mb, groups, y, ldy);
+    case 3: return q4_pair_vnni<3>(xr, wa, wb, da, db, ma, mb, groups, y, ldy);
+    default: return q4_pair_vnni<4>(xr, wa, wb, da, db, ma, mb, groups, y, ldy);
+  }
+}
+#else
+constexpr bool PAIRS = false;
+
+void q4_pairs(const Rounded*, int, const uint8_t*, int64_t, const at::Half*, const at::Half*, int64_t, float*,
+              int64_t) {}
+#endif
+
+void q4_rows(const Rounded* xr, int rows, const uint8_t* w, const at::Half* d, const at::Half* m,
+             int64_t groups, float* y, int64_t ldy, bool portable) {
+  if (portable) return q4_row_portable(xr, rows, w, d, m, groups, y, ldy);
+  switch (rows) {
+    case 1: return q4_row_vnni<1>(xr, w, d, m, groups, y, ldy);
+    case 2: return q4_row_vnni<2>(xr, w, d, m, groups, y, ldy);
+    case 3: return q4_row_vnni<3>(xr, w, d, m, groups, y, ldy);
+    default: return q4_row_vnni<4>(xr, w, d, m, groups, y, ldy);
+  }
+}
+#else
+constexpr bool VNNI = false;
+constexpr bool PAIRS = false;
+
+void q4_rows(const Rounded* xr, int rows, const uint8_t* w, const at::Half* d, const at::Half* m,
+             int64_t groups, float* y, int64_t ldy, bool) {
+  q4_row_portable(xr, rows, w, d, m, groups, y, ldy);
+}
+
+void q4_pairs(const Rounded*, int, const uint8_t*, int64_t, const at::Half*, const at::Half*, int64_t, float*,
+              int64_t) {}
+#endif
+
+// ---------------------------------------------------------------------------------------
+// Q8_0 weights: fp32 products
+
+typedef int8_t sbytes16 __attribute__((vector_size(16)));
+
+// 16 bytes -> 16 int32, sign-extended (named for AVX-512: GCC scalarises a vector-extension
+// widening of bytes)
+inline ilanes widen(const int8_t* p) {
+#if defined(__AVX512F__)
+  return reinterpret_cast<ilanes>(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+#else
+  ilanes v;
+  for (int i = 0; i < LANES; ++i) v[i] = p[i];
+  return v;
+#endif
+}
+
+inline lanes to_float(ilanes v) { return __builtin_convertvector(v, lanes); }
+
+// n fp16 values -> fp32 (exact), with the CPU's conversion instructions where it has them
+void half_to_float(const at::Half* src, float* dst, int64_t n) {
+  int64_t i = 0;
+#if defined(__AVX512F__)
+  for (; i + 16 <= n; i += 16)
+    _mm512_storeu_ps(dst + i, _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i))));
+#elif defined(__F16C__)
+  for (; i + 8 <= n; i += 8)
+    _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i))));
+#endif
+  for (; i < n; ++i) dst[i] = static_cast<float>(src[i]);
+}
+
+// One Q8_0 weight row (qs: groups x 32 int8; d fp32 per block) against R input rows
+// x[r * ldx ...] -> y[r * ldy]; two running sums a row (a block's halves), so that
+// consecutive multiply-adds do not wait on each other
+template <int R>
+void q8_row(const float* x, int64_t ldx, const int8_t* qs, const float* d, int64_t groups, float* y,
+            int64_t ldy) {
+  lanes lo_acc[R] = {}, hi_acc[R] = {};
+  for (int64_t g = 0; g < groups; ++g) {
+    if (g % 2 == 0) __builtin_prefetch(qs + g * BLOCK + PREFETCH);
+    const lanes dv = splat(d[g]);
+    const lanes lo = to_float(widen(qs + g * BLOCK)) * dv;  // exact: 8-bit q times fp16 d
+    const lanes hi = to_float(widen(qs + g * BLOCK + LANES)) * dv;
+    const float* xg = x + g * BLOCK;
+    for (int r = 0; r < R; ++r) {
+      lo_acc[r] = fma(lo, load(xg + r * ldx), lo_acc[r]);
+      hi_acc[r] = fma(hi, load(xg + r * ldx + LANES), hi_acc[r]);
+    }
+  }
+  for (int r = 0; r < R; ++r) y[r * ldy] = hsum(lo_acc[r] + hi_acc[r]);
+}
+
+void q8_rows(const float* x, int64_t ldx, int rows, const int8_t* qs, const float* d, int64_t groups,
+             float* y, int64_t ldy) {
+  switch (rows) {
+    case 1: return q8_row<1>(x, ldx, qs, d, groups, y, ldy);
+    case 2: return q8_row<2>(x, ldx, qs, d, groups, y, ldy);
+    case 3: return q8_row<3>(x, ldx, qs, d, groups, y, ldy);
+    default: return q8_row<4>(x, ldx, qs, d, groups, y, ldy);
+  }
+}
+
+void check_input(const at::Tensor& x) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.size(1) % BLOCK == 0,
+              "block products: x [M, K] float32, K a multiple of ", BLOCK);
+}
+
+}  // namespace
+
+at::Tensor q4_mm(const at::Tensor& x0, const at::Tensor& qs, const at::Tensor& d, const at::Tensor& m,
+                 bool portable) {
+  check_input(x0);
+  const at::Tensor x = x0.contiguous();
+  const int64_t rows = x.size(0), k = x.size(1), groups = k / BLOCK, octets = (groups + OCTET - 1) / OCTET;
+  const int64_t n = (d.numel() - OCTET) / groups;  // weight rows
+  TORCH_CHECK(qs.scalar_type() == at::kByte && qs.is_contiguous() && qs.numel() == n * k / 2 + Q4_PAD_BYTES,
+              "q4_mm: qs [N * K / 2 + ", Q4_PAD_BYTES, "] uint8");
+  TORCH_CHECK(d.scalar_type() == at::kHalf && m.scalar_type() == at::kHalf && d.is_contiguous() && m.is_contiguous() &&
+                  d.numel() == n * groups + OCTET && m.numel() == d.numel(),
+              "q4_mm: d and m [N * K / 32 + 8] fp16");
+  // every input row rounded once
+  std::vector<int8_t> bytes(rows * octets * XQ_BYTES);
+  std::vector<float> dx(rows * octets * OCTET), xs(rows * octets * OCTET);
+  std::vector<Rounded> rounded(rows);
+  for (int64_t r = 0; r < rows; ++r)
+    rounded[r] = {bytes.data() + r * octets * XQ_BYTES, dx.data() + r * octets * OCTET, xs.data() + r * octets * OCTET};
+  const float* xp = x.data_ptr<float>();
+  at::parallel_for(0, rows, 8, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) round_row(xp + r * k, groups, rounded[r]);
+  });
+  at::Tensor y = at::empty({rows, n}, x.options());
+  float* yp = y.data_ptr<float>();
+  const uint8_t* wp = qs.data_ptr<uint8_t>();
+  const at::Half* dp = d.data_ptr<at::Half>();
+  const at::Half* mp = m.data_ptr<at::Half>();
+  const bool pairs = PAIRS && !portable;
+  at::parallel_for(0, n, GRAIN, [&](int64_t n0, int64_t n1) {
+    for (int64_t j = n0; j < n1;) {
+      const bool pair = pairs && j + 1 < n1;
+      for (int64_t r0 = 0; r0 < rows; r0 += TILE) {
+        const int r = static_cast<int>(std::min<int64_t>(TILE, rows - r0));
+        if (pair)
+          q4_pairs(rounded.data() + r0, r, wp + j * k / 2, k / 2, dp + j * groups, mp + j * groups, groups,
+                   yp + r0 * n + j, n);
+        else
+          q4_rows(rounded.data() + r0, r, wp + j * k / 2, dp + j * groups, mp + j * groups, groups,
+                  yp + r0 * n + j, n, portable || !VNNI);
+      }
+      j += pair ? 2 : 1;
+    }
+  });
+  return y;
+}
+
+at::Tensor q8_mm(const at::Tensor& x0, const at::Tensor& qs, const at::Tensor& d) {
+  check_input(x0);
+  const at::Tensor x = x0.contiguous();
+  const int64_t rows = x.size(0), k = x.size(1), n = qs.size(0), groups = k / BLOCK;
+  TORCH_CHECK(qs.scalar_type() == at::kChar && qs.is_contiguous() && qs.size(1) == k, "q8_mm: qs [N, K] int8");
+  TORCH_CHECK(d.scalar_type() == at::kHalf && d.is_contiguous() && d.size(0) == n && d.size(1) == groups,
+              "q8_mm: d [N, K / 32] fp16");
+  at::Tensor y = at::empty({rows, n}, x.options());
+  const float* xp = x.data_ptr<float>();
+  float* yp = y.data_ptr<float>();
+  const int8_t* qp = qs.data_ptr<int8_t>();
+  const at::Half* dp = d.data_ptr<at::Half>();
+  at::parallel_for(0, n, GRAIN, [&](int64_t n0, int64_t n1) {
+    std::vector<float> ds((n1 - n0) * groups);  // this task's scales, converted at once
+    half_to_float(dp + n0 * groups, ds.data(), ds.size());
+    for (int64_t j = n0; j < n1; ++j)
+      for (int64_t r0 = 0; r0 < rows; r0 += TILE) {
+        const int r = static_cast<int>(std::min<int64_t>(TILE, rows - r0));
+        q8_rows(xp + r0 * k, k, r, qp + j * k, ds.data() + (j - n0) * groups, groups, yp + r0 * n + j, n);
+      }
+  });
+  return y;
+}
+
+bool q4_vnni() { return VNNI; }
+
+}  // namespace d3d
+
+TORCH_LIBRARY_FRAGMENT(d3d_cpu, m) {
+  m.def("q4_mm(Tensor x, Tensor qs, Tensor d, Tensor m, bool portable=False) -> Tensor");
+  m.impl("q4_mm", c10::DispatchKey::CPU, TORCH_FN(d3d::q4_mm));
+  m.def("q8_mm(Tensor x, Tensor qs, Tensor d) -> Tensor");
+  m.impl("q8_mm", c10::DispatchKey::CPU, TORCH_FN(d3d::q8_mm));
+  m.def("q4_vnni() -> bool", TORCH_FN(d3d::q4_vnni));
+}

@@ -1,0 +1,21 @@
+// Matrix products on a GGUF's own block weights (block_mm.cpp)
+#pragma once
+
+#include <ATen/ATen.h>
+
+namespace d3d {
+
+// Bytes past the last Q4_1 weight row that q4_mm may read (and multiply by zero)
+constexpr int64_t Q4_PAD_BYTES = 128;
+
+// x [M, K] fp32 @ W.T -> [M, N] fp32, W [N, K] as Q4_1 in q4_mm's layout (block_mm.cpp;
+// packed by models/q4_linear.py): qs [N * K / 2 + Q4_PAD_BYTES] uint8, d and m
+// [N * K / 32 + 8] fp16 (zeros past the end; N follows from d's size). portable: the plain C++
+// path even where AVX-VNNI is at hand (the same results; tests compare them).
+at::Tensor q4_mm(const at::Tensor& x, const at::Tensor& qs, const at::Tensor& d, const at::Tensor& m,
+                 bool portable = false);
+
+// x [M, K] fp32 @ W.T -> [M, N] fp32, W as Q8_0: qs [N, K] int8, d [N, K / 32] fp16 (w = d q)
+at::Tensor q8_mm(const at::Tensor& x, const at::Tensor& qs, const at::Tensor& d);
+
+}  // namespace d3d

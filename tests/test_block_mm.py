@@ -1,0 +1,107 @@
+"""The block products on a GGUF's own Q4_1 and Q8_0 weights (models/csrc/block_mm.cpp): the
+file's weights exactly, each output row bitwise the same whatever shares its call, and the
+vector path equal to the plain C++ one."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from sglang_d3d.models import cpu_kernels
+from sglang_d3d.models.q4_linear import Q4Blocks, Q4Linear, Q8Linear, pack_blocks
+
+pytestmark = pytest.mark.skipif(not cpu_kernels.load(), reason="the C++ CPU kernels do not build here")
+
+
+def _blocks(n: int, k: int, seed: int = 0) -> Q4Blocks:
+    gen = torch.Generator().manual_seed(seed)
+    return Q4Blocks(torch.randint(0, 16, (n, k), generator=gen, dtype=torch.uint8),
+                    (torch.rand(n, k // 32, generator=gen) * 0.05).half(),
+                    (-torch.rand(n, k // 32, generator=gen) * 0.4).half())
+
+
+def _x(m: int, k: int, seed: int = 1) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randn(m, k, generator=gen) * torch.rand(m, k, generator=gen)  # uneven magnitudes
+
+
+# inputs of 1, 2, 8 (a full octet), 13 and 48 blocks: tails of every kind
+SHAPES = [(40, 32), (33, 64), (24, 256), (40, 416), (17, 1536)]
+
+
+@pytest.mark.parametrize("n,k", SHAPES)
+def test_q4_products_are_the_file_weights_times_14_bit_inputs(n, k):
+    """Against float64 products of the file's own d * q + m, the error stays well inside what
+    rounding the inputs to bf16 alone costs."""
+    b, x = _blocks(n, k), _x(19, k)
+    w = b.dequantize(kernel=False).double()  # [N, K], the file's weights
+    exact = x.double() @ w.T
+    err = (Q4Linear(b, cpp=True)(x).double() - exact).abs().max()
+    bf16_err = (x.bfloat16().double() @ w.T - exact).abs().max()
+    assert err < bf16_err / 4
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("n,k", SHAPES)
+def test_each_q4_row_is_bitwise_the_same_alone_or_in_a_batch(n, k, threads):
+    lin, x = Q4Linear(_blocks(n, k), cpp=True), _x(19, k)
+    torch.set_num_threads(threads)
+    try:
+        y = lin(x)
+        for lo, hi in ((0, 1), (4, 5), (0, 7), (3, 19), (18, 19)):
+            assert torch.equal(lin(x[lo:hi]), y[lo:hi])
+    finally:
+        torch.set_num_threads(1)
+    assert torch.equal(lin(x), y)  # and with one thread
+
+
+@pytest.mark.parametrize("n,k", SHAPES)
+def test_vector_path_equals_the_plain_cpp_one_bitwise(n, k):
+    """Integer block sums are exact either way and the fp32 steps run in one order: the
+    AVX-VNNI path (where the CPU has it) and the portable loop give the same bits."""
+    lin, x = Q4Linear(_blocks(n, k), cpp=True), _x(9, k)
+    fast = torch.ops.d3d_cpu.q4_mm(x, *lin.operands)
+    plain = torch.ops.d3d_cpu.q4_mm(x, *lin.operands, portable=True)
+    assert torch.equal(fast, plain)
+
+
+def test_zero_blocks_and_rows_give_exact_zeros():
+    b = _blocks(16, 64)
+    lin = Q4Linear(Q4Blocks(b.q, b.d, torch.zeros_like(b.m)), cpp=True)
+    x = _x(3, 64)
+    x[0] = 0.0
+    x[1, :32] = 0.0  # one block without magnitude: no division by zero
+    y = lin(x)
+    assert torch.equal(y[0], torch.zeros(16))
+    assert torch.isfinite(y).all()
+
+
+def test_packing_keeps_the_bytes_and_pads_the_end():
+    b = _blocks(3, 320)  # 10 blocks: one octet and a tail of 2
+    qs, d, m = pack_blocks(b)
+    assert qs.numel() == 3 * 160 + 128 and not qs[-128:].any()
+    assert d.numel() == 3 * 10 + 8 and not d[-8:].any() and torch.equal(d[:30], b.d.reshape(-1))
+    assert torch.equal(m[:30], b.m.reshape(-1))
+    # row 1, block 9 (the tail's second), byte 5 (chunk 1, byte 1): inputs 5 and 21
+    byte = qs[160 + 8 * 16 + 1 * 8 + 4 * 1 + 1]
+    assert int(byte) == int(b.q[1, 9 * 32 + 5]) | (int(b.q[1, 9 * 32 + 21]) << 4)
+
+
+def test_mismatched_weights_are_refused_clearly():
+    lin = Q4Linear(_blocks(8, 64), cpp=True)
+    with pytest.raises(RuntimeError, match="q4_mm"):
+        torch.ops.d3d_cpu.q4_mm(torch.randn(2, 96), *lin.operands)
+    with pytest.raises(RuntimeError, match="K a multiple of 32"):
+        torch.ops.d3d_cpu.q4_mm(torch.randn(2, 40), *lin.operands)
+
+
+def test_q8_products_are_the_file_weights_in_fp32_row_by_row():
+    gen = torch.Generator().manual_seed(2)
+    q = torch.randint(-128, 128, (50, 96), generator=gen, dtype=torch.int8)
+    d = (torch.rand(50, 3, generator=gen) * 0.01).half()
+    head, x = Q8Linear(q, d), _x(11, 96)
+    w = q.double() * d.double().repeat_interleave(32, 1)
+    y = head(x)
+    assert torch.allclose(y.double(), x.double() @ w.T, rtol=1e-5, atol=1e-6)
+    for lo, hi in ((0, 1), (3, 4), (2, 11)):
+        assert torch.equal(head(x[lo:hi]), y[lo:hi])

@@ -5,7 +5,8 @@ of 32 inputs.
 
 The block products (`cpp`, models/csrc/block_mm.cpp, built on first use): the file's d, m and
 q as stored, each weight exactly d * q + m; each input row rounded per block of 32 to 14-bit
-integers and the block's sums exact in int32 (AVX-VNNI where the CPU has it). Against fp32
+integers and the block's sums exact in int32 (AVX-512 or AVX-VNNI byte dot products where
+the CPU has them, plain C++ elsewhere, the same bits). Against fp32
 products its error is about 1/16 of bf16 activations' (tests/test_block_mm.py measures both).
 
 torch's int4 weight-only kernel (`aten._weight_int4pack_mm_for_cpu`, the one torchao's int4
@@ -19,15 +20,15 @@ Either way each output row depends on its own input row only, bitwise (tested), 
 logits do not depend on what else shares its pass; and every pass, of any number of rows, reads
 the same bytes.
 
-Why these kernels. SmolLM2-135M's 30 layers' projections, each layer its own weights, 1 thread
-(ms for 1 / 4 / 8 / 16 rows, min of runs on a shared machine):
-    fp32, cpu_linear.PackedLinear (the fp32 target's path)   43.5 / 63.8 / 71.2 / 83.0
-    block products, 14-bit activations (cpp)                  5.3 / 12.2 / 22.0 / 44.6
-    int4, bf16 activations                                    7.4 / 12.7 / 23.4 / 43.0
-    int8 fbgemm, dynamic activations (int8_linear.py)        15.8 / 18.8 / 23.0 / 29.6
-    int4, fp32 activations                                   209 at 1 row
-fbgemm's int8 scales activations per call, so a row's result depends on the rows beside it,
-and it would requantise the file's weights.
+Why these kernels. SmolLM2-135M's 30 layers' projections, each layer its own weights, 1 thread,
+ms for 1 / 4 / 8 / 16 rows, min of 7 runs, the two 4-bit kernels side by side in one process
+on a shared machine:
+    block products, 14-bit activations (cpp)                  7.8 / 10.9 / 20.4 / 43.8
+    int4, bf16 activations                                    9.9 / 14.2 / 25.6 / 47.4
+and, measured apart: fp32 (cpu_linear.PackedLinear, the fp32 target's path) 43.5 / 63.8 /
+71.2 / 83.0; int8 fbgemm with dynamic activations (int8_linear.py) 15.8 / 18.8 / 23.0 / 29.6;
+int4 with fp32 activations 209 at 1 row. fbgemm's int8 scales activations per call, so a row's
+result depends on the rows beside it, and it would requantise the file's weights.
 """
 
 from __future__ import annotations
@@ -123,6 +124,10 @@ class Q4Linear:
             raise ValueError(f"4-bit weights need inputs in blocks of {GROUP}, not {k}")
         self.cpp = cpp
         if cpp:
+            from sglang_d3d.models import cpu_kernels
+
+            if not cpu_kernels.load():
+                raise RuntimeError("the block products need the C++ CPU kernels, which did not build (see the log)")
             self.operands = pack_blocks(blocks)
         else:
             q = blocks.q.to(torch.int32).contiguous()  # [N, K] in [0, 15]

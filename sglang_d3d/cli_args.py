@@ -75,7 +75,8 @@ def add_engine_args(
     g.add_argument("--target-weights", choices=list(TARGET_WEIGHTS),
                    default=EngineConfig.target_weights,
                    help="the target's projection weights in its passes: q4 (the 4-bit Q4_1 "
-                   "weights of the GGUF it came from, bf16 activations into the int4 kernel), "
+                   "weights of the GGUF it came from, as stored; inputs rounded per block of 32 "
+                   "to 14-bit integers), "
                    "fp32 (as loaded; equal to HF generate), or auto: q4 where the target came "
                    "from a Q4_1 GGUF (the default target) and runs on a CPU in float32, else "
                    "fp32 (default auto: q4 is the faster there end to end, docs/benchmarks.md)")

@@ -105,3 +105,12 @@ def test_q8_products_are_the_file_weights_in_fp32_row_by_row():
     assert torch.allclose(y.double(), x.double() @ w.T, rtol=1e-5, atol=1e-6)
     for lo, hi in ((0, 1), (3, 4), (2, 11)):
         assert torch.equal(head(x[lo:hi]), y[lo:hi])
+
+
+def test_kernels_run_on_torchs_threads():
+    """Built with OpenMP, the kernels split their rows over torch's intra-op threads."""
+    torch.set_num_threads(2)
+    try:
+        assert torch.ops.d3d_cpu.kernel_threads() == min(2, torch.get_num_threads())
+    finally:
+        torch.set_num_threads(1)

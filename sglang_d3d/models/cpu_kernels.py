@@ -37,9 +37,10 @@ def _cpu_flags() -> str:
 
 
 def build_name() -> str:
-    """One build per source, torch version and CPU."""
+    """One build per source, build flags, torch version and CPU."""
     files = sorted(p for p in CSRC.iterdir() if p.suffix in (".cpp", ".h"))
-    key = b"".join(p.read_bytes() for p in files) + torch.__version__.encode() + _cpu_flags().encode()
+    key = b"".join(p.read_bytes() for p in files) + Path(__file__).read_bytes() + torch.__version__.encode()
+    key += _cpu_flags().encode()
     return "d3d_cpu_" + hashlib.sha256(key).hexdigest()[:12]
 
 
@@ -60,8 +61,11 @@ def load() -> bool:
 
     _ninja_on_path()
     try:
+        # -fopenmp: at::parallel_for runs on torch's OpenMP threads only where the extension
+        # is built with it (torch's own libgomp serves, already loaded under the same name)
         cpp_extension.load(build_name(), sources=[str(CSRC / s) for s in SOURCES], is_python_module=False,
-                           extra_cflags=["-O3", "-march=native"], verbose=False)
+                           extra_cflags=["-O3", "-march=native", "-fopenmp"], extra_ldflags=["-fopenmp"],
+                           verbose=False)
         return True
     except Exception as e:  # noqa: BLE001 - no compiler, no ninja, a failed build: the fallback
         log.warning("C++ CPU kernels unavailable (%s: %s); the 4-bit target runs on torch's int4 "

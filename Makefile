@@ -13,9 +13,10 @@ lint:
 	.venv/bin/ruff check sglang_d3d server benchmarks tests
 
 # Side-by-side with llama.cpp and Hugging Face (benchmarks/bench_peers.py). llama.cpp builds
-# from source for this CPU (about 10 minutes on two cores); it is a benchmark extra only.
+# from source for this CPU (about 10 minutes on two cores; benchmarks/llama_cmake_args.py says
+# with which instruction sets); it is a benchmark extra only.
 bench-peers:
 	bash scripts/setup.sh dev
-	CMAKE_ARGS="-DGGML_NATIVE=ON -DLLAMA_CURL=OFF" .venv/bin/python -m pip install -q -e '.[peers]'
+	CMAKE_ARGS="$$(.venv/bin/python benchmarks/llama_cmake_args.py)" .venv/bin/python -m pip install -q -e '.[peers]'
 	.venv/bin/python benchmarks/bench_peers.py --out benchmarks/results/peers.json
 	.venv/bin/python benchmarks/plot_peers.py benchmarks/results/peers.json benchmarks/results/peers.png

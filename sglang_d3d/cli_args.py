@@ -44,7 +44,8 @@ def add_engine_args(
     g.add_argument("--device", default="cpu", help="the target's device: cpu, cuda or cuda:N")
     g.add_argument("--draft-device", default=None, help="e.g. cuda:1 to give the drafter its own GPU")
     g.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
-                   help="auto: bf16 on GPUs and on CPUs with bf16 matrix units (AMX), else fp32")
+                   help="auto: bf16 on GPUs, fp32 on CPUs (where the modes' exactness and the "
+                   "4-bit default target need it)")
     g.add_argument("--max-context", type=int, default=EngineConfig.max_context,
                    help="prompt + output tokens per request")
     g.add_argument("--max-batch-size", "--max-concurrency", dest="max_batch_size", type=int,

@@ -161,7 +161,7 @@ class EngineConfig:
     drafter_path: str | None = None  # None: the shipped default drafter
     device: str = "cpu"
     draft_device: str | None = None  # None: same as device
-    dtype: str = "auto"  # auto: bf16 on GPUs and CPUs with bf16 matrix units, else fp32
+    dtype: str = "auto"  # auto: bf16 on GPUs, fp32 on CPUs (engine/factory.py engine_dtype)
     max_batch_size: int = 16  # running requests per cycle (slots in the KV caches)
     max_context: int = 2048  # per-request KV capacity (prompt + generated)
     max_queue: int = 256  # waiting requests beyond this are refused (HTTP 503)

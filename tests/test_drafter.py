@@ -121,3 +121,14 @@ def test_dtype_auto_follows_the_hardware(monkeypatch):
     assert loading.resolve_dtype("float16", "cpu") == torch.float16
     monkeypatch.setattr(loading, "has_bf16_matrix_units", lambda: True)
     assert loading.resolve_dtype("auto", "cpu") == torch.bfloat16
+
+
+def test_the_engine_serves_in_fp32_on_any_cpu(monkeypatch):
+    """Training may take bf16 on AMX; the engine's CPU passes are exact in fp32 only."""
+    from sglang_d3d.engine.factory import engine_dtype
+    from sglang_d3d.models import loading
+
+    monkeypatch.setattr(loading, "has_bf16_matrix_units", lambda: True)
+    assert engine_dtype("auto", "cpu") == "float32"
+    assert engine_dtype("auto", "cuda") == "bfloat16"
+    assert engine_dtype("bfloat16", "cpu") == "bfloat16"

@@ -127,3 +127,15 @@ def assert_follows(counts: torch.Tensor, exact: torch.Tensor, n: int) -> None:
     # A loose bound: mean dof, sd sqrt(2 dof); 5 sd is a one-in-millions false alarm.
     assert chi2 < dof + 5 * (2 * dof) ** 0.5, (chi2, dof)
     assert counts[~(exact > 0)].sum() == 0
+
+
+def finished_whole(record: dict, max_new: int, eos: int = 2) -> bool:
+    """A sampled request from the cpu_harness ran to its end: no error, and either all `max_new`
+    tokens or a stop on the end-of-sequence token (the tiny models' eos id is 2) with nothing
+    after it. Sampling may draw eos on one CPU and not another, since their sums round apart."""
+    ids = record["ids"]
+    if record["error"] is not None or not ids or len(ids) > max_new:
+        return False
+    if record["reason"] == "length":
+        return len(ids) == max_new and eos not in ids[:-1]
+    return record["reason"] == "stop" and eos not in ids[:-1] and (ids[-1] == eos or len(ids) < max_new)

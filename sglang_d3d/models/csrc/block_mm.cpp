@@ -46,6 +46,7 @@ constexpr int64_t XQ_BYTES = 4 * 4 * 32;  // one octet's activation bytes: 4 chu
 constexpr int XQ_MAX = 127 * 128;  // |xq|: h = xq >> 7 and l = xq & 127 both fit a signed byte
 constexpr int TILE = 4;  // input rows that share one decode of a weight octet
 constexpr int64_t GRAIN = 16;  // weight rows per parallel task, at least
+constexpr int64_t PANEL = 16;  // weight rows (about 15 KB at K = 1536) that meet a tile of input rows in turn
 constexpr int64_t PREFETCH = 2048;  // bytes of weights fetched ahead (1-16 KB measured alike; none is slower)
 
 // ---------------------------------------------------------------------------------------
@@ -172,6 +173,7 @@ void q4_row_vnni(const Rounded* xr, const uint8_t* w, const at::Half* d, const a
       hi[c] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
     }
     const __m256 dw = load_half8(d + o * OCTET), mw = load_half8(m + o * OCTET);
+#pragma GCC unroll 4  // whole: a rolled loop keeps total and mt on the stack, each octet waiting on a store
     for (int r = 0; r < R; ++r) {
       const int8_t* xb = xr[r].bytes + o * XQ_BYTES;
       __m256i acc[4] = {};  // four independent chains (h and l bytes against low and high nibbles)
@@ -226,6 +228,7 @@ void q4_pair_vnni(const Rounded* xr, const uint8_t* wa, const uint8_t* wb, const
       hi[c] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
     }
     const __m512 dw = half_pair(da + o * OCTET, db + o * OCTET), mw = half_pair(ma + o * OCTET, mb + o * OCTET);
+#pragma GCC unroll 4  // as in q4_row_vnni
     for (int r = 0; r < R; ++r) {
       const int8_t* xb = xr[r].bytes + o * XQ_BYTES;
       __m512i acc[4] = {};  // four independent chains (h and l bytes against low and high nibbles)
@@ -385,19 +388,25 @@ at::Tensor q4_mm(const at::Tensor& x0, const at::Tensor& qs, const at::Tensor& d
   const at::Half* dp = d.data_ptr<at::Half>();
   const at::Half* mp = m.data_ptr<at::Half>();
   const bool pairs = PAIRS && !portable;
+  // Panels of weight rows meet each tile of input rows in turn, so that both stay in L1 while
+  // they meet (weight rows outermost re-read every input row from L2 for each pair of weight
+  // rows, which bounded a 512-row prefill). An output's sums are the same in any order.
   at::parallel_for(0, n, GRAIN, [&](int64_t n0, int64_t n1) {
-    for (int64_t j = n0; j < n1;) {
-      const bool pair = pairs && j + 1 < n1;
+    for (int64_t p0 = n0; p0 < n1; p0 += PANEL) {
+      const int64_t p1 = std::min(p0 + PANEL, n1);
       for (int64_t r0 = 0; r0 < rows; r0 += TILE) {
         const int r = static_cast<int>(std::min<int64_t>(TILE, rows - r0));
-        if (pair)
-          q4_pairs(rounded.data() + r0, r, wp + j * k / 2, k / 2, dp + j * groups, mp + j * groups, groups,
-                   yp + r0 * n + j, n);
-        else
-          q4_rows(rounded.data() + r0, r, wp + j * k / 2, dp + j * groups, mp + j * groups, groups,
-                  yp + r0 * n + j, n, portable || !VNNI);
+        for (int64_t j = p0; j < p1;) {
+          const bool pair = pairs && j + 1 < p1;
+          if (pair)
+            q4_pairs(rounded.data() + r0, r, wp + j * k / 2, k / 2, dp + j * groups, mp + j * groups, groups,
+                     yp + r0 * n + j, n);
+          else
+            q4_rows(rounded.data() + r0, r, wp + j * k / 2, dp + j * groups, mp + j * groups, groups,
+                    yp + r0 * n + j, n, portable || !VNNI);
+          j += pair ? 2 : 1;
+        }
       }
-      j += pair ? 2 : 1;
     }
   });
   return y;

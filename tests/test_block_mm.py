@@ -65,6 +65,20 @@ def test_vector_path_equals_the_plain_cpp_one_bitwise(n, k):
     assert torch.equal(fast, plain)
 
 
+def test_inputs_halfway_between_integers_round_to_even_on_both_paths():
+    """With a block's largest magnitude 16256 the scale is 1, so k + 0.5 meets the rounding
+    exactly: the vector conversion and the plain loop must both give the even neighbour."""
+    lin = Q4Linear(_blocks(8, 64), cpp=True)
+    x = torch.arange(64, dtype=torch.float32).sub(32).add(0.5).unsqueeze(0)  # -31.5 .. 31.5
+    x[0, 0], x[0, 32] = 16256.0, -16256.0
+    fast = torch.ops.d3d_cpu.q4_mm(x, *lin.operands)
+    plain = torch.ops.d3d_cpu.q4_mm(x, *lin.operands, portable=True)
+    assert torch.equal(fast, plain)
+    w = _blocks(8, 64).dequantize(kernel=False).double()  # [8, 64], the file's weights
+    even = torch.round(x.double())  # torch rounds halves to even; away from zero is off by ~w
+    assert torch.allclose(fast.double(), even @ w.T, rtol=1e-6, atol=1e-3)
+
+
 def test_zero_blocks_and_rows_give_exact_zeros():
     b = _blocks(16, 64)
     lin = Q4Linear(Q4Blocks(b.q, b.d, torch.zeros_like(b.m)), cpp=True)

@@ -28,6 +28,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 #include "lanes.h"
@@ -67,32 +68,74 @@ struct Rounded {
   float* xs;
 };
 
-void round_row(const float* x, int64_t groups, Rounded out) {
+// Where block j of an octet keeps input i's h byte: part (chunk, nibble) at j's 4 bytes; the
+// l byte lies 32 bytes on
+inline int64_t h_at(int i, int64_t j) {
+  const int nib = i / 16, c = (i % 16) / 4, b = i % 4;  // high nibble?, chunk, byte
+  return c * 128 + nib * 64 + 4 * j + b;
+}
+
+constexpr float ROUNDER = 12582912.0f;  // 1.5 * 2^23: v + R - R is v rounded to even, |v| < 2^22
+
+// One block of 32 inputs -> its 14-bit integers in the octet's bytes; -> sum(xq), *amax
+int32_t round_block_plain(const float* xb, int8_t* oct, int64_t j, float* amax_out) {
+  float amax = 0.0f;
+  for (int i = 0; i < BLOCK; ++i) amax = std::max(amax, std::fabs(xb[i]));
+  const float inv = amax > 0.0f ? static_cast<float>(XQ_MAX) / amax : 0.0f;
+  int32_t sum = 0;
+  for (int i = 0; i < BLOCK; ++i) {
+    const float v = std::clamp(xb[i] * inv, -static_cast<float>(XQ_MAX), static_cast<float>(XQ_MAX));
+    const int32_t xq = static_cast<int32_t>((v + ROUNDER) - ROUNDER);
+    sum += xq;
+    oct[h_at(i, j)] = static_cast<int8_t>(xq >> 7);  // h (arithmetic shift: floor)
+    oct[h_at(i, j) + 32] = static_cast<int8_t>(xq & 127);  // l
+  }
+  *amax_out = amax;
+  return sum;
+}
+
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512DQ__)
+// The same integers with AVX-512: the maximum and integer sum are exact in any order, the
+// product and clamp are the same fp32 operations, and the conversion rounds to even as above
+int32_t round_block(const float* xb, int8_t* oct, int64_t j, float* amax_out) {
+  const __m512 a = _mm512_loadu_ps(xb), b = _mm512_loadu_ps(xb + 16);
+  const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(a), _mm512_abs_ps(b)));
+  const float inv = amax > 0.0f ? static_cast<float>(XQ_MAX) / amax : 0.0f;
+  const __m512 lim = _mm512_set1_ps(static_cast<float>(XQ_MAX)), neg = _mm512_set1_ps(-static_cast<float>(XQ_MAX));
+  const __m512 vi = _mm512_set1_ps(inv);
+  int32_t sum = 0;
+  const __m512 halves[2] = {a, b};
+  for (int nib = 0; nib < 2; ++nib) {  // inputs 16 nib .. 16 nib + 15: chunks 0-3 of one nibble
+    const __m512 v = _mm512_min_ps(_mm512_max_ps(_mm512_mul_ps(halves[nib], vi), neg), lim);
+    const __m512i xq = _mm512_cvt_roundps_epi32(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    sum += _mm512_reduce_add_epi32(xq);
+    alignas(16) int8_t h[16], l[16];
+    _mm_store_si128(reinterpret_cast<__m128i*>(h), _mm512_cvtepi32_epi8(_mm512_srai_epi32(xq, 7)));
+    _mm_store_si128(reinterpret_cast<__m128i*>(l), _mm512_cvtepi32_epi8(_mm512_and_si512(xq, _mm512_set1_epi32(127))));
+    for (int c = 0; c < 4; ++c) {
+      std::memcpy(oct + h_at(16 * nib + 4 * c, j), h + 4 * c, 4);
+      std::memcpy(oct + h_at(16 * nib + 4 * c, j) + 32, l + 4 * c, 4);
+    }
+  }
+  *amax_out = amax;
+  return sum;
+}
+#else
+int32_t round_block(const float* xb, int8_t* oct, int64_t j, float* amax_out) {
+  return round_block_plain(xb, oct, j, amax_out);
+}
+#endif
+
+void round_row(const float* x, int64_t groups, Rounded out, bool portable) {
   const int64_t octets = (groups + OCTET - 1) / OCTET;
   std::memset(out.bytes, 0, octets * XQ_BYTES);
   std::fill(out.dx, out.dx + octets * OCTET, 0.0f);
   std::fill(out.xs, out.xs + octets * OCTET, 0.0f);
-  constexpr float ROUNDER = 12582912.0f;  // 1.5 * 2^23: v + R - R is v rounded to even, |v| < 2^22
-  int32_t xq[BLOCK];
   for (int64_t g = 0; g < groups; ++g) {
-    const float* xb = x + g * BLOCK;
-    float amax = 0.0f;
-    for (int i = 0; i < BLOCK; ++i) amax = std::max(amax, std::fabs(xb[i]));
-    const float inv = amax > 0.0f ? static_cast<float>(XQ_MAX) / amax : 0.0f;
-    int32_t sum = 0;
-    for (int i = 0; i < BLOCK; ++i) {
-      const float v = std::clamp(xb[i] * inv, -static_cast<float>(XQ_MAX), static_cast<float>(XQ_MAX));
-      xq[i] = static_cast<int32_t>((v + ROUNDER) - ROUNDER);
-      sum += xq[i];
-    }
     int8_t* oct = out.bytes + (g / OCTET) * XQ_BYTES;
-    const int64_t j = g % OCTET;
-    for (int i = 0; i < BLOCK; ++i) {
-      const int nib = i / 16, c = (i % 16) / 4, b = i % 4;  // high nibble?, chunk, byte
-      int8_t* part = oct + c * 128 + nib * 64;
-      part[4 * j + b] = static_cast<int8_t>(xq[i] >> 7);  // h (arithmetic shift: floor)
-      part[32 + 4 * j + b] = static_cast<int8_t>(xq[i] & 127);  // l
-    }
+    float amax;
+    const int32_t sum = portable ? round_block_plain(x + g * BLOCK, oct, g % OCTET, &amax)
+                                 : round_block(x + g * BLOCK, oct, g % OCTET, &amax);
     out.dx[g] = amax / static_cast<float>(XQ_MAX);
     out.xs[g] = out.dx[g] * static_cast<float>(sum);  // the integer sum is exact in fp32 (< 2^24)
   }
@@ -380,7 +423,7 @@ at::Tensor q4_mm(const at::Tensor& x0, const at::Tensor& qs, const at::Tensor& d
     rounded[r] = {bytes.data() + r * octets * XQ_BYTES, dx.data() + r * octets * OCTET, xs.data() + r * octets * OCTET};
   const float* xp = x.data_ptr<float>();
   at::parallel_for(0, rows, 8, [&](int64_t r0, int64_t r1) {
-    for (int64_t r = r0; r < r1; ++r) round_row(xp + r * k, groups, rounded[r]);
+    for (int64_t r = r0; r < r1; ++r) round_row(xp + r * k, groups, rounded[r], portable);
   });
   at::Tensor y = at::empty({rows, n}, x.options());
   float* yp = y.data_ptr<float>();

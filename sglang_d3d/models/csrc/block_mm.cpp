@@ -47,6 +47,7 @@ constexpr int64_t XQ_BYTES = 4 * 4 * 32;  // one octet's activation bytes: 4 chu
 constexpr int XQ_MAX = 127 * 128;  // |xq|: h = xq >> 7 and l = xq & 127 both fit a signed byte
 constexpr int TILE = 4;  // input rows that share one decode of a weight octet
 constexpr int64_t GRAIN = 16;  // weight rows per parallel task, at least
+constexpr int64_t SCALE_ROWS = 64;  // Q8_0 rows whose scales are converted to fp32 at once
 constexpr int64_t PANEL = 16;  // weight rows (about 15 KB at K = 1536) that meet a tile of input rows in turn
 constexpr int64_t PREFETCH = 2048;  // bytes of weights fetched ahead (1-16 KB measured alike; none is slower)
 
@@ -468,13 +469,19 @@ at::Tensor q8_mm(const at::Tensor& x0, const at::Tensor& qs, const at::Tensor& d
   const int8_t* qp = qs.data_ptr<int8_t>();
   const at::Half* dp = d.data_ptr<at::Half>();
   at::parallel_for(0, n, GRAIN, [&](int64_t n0, int64_t n1) {
-    std::vector<float> ds((n1 - n0) * groups);  // this task's scales, converted at once
-    half_to_float(dp + n0 * groups, ds.data(), ds.size());
-    for (int64_t j = n0; j < n1; ++j)
-      for (int64_t r0 = 0; r0 < rows; r0 += TILE) {
-        const int r = static_cast<int>(std::min<int64_t>(TILE, rows - r0));
-        q8_rows(xp + r0 * k, k, r, qp + j * k, ds.data() + (j - n0) * groups, groups, yp + r0 * n + j, n);
-      }
+    // the scales of SCALE_ROWS rows at a time, converted into one small buffer that stays in
+    // cache (a task's whole share, 3.5 MB for a 49152-row head on one thread, was written and
+    // read back every call)
+    std::vector<float> ds(SCALE_ROWS * groups);
+    for (int64_t c0 = n0; c0 < n1; c0 += SCALE_ROWS) {
+      const int64_t c1 = std::min(c0 + SCALE_ROWS, n1);
+      half_to_float(dp + c0 * groups, ds.data(), (c1 - c0) * groups);
+      for (int64_t j = c0; j < c1; ++j)
+        for (int64_t r0 = 0; r0 < rows; r0 += TILE) {
+          const int r = static_cast<int>(std::min<int64_t>(TILE, rows - r0));
+          q8_rows(xp + r0 * k, k, r, qp + j * k, ds.data() + (j - c0) * groups, groups, yp + r0 * n + j, n);
+        }
+    }
   });
   return y;
 }

@@ -23,8 +23,8 @@ the same bytes.
 Why these kernels. SmolLM2-135M's 30 layers' projections, each layer its own weights, 1 thread,
 ms for 1 / 4 / 8 / 16 rows, min of 7 runs, the two 4-bit kernels side by side in one process
 on a shared machine:
-    block products, 14-bit activations (cpp)                  7.8 / 10.9 / 20.4 / 43.8
-    int4, bf16 activations                                    9.9 / 14.2 / 25.6 / 47.4
+    block products, 14-bit activations (cpp)                  6.6 / 9.4 / 17.8 / 32.0
+    int4, bf16 activations                                    9.1 / 14.4 / 25.8 / 45.7
 and, measured apart: fp32 (cpu_linear.PackedLinear, the fp32 target's path) 43.5 / 63.8 /
 71.2 / 83.0; int8 fbgemm with dynamic activations (int8_linear.py) 15.8 / 18.8 / 23.0 / 29.6;
 int4 with fp32 activations 209 at 1 row. fbgemm's int8 scales activations per call, so a row's

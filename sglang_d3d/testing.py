@@ -10,6 +10,7 @@ from pathlib import Path
 import torch
 
 TINY_VOCAB = 96
+TINY_EOS = 2  # the tiny configs' end-of-sequence id
 # Above uint16's range, as Llama 3 (128k) and Qwen (151k) vocabularies are.
 LARGE_VOCAB = 70_000
 # Every supported family (models/architectures.py), in the shapes tests build: "llama3" is
@@ -34,7 +35,7 @@ def tiny_config(arch: str = "llama", vocab: int = TINY_VOCAB, layers: int = 4, t
         num_key_value_heads=2,
         max_position_embeddings=512,
         bos_token_id=1,
-        eos_token_id=2,
+        eos_token_id=TINY_EOS,
         pad_token_id=0,
         tie_word_embeddings=tied,
     )

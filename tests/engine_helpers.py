@@ -7,6 +7,7 @@ import torch
 from sglang_d3d.config import BranchPolicy, EngineConfig, Mode, SpecConfig
 from sglang_d3d.engine.engine import SpecEngine
 from sglang_d3d.speculative.tree import DraftTree
+from sglang_d3d.testing import TINY_EOS
 
 # Modes that run over any drafter; fused runs drafter and target as one model, so it needs a
 # full-depth drafter (the "production" layout: tiny_prod_models).
@@ -129,10 +130,9 @@ def assert_follows(counts: torch.Tensor, exact: torch.Tensor, n: int) -> None:
     assert counts[~(exact > 0)].sum() == 0
 
 
-def finished_whole(record: dict, max_new: int, eos: int = 2) -> bool:
+def finished_whole(record: dict, max_new: int, eos: int = TINY_EOS) -> bool:
     """A sampled request from the cpu_harness ran to its end: no error, and either all `max_new`
-    tokens or a stop on the end-of-sequence token (the tiny models' eos id is 2) with nothing
-    after it. Sampling may draw eos on one CPU and not another, since their sums round apart."""
+    tokens or a stop on the tiny models' end-of-sequence token with nothing after it. Sampling may draw eos on one CPU and not another, since their sums round apart."""
     ids = record["ids"]
     if record["error"] is not None or not ids or len(ids) > max_new:
         return False

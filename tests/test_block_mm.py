@@ -58,7 +58,8 @@ def test_each_q4_row_is_bitwise_the_same_alone_or_in_a_batch(n, k, threads):
 @pytest.mark.parametrize("n,k", SHAPES)
 def test_vector_path_equals_the_plain_cpp_one_bitwise(n, k):
     """Integer block sums are exact either way and the fp32 steps run in one order: the
-    AVX-VNNI path (where the CPU has it) and the portable loop give the same bits."""
+    vector path this CPU takes (torch.ops.d3d_cpu.q4_path()) and the portable loop give the
+    same bits."""
     lin, x = Q4Linear(_blocks(n, k), cpp=True), _x(9, k)
     fast = torch.ops.d3d_cpu.q4_mm(x, *lin.operands)
     plain = torch.ops.d3d_cpu.q4_mm(x, *lin.operands, portable=True)
@@ -77,6 +78,21 @@ def test_inputs_halfway_between_integers_round_to_even_on_both_paths():
     w = _blocks(8, 64).dequantize(kernel=False).double()  # [8, 64], the file's weights
     even = torch.round(x.double())  # torch rounds halves to even; away from zero is off by ~w
     assert torch.allclose(fast.double(), even @ w.T, rtol=1e-6, atol=1e-3)
+
+
+def test_largest_nibbles_and_inputs_stay_exact_in_the_vector_sums():
+    """Every nibble 15 against every input byte at its extreme (h = +-127, l = 127): the
+    largest sums any path forms, in int16 on AVX2, must not saturate or wrap."""
+    q = torch.full((8, 64), 15, dtype=torch.uint8)
+    b = Q4Blocks(q, torch.full((8, 2), 0.01).half(), torch.full((8, 2), -0.1).half())
+    lin = Q4Linear(b, cpp=True)
+    x = torch.tensor([[16256.0] + [16255.0] * 31 + [-16256.0] + [-16129.0] * 31,  # scale 1: xq = x
+                      [-16129.0] * 31 + [16256.0] + [16255.0] * 32])
+    fast = torch.ops.d3d_cpu.q4_mm(x, *lin.operands)
+    assert torch.equal(fast, torch.ops.d3d_cpu.q4_mm(x, *lin.operands, portable=True))
+    w = b.dequantize(kernel=False).double()  # [8, 64]
+    scale = x.double().abs() @ w.abs().T  # the terms' size: the sums cancel, fp32 rounds on it
+    assert ((fast.double() - x.double() @ w.T).abs() < 1e-6 * scale).all()
 
 
 def test_zero_blocks_and_rows_give_exact_zeros():
@@ -119,6 +135,15 @@ def test_q8_products_are_the_file_weights_in_fp32_row_by_row():
     assert torch.allclose(y.double(), x.double() @ w.T, rtol=1e-5, atol=1e-6)
     for lo, hi in ((0, 1), (3, 4), (2, 11)):
         assert torch.equal(head(x[lo:hi]), y[lo:hi])
+
+
+@pytest.mark.parametrize("rows", [1, 2, 3, 7])
+def test_q8_vector_path_equals_the_generic_loop_bitwise(rows):
+    gen = torch.Generator().manual_seed(3)
+    q = torch.randint(-128, 128, (37, 160), generator=gen, dtype=torch.int8)
+    d = (torch.rand(37, 5, generator=gen) * 0.01).half()
+    x = _x(rows, 160)
+    assert torch.equal(torch.ops.d3d_cpu.q8_mm(x, q, d), torch.ops.d3d_cpu.q8_mm(x, q, d, True))
 
 
 def test_kernels_run_on_torchs_threads():

@@ -66,11 +66,12 @@ def load() -> bool:
         cpp_extension.load(build_name(), sources=[str(CSRC / s) for s in SOURCES], is_python_module=False,
                            extra_cflags=["-O3", "-march=native", "-fopenmp"], extra_ldflags=["-fopenmp"],
                            verbose=False)
-        return True
     except Exception as e:  # noqa: BLE001 - no compiler, no ninja, a failed build: the fallback
         log.warning("C++ CPU kernels unavailable (%s: %s); the 4-bit target runs on torch's int4 "
                     "kernel and its TorchScript path", type(e).__name__, str(e).splitlines()[0] if str(e) else "")
         return False
+    log.info("C++ CPU kernels loaded: 4-bit block products on the %s path", torch.ops.d3d_cpu.q4_path())
+    return True
 
 
 def exact_layers():

@@ -5,8 +5,8 @@ of 32 inputs.
 
 The block products (`cpp`, models/csrc/block_mm.cpp, built on first use): the file's d, m and
 q as stored, each weight exactly d * q + m; each input row rounded per block of 32 to 14-bit
-integers and the block's sums exact in int32 (AVX-512 or AVX-VNNI byte dot products where
-the CPU has them, plain C++ elsewhere, the same bits). Against fp32
+integers and the block's sums exact in int32 (AVX-512 VNNI or AVX-VNNI byte dot
+products where the CPU has them, AVX2 byte multiply-adds, or plain C++, the same bits). Against fp32
 products its error is about 1/16 of bf16 activations' (tests/test_block_mm.py measures both).
 
 torch's int4 weight-only kernel (`aten._weight_int4pack_mm_for_cpu`, the one torchao's int4

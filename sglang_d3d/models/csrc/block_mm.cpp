@@ -5,8 +5,9 @@
 // rounded per block of 32 to 14-bit integers (x ~ dx * xq, |xq| <= 16256 = 127 * 128, dx the
 // block's largest magnitude / 16256, xq = x * (16256 / largest) rounded to even), split as
 // xq = 128 h + l into two bytes, and each block's sum of q * xq is exact in int32: AVX-512
-// byte dot products over two weight rows at once, AVX-VNNI ones over one, or the same sums in
-// plain C++. Per block, that sum times the fp32 product d * dx, plus m times the block's
+// VNNI byte dot products over two weight rows at once, AVX-VNNI ones over one, AVX2 byte
+// multiply-adds through int16 (octet_sums says why they stay exact), or the same sums in plain
+// C++. Per block, that sum times the fp32 product d * dx, plus m times the block's
 // dx * sum(xq), accumulates in fp32 in a fixed order, so every path gives the same bits. The
 // weights are the file's exactly, and the activations keep 14 bits of each block's range
 // (bf16 keeps 8 of each value). Rounding inputs to 8 bits instead (one byte dot product per
@@ -29,6 +30,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "lanes.h"
@@ -178,8 +180,8 @@ void q4_row_portable(const Rounded* xr, int rows, const uint8_t* w, const at::Ha
   }
 }
 
-#if defined(__AVXVNNI__) && defined(__F16C__)
-constexpr bool VNNI = true;
+#if defined(__AVX2__) && defined(__F16C__) && defined(__FMA__)
+constexpr bool VECTOR = true;
 
 inline __m256i load32(const void* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
 
@@ -193,11 +195,43 @@ inline __m256 load_half8(const at::Half* p) {
   return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
 }
 
-// One weight row against R rounded input rows, with AVX-VNNI byte dot products (u8 nibbles
-// times s8 h and l bytes, 4 products a lane summed into int32)
+// One octet of one weight row (its nibbles lo[c] and hi[c] for chunks c) against one rounded
+// input row's bytes xb -> lane j: block j's exact sum of q * xq, as fp32 (|sum| < 2^24)
+#if defined(__AVXVNNI__)
+inline __m256 octet_sums(const __m256i* lo, const __m256i* hi, const int8_t* xb) {
+  __m256i acc[4] = {};  // four independent chains (h and l bytes against low and high nibbles)
+  for (int c = 0; c < 4; ++c)
+    for (int part = 0; part < 4; ++part)
+      acc[part] = _mm256_dpbusd_avx_epi32(acc[part], part < 2 ? lo[c] : hi[c], load32(xb + c * 128 + part * 32));
+  const __m256i ah = _mm256_add_epi32(acc[0], acc[2]), al = _mm256_add_epi32(acc[1], acc[3]);
+  return _mm256_cvtepi32_ps(_mm256_add_epi32(_mm256_slli_epi32(ah, 7), al));
+}
+#else
+// AVX2 has no byte dot product into int32: u8 x s8 pairs sum into int16 (maddubs), which stays
+// exact here. A nibble is at most 15 and a byte at most 127 in magnitude (|h| <= 127, l in
+// [0, 127]), so a pair is at most 3810 and the 8 pairs a lane meets per part (4 chunks, both
+// nibbles) at most 30480 < 2^15: the int16 sums neither saturate nor wrap, and one multiply-add
+// by ones then gives each 4-byte lane the same int32 as the VNNI path.
+inline __m256 octet_sums(const __m256i* lo, const __m256i* hi, const int8_t* xb) {
+  __m256i h = _mm256_setzero_si256(), l = _mm256_setzero_si256();
+  for (int c = 0; c < 4; ++c) {
+    const int8_t* x = xb + c * 128;
+    h = _mm256_add_epi16(h, _mm256_add_epi16(_mm256_maddubs_epi16(lo[c], load32(x)),
+                                             _mm256_maddubs_epi16(hi[c], load32(x + 64))));
+    l = _mm256_add_epi16(l, _mm256_add_epi16(_mm256_maddubs_epi16(lo[c], load32(x + 32)),
+                                             _mm256_maddubs_epi16(hi[c], load32(x + 96))));
+  }
+  const __m256i ones = _mm256_set1_epi16(1);
+  const __m256i ah = _mm256_madd_epi16(h, ones), al = _mm256_madd_epi16(l, ones);
+  return _mm256_cvtepi32_ps(_mm256_add_epi32(_mm256_slli_epi32(ah, 7), al));
+}
+#endif
+
+// One weight row against R rounded input rows (u8 nibbles times s8 h and l bytes, 4 products a
+// lane summed into int32)
 template <int R>
-void q4_row_vnni(const Rounded* xr, const uint8_t* w, const at::Half* d, const at::Half* m,
-                 int64_t groups, float* y, int64_t ldy) {
+void q4_row_vec(const Rounded* xr, const uint8_t* w, const at::Half* d, const at::Half* m,
+                int64_t groups, float* y, int64_t ldy) {
   const int64_t full = groups / OCTET, octets = (groups + OCTET - 1) / OCTET;
   const __m256i low4 = _mm256_set1_epi8(15);
   __m256 total[R], mt[R];
@@ -216,13 +250,7 @@ void q4_row_vnni(const Rounded* xr, const uint8_t* w, const at::Half* d, const a
     const __m256 dw = load_half8(d + o * OCTET), mw = load_half8(m + o * OCTET);
 #pragma GCC unroll 4  // whole: a rolled loop keeps total and mt on the stack, each octet waiting on a store
     for (int r = 0; r < R; ++r) {
-      const int8_t* xb = xr[r].bytes + o * XQ_BYTES;
-      __m256i acc[4] = {};  // four independent chains (h and l bytes against low and high nibbles)
-      for (int c = 0; c < 4; ++c)
-        for (int part = 0; part < 4; ++part)
-          acc[part] = _mm256_dpbusd_avx_epi32(acc[part], part < 2 ? lo[c] : hi[c], load32(xb + c * 128 + part * 32));
-      const __m256i ah = _mm256_add_epi32(acc[0], acc[2]), al = _mm256_add_epi32(acc[1], acc[3]);
-      const __m256 sum = _mm256_cvtepi32_ps(_mm256_add_epi32(_mm256_slli_epi32(ah, 7), al));  // exact
+      const __m256 sum = octet_sums(lo, hi, xr[r].bytes + o * XQ_BYTES);
       const __m256 scale = _mm256_mul_ps(dw, _mm256_loadu_ps(xr[r].dx + o * OCTET));
       total[r] = _mm256_fmadd_ps(sum, scale, total[r]);
       mt[r] = _mm256_fmadd_ps(mw, _mm256_loadu_ps(xr[r].xs + o * OCTET), mt[r]);
@@ -246,7 +274,7 @@ inline __m512 half_pair(const at::Half* a, const at::Half* b) {
 }
 
 // Two adjacent weight rows a and b at once in AVX-512 registers (a's octet in the low half, b's
-// in the high, the input bytes broadcast to both): every lane computes what q4_row_vnni's
+// in the high, the input bytes broadcast to both): every lane computes what q4_row_vec's
 // does, so the outputs are the same bits; the wider byte dot products do twice the work.
 template <int R>
 void q4_pair_vnni(const Rounded* xr, const uint8_t* wa, const uint8_t* wb, const at::Half* da,
@@ -269,7 +297,7 @@ void q4_pair_vnni(const Rounded* xr, const uint8_t* wa, const uint8_t* wb, const
       hi[c] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
     }
     const __m512 dw = half_pair(da + o * OCTET, db + o * OCTET), mw = half_pair(ma + o * OCTET, mb + o * OCTET);
-#pragma GCC unroll 4  // as in q4_row_vnni
+#pragma GCC unroll 4  // as in q4_row_vec
     for (int r = 0; r < R; ++r) {
       const int8_t* xb = xr[r].bytes + o * XQ_BYTES;
       __m512i acc[4] = {};  // four independent chains (h and l bytes against low and high nibbles)
@@ -313,14 +341,14 @@ void q4_rows(const Rounded* xr, int rows, const uint8_t* w, const at::Half* d, c
              int64_t groups, float* y, int64_t ldy, bool portable) {
   if (portable) return q4_row_portable(xr, rows, w, d, m, groups, y, ldy);
   switch (rows) {
-    case 1: return q4_row_vnni<1>(xr, w, d, m, groups, y, ldy);
-    case 2: return q4_row_vnni<2>(xr, w, d, m, groups, y, ldy);
-    case 3: return q4_row_vnni<3>(xr, w, d, m, groups, y, ldy);
-    default: return q4_row_vnni<4>(xr, w, d, m, groups, y, ldy);
+    case 1: return q4_row_vec<1>(xr, w, d, m, groups, y, ldy);
+    case 2: return q4_row_vec<2>(xr, w, d, m, groups, y, ldy);
+    case 3: return q4_row_vec<3>(xr, w, d, m, groups, y, ldy);
+    default: return q4_row_vec<4>(xr, w, d, m, groups, y, ldy);
   }
 }
 #else
-constexpr bool VNNI = false;
+constexpr bool VECTOR = false;
 constexpr bool PAIRS = false;
 
 void q4_rows(const Rounded* xr, int rows, const uint8_t* w, const at::Half* d, const at::Half* m,
@@ -342,6 +370,12 @@ typedef int8_t sbytes16 __attribute__((vector_size(16)));
 inline ilanes widen(const int8_t* p) {
 #if defined(__AVX512F__)
   return reinterpret_cast<ilanes>(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+#elif defined(__AVX2__)
+  const __m256i halves[2] = {_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))),
+                             _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + 8)))};
+  ilanes v;
+  std::memcpy(&v, halves, sizeof(v));
+  return v;
 #else
   ilanes v;
   for (int i = 0; i < LANES; ++i) v[i] = p[i];
@@ -385,8 +419,50 @@ void q8_row(const float* x, int64_t ldx, const int8_t* qs, const float* d, int64
   for (int r = 0; r < R; ++r) y[r * ldy] = hsum(lo_acc[r] + hi_acc[r]);
 }
 
+#if defined(__AVX2__) && defined(__F16C__) && defined(__FMA__) && !defined(__AVX512F__)
+// q8_row in AVX registers, written out: each 16-lane sum is two registers (lanes 0-7 and 8-15),
+// so the operations and their order are q8_row's and the outputs the same bits. Two input rows
+// at most: four sums a row and four weight registers fill the sixteen AVX registers.
+constexpr bool Q8_AVX2 = true;
+constexpr int Q8_TILE = 2;
+
+template <int R>
+void q8_row_avx2(const float* x, int64_t ldx, const int8_t* qs, const float* d, int64_t groups, float* y,
+                 int64_t ldy) {
+  __m256 acc[R][4];  // lo_acc lanes 0-7, 8-15, then hi_acc's
+  for (int r = 0; r < R; ++r)
+    for (int i = 0; i < 4; ++i) acc[r][i] = _mm256_setzero_ps();
+  for (int64_t g = 0; g < groups; ++g) {
+    const int8_t* q = qs + g * BLOCK;
+    if (g % 2 == 0) _mm_prefetch(reinterpret_cast<const char*>(q + PREFETCH), _MM_HINT_T0);
+    const __m256 dv = _mm256_set1_ps(d[g]);
+    __m256 w[4];  // exact: 8-bit q times fp16 d
+    for (int i = 0; i < 4; ++i)
+      w[i] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(
+                               _mm_loadl_epi64(reinterpret_cast<const __m128i*>(q + 8 * i)))), dv);
+    const float* xg = x + g * BLOCK;
+    for (int r = 0; r < R; ++r)
+      for (int i = 0; i < 4; ++i) acc[r][i] = _mm256_fmadd_ps(w[i], _mm256_loadu_ps(xg + r * ldx + 8 * i), acc[r][i]);
+  }
+  for (int r = 0; r < R; ++r) {
+    // hsum(lo + hi) over 16 lanes: lanes i and i + 8 first, then hsum8's tree
+    const __m256 a = _mm256_add_ps(acc[r][0], acc[r][2]), b = _mm256_add_ps(acc[r][1], acc[r][3]);
+    y[r * ldy] = hsum8(_mm256_add_ps(a, b));
+  }
+}
+
+#else
+constexpr bool Q8_AVX2 = false;
+constexpr int Q8_TILE = TILE;
+
+template <int R>
+void q8_row_avx2(const float*, int64_t, const int8_t*, const float*, int64_t, float*, int64_t) {}
+#endif
+
 void q8_rows(const float* x, int64_t ldx, int rows, const int8_t* qs, const float* d, int64_t groups,
-             float* y, int64_t ldy) {
+             float* y, int64_t ldy, bool portable) {
+  if (Q8_AVX2 && !portable)
+    return rows == 1 ? q8_row_avx2<1>(x, ldx, qs, d, groups, y, ldy) : q8_row_avx2<2>(x, ldx, qs, d, groups, y, ldy);
   switch (rows) {
     case 1: return q8_row<1>(x, ldx, qs, d, groups, y, ldy);
     case 2: return q8_row<2>(x, ldx, qs, d, groups, y, ldy);
@@ -444,7 +520,7 @@ at::Tensor q4_mm(const at::Tensor& x0, const at::Tensor& qs, const at::Tensor& d
                      yp + r0 * n + j, n);
           else
             q4_rows(rounded.data() + r0, r, wp + j * k / 2, dp + j * groups, mp + j * groups, groups,
-                    yp + r0 * n + j, n, portable || !VNNI);
+                    yp + r0 * n + j, n, portable || !VECTOR);
           j += pair ? 2 : 1;
         }
       }
@@ -453,7 +529,7 @@ at::Tensor q4_mm(const at::Tensor& x0, const at::Tensor& qs, const at::Tensor& d
   return y;
 }
 
-at::Tensor q8_mm(const at::Tensor& x0, const at::Tensor& qs, const at::Tensor& d) {
+at::Tensor q8_mm(const at::Tensor& x0, const at::Tensor& qs, const at::Tensor& d, bool portable) {
   check_input(x0);
   const at::Tensor x = x0.contiguous();
   const int64_t rows = x.size(0), k = x.size(1), n = qs.size(0), groups = k / BLOCK;
@@ -474,16 +550,26 @@ at::Tensor q8_mm(const at::Tensor& x0, const at::Tensor& qs, const at::Tensor& d
       const int64_t c1 = std::min(c0 + SCALE_ROWS, n1);
       half_to_float(dp + c0 * groups, ds.data(), (c1 - c0) * groups);
       for (int64_t j = c0; j < c1; ++j)
-        for (int64_t r0 = 0; r0 < rows; r0 += TILE) {
-          const int r = static_cast<int>(std::min<int64_t>(TILE, rows - r0));
-          q8_rows(xp + r0 * k, k, r, qp + j * k, ds.data() + (j - c0) * groups, groups, yp + r0 * n + j, n);
+        for (int64_t r0 = 0; r0 < rows;) {
+          const int64_t tile = portable ? TILE : Q8_TILE;
+          const int r = static_cast<int>(std::min<int64_t>(tile, rows - r0));
+          q8_rows(xp + r0 * k, k, r, qp + j * k, ds.data() + (j - c0) * groups, groups, yp + r0 * n + j, n, portable);
+          r0 += r;
         }
     }
   });
   return y;
 }
 
-bool q4_vnni() { return VNNI; }
+// Which path q4_mm's products take on this build: "avx512-vnni" (weight rows in pairs),
+// "avx-vnni", "avx2" or "portable"
+std::string q4_path() {
+  if (PAIRS) return "avx512-vnni";
+#if defined(__AVXVNNI__)
+  if (VECTOR) return "avx-vnni";
+#endif
+  return VECTOR ? "avx2" : "portable";
+}
 
 // How many threads at::parallel_for runs these kernels on (1 where the build lacks OpenMP)
 int64_t kernel_threads() {
@@ -497,8 +583,8 @@ int64_t kernel_threads() {
 TORCH_LIBRARY_FRAGMENT(d3d_cpu, m) {
   m.def("q4_mm(Tensor x, Tensor qs, Tensor d, Tensor m, bool portable=False) -> Tensor");
   m.impl("q4_mm", c10::DispatchKey::CPU, TORCH_FN(d3d::q4_mm));
-  m.def("q8_mm(Tensor x, Tensor qs, Tensor d) -> Tensor");
+  m.def("q8_mm(Tensor x, Tensor qs, Tensor d, bool portable=False) -> Tensor");
   m.impl("q8_mm", c10::DispatchKey::CPU, TORCH_FN(d3d::q8_mm));
-  m.def("q4_vnni() -> bool", TORCH_FN(d3d::q4_vnni));
+  m.def("q4_path() -> str", TORCH_FN(d3d::q4_path));
   m.def("kernel_threads() -> int", TORCH_FN(d3d::kernel_threads));
 }

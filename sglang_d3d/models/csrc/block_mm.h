@@ -15,7 +15,8 @@ constexpr int64_t Q4_PAD_BYTES = 128;
 at::Tensor q4_mm(const at::Tensor& x, const at::Tensor& qs, const at::Tensor& d, const at::Tensor& m,
                  bool portable = false);
 
-// x [M, K] fp32 @ W.T -> [M, N] fp32, W as Q8_0: qs [N, K] int8, d [N, K / 32] fp16 (w = d q)
-at::Tensor q8_mm(const at::Tensor& x, const at::Tensor& qs, const at::Tensor& d);
+// x [M, K] fp32 @ W.T -> [M, N] fp32, W as Q8_0: qs [N, K] int8, d [N, K / 32] fp16 (w = d q).
+// portable: the generic 16-lane loop even where an AVX2 one is written out (the same bits).
+at::Tensor q8_mm(const at::Tensor& x, const at::Tensor& qs, const at::Tensor& d, bool portable = false);
 
 }  // namespace d3d

@@ -41,6 +41,15 @@ inline lanes fma(lanes a, lanes b, lanes c) {
 #if defined(__AVX512F__)
   return reinterpret_cast<lanes>(_mm512_fmadd_ps(reinterpret_cast<__m512>(a), reinterpret_cast<__m512>(b),
                                                  reinterpret_cast<__m512>(c)));
+#elif defined(__FMA__) && defined(__AVX__)
+  __m256 x[2], y[2], z[2];  // two AVX registers' worth
+  std::memcpy(x, &a, sizeof(a));
+  std::memcpy(y, &b, sizeof(b));
+  std::memcpy(z, &c, sizeof(c));
+  for (int i = 0; i < 2; ++i) z[i] = _mm256_fmadd_ps(x[i], y[i], z[i]);
+  lanes out;
+  std::memcpy(&out, z, sizeof(out));
+  return out;
 #else
   lanes out;
   for (int i = 0; i < LANES; ++i) out[i] = __builtin_fmaf(a[i], b[i], c[i]);

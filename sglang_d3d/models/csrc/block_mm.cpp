@@ -6,7 +6,7 @@
 // block's largest magnitude / 16256, xq = x * (16256 / largest) rounded to even), split as
 // xq = 128 h + l into two bytes, and each block's sum of q * xq is exact in int32: AVX-512
 // VNNI byte dot products over two weight rows at once, AVX-VNNI ones over one, AVX2 byte
-// multiply-adds through int16 (octet_sums says why they stay exact), or the same sums in plain
+// multiply-adds through int16 (the AVX2 q4_row_vec says why they stay exact), or the same sums in plain
 // C++. Per block, that sum times the fp32 product d * dx, plus m times the block's
 // dx * sum(xq), accumulates in fp32 in a fixed order, so every path gives the same bits. The
 // weights are the file's exactly, and the activations keep 14 bits of each block's range
@@ -191,44 +191,27 @@ inline float hsum8(__m256 v) {
   return _mm_cvtss_f32(_mm_add_ss(b, _mm_movehdup_ps(b)));  // b[0] + b[1]
 }
 
+// An empty instruction that "changes" v: GCC otherwise reassociates the int16 sums below,
+// computes all of an octet's products first and spills them to the stack, which halved the
+// AVX2 kernel's speed
+template <typename V>
+inline void settle(V& v) {
+  __asm__("" : "+x"(v));
+}
+
+inline __m128i load16(const void* p) { return _mm_loadu_si128(reinterpret_cast<const __m128i*>(p)); }
+
 inline __m256 load_half8(const at::Half* p) {
   return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
 }
 
-// One octet of one weight row (its nibbles lo[c] and hi[c] for chunks c) against one rounded
-// input row's bytes xb -> lane j: block j's exact sum of q * xq, as fp32 (|sum| < 2^24)
-#if defined(__AVXVNNI__)
-inline __m256 octet_sums(const __m256i* lo, const __m256i* hi, const int8_t* xb) {
-  __m256i acc[4] = {};  // four independent chains (h and l bytes against low and high nibbles)
-  for (int c = 0; c < 4; ++c)
-    for (int part = 0; part < 4; ++part)
-      acc[part] = _mm256_dpbusd_avx_epi32(acc[part], part < 2 ? lo[c] : hi[c], load32(xb + c * 128 + part * 32));
-  const __m256i ah = _mm256_add_epi32(acc[0], acc[2]), al = _mm256_add_epi32(acc[1], acc[3]);
-  return _mm256_cvtepi32_ps(_mm256_add_epi32(_mm256_slli_epi32(ah, 7), al));
+inline __m128 load_half4(const at::Half* p) {
+  return _mm_cvtph_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
 }
-#else
-// AVX2 has no byte dot product into int32: u8 x s8 pairs sum into int16 (maddubs), which stays
-// exact here. A nibble is at most 15 and a byte at most 127 in magnitude (|h| <= 127, l in
-// [0, 127]), so a pair is at most 3810 and the 8 pairs a lane meets per part (4 chunks, both
-// nibbles) at most 30480 < 2^15: the int16 sums neither saturate nor wrap, and one multiply-add
-// by ones then gives each 4-byte lane the same int32 as the VNNI path.
-inline __m256 octet_sums(const __m256i* lo, const __m256i* hi, const int8_t* xb) {
-  __m256i h = _mm256_setzero_si256(), l = _mm256_setzero_si256();
-  for (int c = 0; c < 4; ++c) {
-    const int8_t* x = xb + c * 128;
-    h = _mm256_add_epi16(h, _mm256_add_epi16(_mm256_maddubs_epi16(lo[c], load32(x)),
-                                             _mm256_maddubs_epi16(hi[c], load32(x + 64))));
-    l = _mm256_add_epi16(l, _mm256_add_epi16(_mm256_maddubs_epi16(lo[c], load32(x + 32)),
-                                             _mm256_maddubs_epi16(hi[c], load32(x + 96))));
-  }
-  const __m256i ones = _mm256_set1_epi16(1);
-  const __m256i ah = _mm256_madd_epi16(h, ones), al = _mm256_madd_epi16(l, ones);
-  return _mm256_cvtepi32_ps(_mm256_add_epi32(_mm256_slli_epi32(ah, 7), al));
-}
-#endif
 
-// One weight row against R rounded input rows (u8 nibbles times s8 h and l bytes, 4 products a
-// lane summed into int32)
+#if defined(__AVXVNNI__)
+// One weight row against R rounded input rows, with AVX-VNNI byte dot products (u8 nibbles
+// times s8 h and l bytes, 4 products a lane summed into int32)
 template <int R>
 void q4_row_vec(const Rounded* xr, const uint8_t* w, const at::Half* d, const at::Half* m,
                 int64_t groups, float* y, int64_t ldy) {
@@ -250,7 +233,13 @@ void q4_row_vec(const Rounded* xr, const uint8_t* w, const at::Half* d, const at
     const __m256 dw = load_half8(d + o * OCTET), mw = load_half8(m + o * OCTET);
 #pragma GCC unroll 4  // whole: a rolled loop keeps total and mt on the stack, each octet waiting on a store
     for (int r = 0; r < R; ++r) {
-      const __m256 sum = octet_sums(lo, hi, xr[r].bytes + o * XQ_BYTES);
+      const int8_t* xb = xr[r].bytes + o * XQ_BYTES;
+      __m256i acc[4] = {};  // four independent chains (h and l bytes against low and high nibbles)
+      for (int c = 0; c < 4; ++c)
+        for (int part = 0; part < 4; ++part)
+          acc[part] = _mm256_dpbusd_avx_epi32(acc[part], part < 2 ? lo[c] : hi[c], load32(xb + c * 128 + part * 32));
+      const __m256i ah = _mm256_add_epi32(acc[0], acc[2]), al = _mm256_add_epi32(acc[1], acc[3]);
+      const __m256 sum = _mm256_cvtepi32_ps(_mm256_add_epi32(_mm256_slli_epi32(ah, 7), al));  // exact
       const __m256 scale = _mm256_mul_ps(dw, _mm256_loadu_ps(xr[r].dx + o * OCTET));
       total[r] = _mm256_fmadd_ps(sum, scale, total[r]);
       mt[r] = _mm256_fmadd_ps(mw, _mm256_loadu_ps(xr[r].xs + o * OCTET), mt[r]);
@@ -258,9 +247,140 @@ void q4_row_vec(const Rounded* xr, const uint8_t* w, const at::Half* d, const at
   }
   for (int r = 0; r < R; ++r) y[r * ldy] = hsum8(_mm256_add_ps(total[r], mt[r]));
 }
+#else
+// AVX2 has no byte dot product into int32: u8 x s8 pairs sum into int16 (maddubs), which stays
+// exact here. A nibble is at most 15 and a byte at most 127 in magnitude (|h| <= 127, l in
+// [0, 127]), so a pair is at most 3810 and the 8 pairs a lane meets per part (4 chunks, both
+// nibbles) at most 30480 < 2^15: the int16 sums neither saturate nor wrap, and one multiply-add
+// by ones then gives each 4-byte lane the same int32 as the VNNI path.
+//
+// P weight rows' Q4_1 operands, and their running fp32 sums against R input rows
+template <int P, int R>
+struct RowSums {
+  const uint8_t* w[P];
+  const at::Half* d[P];
+  const at::Half* m[P];
+  __m256 total[P][R], mt[P][R];
+};
+
+// Octet o of P weight rows (chunks `stride` bytes apart) against R rounded input rows, the same
+// sums as with AVX-VNNI, added into total and mt: each chunk's nibbles are decoded once and
+// meet every input row before the next chunk (all of an octet's nibbles at once, as the VNNI
+// kernel holds them, do not fit the sixteen AVX registers beside the sums).
+template <int P, int R>
+__attribute__((always_inline)) inline void octet_avx2(const Rounded* xr, int64_t o, int64_t stride,
+                                                      RowSums<P, R>& s) {
+  const __m256i low4 = _mm256_set1_epi8(15), ones = _mm256_set1_epi16(1);
+  __m256i h[P][R], l[P][R];  // int16 sums of q * h and q * l
+  for (int p = 0; p < P; ++p) {
+    _mm_prefetch(reinterpret_cast<const char*>(s.w[p] + o * OCTET_BYTES + PREFETCH), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(s.w[p] + o * OCTET_BYTES + PREFETCH + 64), _MM_HINT_T0);
+    for (int r = 0; r < R; ++r) h[p][r] = l[p][r] = _mm256_setzero_si256();
+  }
+  for (int c = 0; c < 4; ++c) {
+    __m256i lo[P], hi[P];
+    for (int p = 0; p < P; ++p) {
+      const __m256i v = load32(s.w[p] + o * OCTET_BYTES + c * stride);
+      lo[p] = _mm256_and_si256(v, low4);
+      hi[p] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
+    }
+    for (int r = 0; r < R; ++r) {
+      const int8_t* x = xr[r].bytes + o * XQ_BYTES + c * 128;
+      const __m256i xh = load32(x), xl = load32(x + 32), xh2 = load32(x + 64), xl2 = load32(x + 96);
+      for (int p = 0; p < P; ++p) {
+        h[p][r] = _mm256_add_epi16(h[p][r], _mm256_add_epi16(_mm256_maddubs_epi16(lo[p], xh),
+                                                             _mm256_maddubs_epi16(hi[p], xh2)));
+        l[p][r] = _mm256_add_epi16(l[p][r], _mm256_add_epi16(_mm256_maddubs_epi16(lo[p], xl),
+                                                             _mm256_maddubs_epi16(hi[p], xl2)));
+        settle(h[p][r]);
+        settle(l[p][r]);
+      }
+    }
+  }
+  for (int p = 0; p < P; ++p) {
+    const __m256 dw = load_half8(s.d[p] + o * OCTET), mw = load_half8(s.m[p] + o * OCTET);
+    for (int r = 0; r < R; ++r) {
+      const __m256i ah = _mm256_madd_epi16(h[p][r], ones), al = _mm256_madd_epi16(l[p][r], ones);
+      const __m256 sum = _mm256_cvtepi32_ps(_mm256_add_epi32(_mm256_slli_epi32(ah, 7), al));  // exact
+      const __m256 scale = _mm256_mul_ps(dw, _mm256_loadu_ps(xr[r].dx + o * OCTET));
+      s.total[p][r] = _mm256_fmadd_ps(sum, scale, s.total[p][r]);
+      s.mt[p][r] = _mm256_fmadd_ps(mw, _mm256_loadu_ps(xr[r].xs + o * OCTET), s.mt[p][r]);
+    }
+  }
+}
+
+// A last octet of at most 4 blocks: octet_avx2 on lanes 0-3 in 16-byte registers, half the
+// work. Lanes 4-7 are left as they are, where octet_avx2 would add zero products to them (as
+// the plain loop skips them), so outputs differ at most in the sign of an exact zero.
+template <int P, int R>
+__attribute__((always_inline)) inline void quad_avx2(const Rounded* xr, int64_t o, int64_t stride, RowSums<P, R>& s) {
+  const __m128i low4 = _mm_set1_epi8(15), ones = _mm_set1_epi16(1);
+  __m128i h[P][R], l[P][R];
+  for (int p = 0; p < P; ++p)
+    for (int r = 0; r < R; ++r) h[p][r] = l[p][r] = _mm_setzero_si128();
+  for (int c = 0; c < 4; ++c) {
+    __m128i lo[P], hi[P];
+    for (int p = 0; p < P; ++p) {
+      const __m128i v = load16(s.w[p] + o * OCTET_BYTES + c * stride);
+      lo[p] = _mm_and_si128(v, low4);
+      hi[p] = _mm_and_si128(_mm_srli_epi16(v, 4), low4);
+    }
+    for (int r = 0; r < R; ++r) {
+      const int8_t* x = xr[r].bytes + o * XQ_BYTES + c * 128;
+      const __m128i xh = load16(x), xl = load16(x + 32), xh2 = load16(x + 64), xl2 = load16(x + 96);
+      for (int p = 0; p < P; ++p) {
+        h[p][r] = _mm_add_epi16(h[p][r], _mm_add_epi16(_mm_maddubs_epi16(lo[p], xh), _mm_maddubs_epi16(hi[p], xh2)));
+        l[p][r] = _mm_add_epi16(l[p][r], _mm_add_epi16(_mm_maddubs_epi16(lo[p], xl), _mm_maddubs_epi16(hi[p], xl2)));
+        settle(h[p][r]);
+        settle(l[p][r]);
+      }
+    }
+  }
+  for (int p = 0; p < P; ++p) {
+    const __m128 dw = load_half4(s.d[p] + o * OCTET), mw = load_half4(s.m[p] + o * OCTET);
+    for (int r = 0; r < R; ++r) {
+      const __m128i ah = _mm_madd_epi16(h[p][r], ones), al = _mm_madd_epi16(l[p][r], ones);
+      const __m128 sum = _mm_cvtepi32_ps(_mm_add_epi32(_mm_slli_epi32(ah, 7), al));
+      const __m128 scale = _mm_mul_ps(dw, _mm_loadu_ps(xr[r].dx + o * OCTET));
+      const __m128 t = _mm_fmadd_ps(sum, scale, _mm256_castps256_ps128(s.total[p][r]));
+      const __m128 u = _mm_fmadd_ps(mw, _mm_loadu_ps(xr[r].xs + o * OCTET), _mm256_castps256_ps128(s.mt[p][r]));
+      s.total[p][r] = _mm256_blend_ps(s.total[p][r], _mm256_castps128_ps256(t), 0x0F);
+      s.mt[p][r] = _mm256_blend_ps(s.mt[p][r], _mm256_castps128_ps256(u), 0x0F);
+    }
+  }
+}
+
+// P adjacent weight rows (row_bytes apart, their scales `groups` apart) against R rounded input
+// rows -> y[r * ldy + p]
+template <int P, int R>
+void q4_block_avx2(const Rounded* xr, const uint8_t* w, int64_t row_bytes, const at::Half* d, const at::Half* m,
+                   int64_t groups, float* y, int64_t ldy) {
+  const int64_t full = groups / OCTET, tail = groups - full * OCTET;
+  RowSums<P, R> s;
+  for (int p = 0; p < P; ++p) {
+    s.w[p] = w + p * row_bytes;
+    s.d[p] = d + p * groups;
+    s.m[p] = m + p * groups;
+    for (int r = 0; r < R; ++r) s.total[p][r] = s.mt[p][r] = _mm256_setzero_ps();
+  }
+  for (int64_t o = 0; o < full; ++o) octet_avx2(xr, o, 32, s);
+  if (tail > 4) octet_avx2(xr, full, 4 * tail, s);
+  else if (tail > 0) quad_avx2(xr, full, 4 * tail, s);
+  for (int p = 0; p < P; ++p)
+    for (int r = 0; r < R; ++r) y[r * ldy + p] = hsum8(_mm256_add_ps(s.total[p][r], s.mt[p][r]));
+}
+
+template <int R>
+void q4_row_vec(const Rounded* xr, const uint8_t* w, const at::Half* d, const at::Half* m,
+                int64_t groups, float* y, int64_t ldy) {
+  q4_block_avx2<1, R>(xr, w, 0, d, m, groups, y, ldy);
+}
+
+#endif
 
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__) && defined(__AVX512DQ__)
 constexpr bool PAIRS = true;
+constexpr int PAIR_ROWS = TILE;  // input rows up to which weight rows go in pairs
 
 // a's 32 bytes in the low half, b's in the high
 inline __m512i pair32(const uint8_t* a, const uint8_t* b) {
@@ -330,8 +450,19 @@ void q4_pairs(const Rounded* xr, int rows, const uint8_t* wa, int64_t row_bytes,
     default: return q4_pair_vnni<4>(xr, wa, wb, da, db, ma, mb, groups, y, ldy);
   }
 }
+#elif !defined(__AVXVNNI__)
+// Two weight rows a step, for a single input row: two independent chains of sums, and each
+// input byte loaded once for both
+constexpr bool PAIRS = false;
+constexpr int PAIR_ROWS = 1;
+
+void q4_pairs(const Rounded* xr, int, const uint8_t* wa, int64_t row_bytes, const at::Half* da,
+              const at::Half* ma, int64_t groups, float* y, int64_t ldy) {
+  q4_block_avx2<2, 1>(xr, wa, row_bytes, da, ma, groups, y, ldy);
+}
 #else
 constexpr bool PAIRS = false;
+constexpr int PAIR_ROWS = 0;
 
 void q4_pairs(const Rounded*, int, const uint8_t*, int64_t, const at::Half*, const at::Half*, int64_t, float*,
               int64_t) {}
@@ -350,6 +481,7 @@ void q4_rows(const Rounded* xr, int rows, const uint8_t* w, const at::Half* d, c
 #else
 constexpr bool VECTOR = false;
 constexpr bool PAIRS = false;
+constexpr int PAIR_ROWS = 0;
 
 void q4_rows(const Rounded* xr, int rows, const uint8_t* w, const at::Half* d, const at::Half* m,
              int64_t groups, float* y, int64_t ldy, bool) {
@@ -363,27 +495,20 @@ void q4_pairs(const Rounded*, int, const uint8_t*, int64_t, const at::Half*, con
 // ---------------------------------------------------------------------------------------
 // Q8_0 weights: fp32 products
 
-typedef int8_t sbytes16 __attribute__((vector_size(16)));
-
-// 16 bytes -> 16 int32, sign-extended (named for AVX-512: GCC scalarises a vector-extension
-// widening of bytes)
+// 16 bytes -> 16 int32, sign-extended (with the CPU's widening instructions: GCC scalarises a
+// vector-extension widening of bytes)
 inline ilanes widen(const int8_t* p) {
 #if defined(__AVX512F__)
   return reinterpret_cast<ilanes>(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
-#elif defined(__AVX2__)
-  const __m256i halves[2] = {_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))),
-                             _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + 8)))};
-  ilanes v;
-  std::memcpy(&v, halves, sizeof(v));
-  return v;
+#elif defined(__AVX2__) && defined(__FMA__)
+  return {_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))),
+          _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + 8)))};
 #else
   ilanes v;
   for (int i = 0; i < LANES; ++i) v[i] = p[i];
   return v;
 #endif
 }
-
-inline lanes to_float(ilanes v) { return __builtin_convertvector(v, lanes); }
 
 // n fp16 values -> fp32 (exact), with the CPU's conversion instructions where it has them
 void half_to_float(const at::Half* src, float* dst, int64_t n) {
@@ -504,7 +629,7 @@ at::Tensor q4_mm(const at::Tensor& x0, const at::Tensor& qs, const at::Tensor& d
   const uint8_t* wp = qs.data_ptr<uint8_t>();
   const at::Half* dp = d.data_ptr<at::Half>();
   const at::Half* mp = m.data_ptr<at::Half>();
-  const bool pairs = PAIRS && !portable;
+  const int pair_rows = portable ? 0 : PAIR_ROWS;
   // Panels of weight rows meet each tile of input rows in turn, so that both stay in L1 while
   // they meet (weight rows outermost re-read every input row from L2 for each pair of weight
   // rows, which bounded a 512-row prefill). An output's sums are the same in any order.
@@ -514,7 +639,7 @@ at::Tensor q4_mm(const at::Tensor& x0, const at::Tensor& qs, const at::Tensor& d
       for (int64_t r0 = 0; r0 < rows; r0 += TILE) {
         const int r = static_cast<int>(std::min<int64_t>(TILE, rows - r0));
         for (int64_t j = p0; j < p1;) {
-          const bool pair = pairs && j + 1 < p1;
+          const bool pair = r <= pair_rows && j + 1 < p1;
           if (pair)
             q4_pairs(rounded.data() + r0, r, wp + j * k / 2, k / 2, dp + j * groups, mp + j * groups, groups,
                      yp + r0 * n + j, n);

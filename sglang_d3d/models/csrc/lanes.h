@@ -1,19 +1,55 @@
-// Sixteen fp32 lanes as one value, with the few operations the CPU kernels need. GCC and Clang
-// lower the type to the widest vectors the build target has (one AVX-512 register, two AVX
-// ones). Every operation here has one defined result (fused multiply-adds round once, sums run
-// in a fixed tree), so a kernel's output does not depend on how the compiler schedules it.
+// Sixteen fp32 lanes as one value, with the few operations the CPU kernels need: one AVX-512
+// register, two AVX ones (lanes 0-7 and 8-15, written out: GCC keeps a 64-byte vector type on
+// the stack where the widest register is 32 bytes, and every operation then goes through
+// memory), or the compiler's generic vectors elsewhere. Every operation here has one defined
+// result (fused multiply-adds round once, sums run in a fixed tree), so a kernel's output does
+// not depend on how the compiler schedules it.
 #pragma once
 
 #include <cstdint>
 #include <cstring>
 
-#if defined(__AVX512F__) || defined(__FMA__)
+#if defined(__AVX512F__) || defined(__AVX2__) || defined(__FMA__)
 #include <immintrin.h>
 #endif
 
 namespace d3d {
 
 constexpr int LANES = 16;
+
+#if defined(__AVX2__) && defined(__FMA__) && !defined(__AVX512F__)
+struct lanes {
+  __m256 lo, hi;
+};
+struct ilanes {
+  __m256i lo, hi;
+};
+
+inline lanes operator+(lanes a, lanes b) { return {_mm256_add_ps(a.lo, b.lo), _mm256_add_ps(a.hi, b.hi)}; }
+inline lanes operator*(lanes a, lanes b) { return {_mm256_mul_ps(a.lo, b.lo), _mm256_mul_ps(a.hi, b.hi)}; }
+inline lanes operator*(float s, lanes b) {
+  const __m256 v = _mm256_set1_ps(s);
+  return {_mm256_mul_ps(v, b.lo), _mm256_mul_ps(v, b.hi)};
+}
+inline lanes& operator+=(lanes& a, lanes b) { return a = a + b; }
+
+inline lanes load(const float* p) { return {_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8)}; }
+inline lanes splat(float x) { return {_mm256_set1_ps(x), _mm256_set1_ps(x)}; }
+inline lanes to_float(ilanes v) { return {_mm256_cvtepi32_ps(v.lo), _mm256_cvtepi32_ps(v.hi)}; }
+
+// a * b + c per lane, rounded once
+inline lanes fma(lanes a, lanes b, lanes c) {
+  return {_mm256_fmadd_ps(a.lo, b.lo, c.lo), _mm256_fmadd_ps(a.hi, b.hi, c.hi)};
+}
+
+// The lanes' sum in a fixed tree: halves added, then their halves, down to one
+inline float hsum(lanes v) {
+  const __m256 a = _mm256_add_ps(v.lo, v.hi);  // v[i] + v[i + 8]
+  const __m128 b = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));  // a[i] + a[i + 4]
+  const __m128 c = _mm_add_ps(b, _mm_movehl_ps(b, b));  // b[i] + b[i + 2]
+  return _mm_cvtss_f32(_mm_add_ss(c, _mm_movehdup_ps(c)));  // c[0] + c[1]
+}
+#else
 typedef float lanes __attribute__((vector_size(LANES * sizeof(float))));
 typedef int32_t ilanes __attribute__((vector_size(LANES * sizeof(int32_t))));
 typedef float lanes8 __attribute__((vector_size(8 * sizeof(float))));
@@ -36,20 +72,13 @@ inline lanes splat(float x) {
 #endif
 }
 
+inline lanes to_float(ilanes v) { return __builtin_convertvector(v, lanes); }
+
 // a * b + c per lane, rounded once
 inline lanes fma(lanes a, lanes b, lanes c) {
 #if defined(__AVX512F__)
   return reinterpret_cast<lanes>(_mm512_fmadd_ps(reinterpret_cast<__m512>(a), reinterpret_cast<__m512>(b),
                                                  reinterpret_cast<__m512>(c)));
-#elif defined(__FMA__) && defined(__AVX__)
-  __m256 x[2], y[2], z[2];  // two AVX registers' worth
-  std::memcpy(x, &a, sizeof(a));
-  std::memcpy(y, &b, sizeof(b));
-  std::memcpy(z, &c, sizeof(c));
-  for (int i = 0; i < 2; ++i) z[i] = _mm256_fmadd_ps(x[i], y[i], z[i]);
-  lanes out;
-  std::memcpy(&out, z, sizeof(out));
-  return out;
 #else
   lanes out;
   for (int i = 0; i < LANES; ++i) out[i] = __builtin_fmaf(a[i], b[i], c[i]);
@@ -73,5 +102,6 @@ inline float hsum(lanes v) {
   return part[0];
 #endif
 }
+#endif
 
 }  // namespace d3d

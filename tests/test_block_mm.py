@@ -25,8 +25,9 @@ def _x(m: int, k: int, seed: int = 1) -> torch.Tensor:
     return torch.randn(m, k, generator=gen) * torch.rand(m, k, generator=gen)  # uneven magnitudes
 
 
-# inputs of 1, 2, 8 (a full octet), 13 and 48 blocks: tails of every kind
-SHAPES = [(40, 32), (33, 64), (24, 256), (40, 416), (17, 1536)]
+# inputs of 1, 2, 8 (a full octet), 11, 12, 13 and 48 blocks: every kind of last octet (1 or 2
+# blocks, 3 or 4, more) after none, one or several full ones
+SHAPES = [(40, 32), (33, 64), (24, 256), (21, 352), (18, 384), (40, 416), (17, 1536)]
 
 
 @pytest.mark.parametrize("n,k", SHAPES)

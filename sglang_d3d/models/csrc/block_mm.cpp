@@ -69,7 +69,18 @@ struct Rounded {
   int8_t* bytes;
   float* dx;
   float* xs;
+  int8_t* tail;  // a last octet of t <= 2 blocks, its 4 parts packed (tail_bytes)
 };
+
+constexpr int64_t TAIL_BYTES = 4 * 32;
+
+// A last octet of t <= 2 blocks holds 4 t bytes a chunk, so its 4 chunks fill one 32-byte load
+// of weights. tail part p (h and l bytes against low nibbles, then against high ones) is that
+// octet's part p of chunks 0-3 side by side, 4 t bytes each, to meet that load; zeros after.
+void tail_bytes(const int8_t* oct, int64_t t, int8_t* tail) {
+  for (int part = 0; part < 4; ++part)
+    for (int c = 0; c < 4; ++c) std::memcpy(tail + part * 32 + c * 4 * t, oct + c * 128 + part * 32, 4 * t);
+}
 
 // Where block j of an octet keeps input i's h byte: part (chunk, nibble) at j's 4 bytes; the
 // l byte lies 32 bytes on
@@ -123,6 +134,52 @@ int32_t round_block(const float* xb, int8_t* oct, int64_t j, float* amax_out) {
   *amax_out = amax;
   return sum;
 }
+#elif defined(__AVX2__)
+// The same integers with AVX2, as the AVX-512 version says
+inline float max8(__m256 v) {
+  const __m128 a = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  const __m128 b = _mm_max_ps(a, _mm_movehl_ps(a, a));
+  return _mm_cvtss_f32(_mm_max_ss(b, _mm_movehdup_ps(b)));
+}
+
+// 16 int32 (a: the first 8) in [-128, 127] -> 16 bytes, in order
+inline __m128i bytes16(__m256i a, __m256i b) {
+  const __m256i w = _mm256_permute4x64_epi64(_mm256_packs_epi32(a, b), 0xD8);  // 16 int16 in order
+  return _mm_packs_epi16(_mm256_castsi256_si128(w), _mm256_extracti128_si256(w, 1));
+}
+
+int32_t round_block(const float* xb, int8_t* oct, int64_t j, float* amax_out) {
+  const __m256 sign = _mm256_set1_ps(-0.0f);
+  __m256 x[4];
+  for (int i = 0; i < 4; ++i) x[i] = _mm256_loadu_ps(xb + 8 * i);
+  const float amax = max8(_mm256_max_ps(_mm256_max_ps(_mm256_andnot_ps(sign, x[0]), _mm256_andnot_ps(sign, x[1])),
+                                        _mm256_max_ps(_mm256_andnot_ps(sign, x[2]), _mm256_andnot_ps(sign, x[3]))));
+  const float inv = amax > 0.0f ? static_cast<float>(XQ_MAX) / amax : 0.0f;
+  const __m256 lim = _mm256_set1_ps(static_cast<float>(XQ_MAX)), neg = _mm256_set1_ps(-static_cast<float>(XQ_MAX));
+  const __m256 vi = _mm256_set1_ps(inv);
+  __m256i xq[4], total = _mm256_setzero_si256();
+  for (int i = 0; i < 4; ++i) {
+    const __m256 v = _mm256_min_ps(_mm256_max_ps(_mm256_mul_ps(x[i], vi), neg), lim);
+    xq[i] = _mm256_cvttps_epi32(_mm256_round_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    total = _mm256_add_epi32(total, xq[i]);
+  }
+  for (int nib = 0; nib < 2; ++nib) {  // inputs 16 nib .. 16 nib + 15: chunks 0-3 of one nibble
+    const __m256i a = xq[2 * nib], b = xq[2 * nib + 1], low7 = _mm256_set1_epi32(127);
+    alignas(16) int8_t h[16], l[16];
+    _mm_store_si128(reinterpret_cast<__m128i*>(h), bytes16(_mm256_srai_epi32(a, 7), _mm256_srai_epi32(b, 7)));
+    _mm_store_si128(reinterpret_cast<__m128i*>(l), bytes16(_mm256_and_si256(a, low7), _mm256_and_si256(b, low7)));
+    for (int c = 0; c < 4; ++c) {
+      std::memcpy(oct + h_at(16 * nib + 4 * c, j), h + 4 * c, 4);
+      std::memcpy(oct + h_at(16 * nib + 4 * c, j) + 32, l + 4 * c, 4);
+    }
+  }
+  alignas(32) int32_t lanes8[8];
+  _mm256_store_si256(reinterpret_cast<__m256i*>(lanes8), total);
+  int32_t sum = 0;
+  for (int i = 0; i < 8; ++i) sum += lanes8[i];
+  *amax_out = amax;
+  return sum;
+}
 #else
 int32_t round_block(const float* xb, int8_t* oct, int64_t j, float* amax_out) {
   return round_block_plain(xb, oct, j, amax_out);
@@ -139,6 +196,8 @@ void round_row(const float* x, int64_t groups, Rounded out, bool portable) {
     out.dx[g] = amax / static_cast<float>(XQ_MAX);
     out.xs[g] = out.dx[g] * static_cast<float>(sum);  // the integer sum is exact in fp32 (< 2^24)
   }
+  const int64_t t = groups % OCTET;
+  if (t > 0 && t <= 2) tail_bytes(out.bytes + (groups / OCTET) * XQ_BYTES, t, out.tail);
 }
 
 // The 8 lanes' sum in a fixed tree (halves, quarters, then the last two), as hsum8 of the
@@ -350,6 +409,41 @@ __attribute__((always_inline)) inline void quad_avx2(const Rounded* xr, int64_t 
   }
 }
 
+// A last octet of t <= 2 blocks (o = the octet, its chunks 4 t bytes apart): all 4 chunks in
+// one 32-byte register against the rows' tail bytes, a quarter of octet_avx2's work. A lane
+// of 4 bytes then holds one chunk's sum for one block (chunk c, block j at lane c t + j); the
+// integer sums over chunks are exact in any order, and lanes 0 .. t - 1 of total and mt take
+// the same fp32 steps as in octet_avx2.
+template <int P, int R>
+__attribute__((always_inline)) inline void short_tail_avx2(const Rounded* xr, int64_t o, int64_t t, RowSums<P, R>& s) {
+  const __m256i low4 = _mm256_set1_epi8(15), ones = _mm256_set1_epi16(1);
+  for (int p = 0; p < P; ++p) {
+    const __m256i v = load32(s.w[p] + o * OCTET_BYTES);
+    const __m256i lo = _mm256_and_si256(v, low4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
+    const __m128 dw = load_half4(s.d[p] + o * OCTET), mw = load_half4(s.m[p] + o * OCTET);
+    for (int r = 0; r < R; ++r) {
+      const int8_t* x = xr[r].tail;
+      const __m256i h = _mm256_add_epi16(_mm256_maddubs_epi16(lo, load32(x)), _mm256_maddubs_epi16(hi, load32(x + 64)));
+      const __m256i l = _mm256_add_epi16(_mm256_maddubs_epi16(lo, load32(x + 32)), _mm256_maddubs_epi16(hi, load32(x + 96)));
+      const __m256i a = _mm256_add_epi32(_mm256_slli_epi32(_mm256_madd_epi16(h, ones), 7), _mm256_madd_epi16(l, ones));
+      __m128i b = _mm_add_epi32(_mm256_castsi256_si128(a), _mm256_extracti128_si256(a, 1));  // chunks c and c + 2
+      b = _mm_add_epi32(b, _mm_unpackhi_epi64(b, b));  // t = 2: lanes 0 and 1 are the blocks' sums
+      if (t == 1) b = _mm_add_epi32(b, _mm_shuffle_epi32(b, 1));  // t = 1: lane 0
+      const __m128 sum = _mm_cvtepi32_ps(b);
+      const __m128 scale = _mm_mul_ps(dw, _mm_loadu_ps(xr[r].dx + o * OCTET));
+      const __m128 tt = _mm_fmadd_ps(sum, scale, _mm256_castps256_ps128(s.total[p][r]));
+      const __m128 u = _mm_fmadd_ps(mw, _mm_loadu_ps(xr[r].xs + o * OCTET), _mm256_castps256_ps128(s.mt[p][r]));
+      if (t == 1) {
+        s.total[p][r] = _mm256_blend_ps(s.total[p][r], _mm256_castps128_ps256(tt), 0x01);
+        s.mt[p][r] = _mm256_blend_ps(s.mt[p][r], _mm256_castps128_ps256(u), 0x01);
+      } else {
+        s.total[p][r] = _mm256_blend_ps(s.total[p][r], _mm256_castps128_ps256(tt), 0x03);
+        s.mt[p][r] = _mm256_blend_ps(s.mt[p][r], _mm256_castps128_ps256(u), 0x03);
+      }
+    }
+  }
+}
+
 // P adjacent weight rows (row_bytes apart, their scales `groups` apart) against R rounded input
 // rows -> y[r * ldy + p]
 template <int P, int R>
@@ -365,7 +459,8 @@ void q4_block_avx2(const Rounded* xr, const uint8_t* w, int64_t row_bytes, const
   }
   for (int64_t o = 0; o < full; ++o) octet_avx2(xr, o, 32, s);
   if (tail > 4) octet_avx2(xr, full, 4 * tail, s);
-  else if (tail > 0) quad_avx2(xr, full, 4 * tail, s);
+  else if (tail > 2) quad_avx2(xr, full, 4 * tail, s);
+  else if (tail > 0) short_tail_avx2(xr, full, tail, s);
   for (int p = 0; p < P; ++p)
     for (int r = 0; r < R; ++r) y[r * ldy + p] = hsum8(_mm256_add_ps(s.total[p][r], s.mt[p][r]));
 }
@@ -615,11 +710,14 @@ at::Tensor q4_mm(const at::Tensor& x0, const at::Tensor& qs, const at::Tensor& d
                   d.numel() == n * groups + OCTET && m.numel() == d.numel(),
               "q4_mm: d and m [N * K / 32 + 8] fp16");
   // every input row rounded once
-  std::vector<int8_t> bytes(rows * octets * XQ_BYTES);
+  const int64_t row_bytes = octets * XQ_BYTES + TAIL_BYTES;
+  std::vector<int8_t> bytes(rows * row_bytes);
   std::vector<float> dx(rows * octets * OCTET), xs(rows * octets * OCTET);
   std::vector<Rounded> rounded(rows);
-  for (int64_t r = 0; r < rows; ++r)
-    rounded[r] = {bytes.data() + r * octets * XQ_BYTES, dx.data() + r * octets * OCTET, xs.data() + r * octets * OCTET};
+  for (int64_t r = 0; r < rows; ++r) {
+    int8_t* b = bytes.data() + r * row_bytes;
+    rounded[r] = {b, dx.data() + r * octets * OCTET, xs.data() + r * octets * OCTET, b + octets * XQ_BYTES};
+  }
   const float* xp = x.data_ptr<float>();
   at::parallel_for(0, rows, 8, [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) round_row(xp + r * k, groups, rounded[r], portable);

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from sglang_d3d.models import int8_linear, loading
+from sglang_d3d.models import cpu_kernels, int8_linear, loading
 from sglang_d3d.models.decoder import Decoder
 from sglang_d3d.models.draft_runner import DraftRunner
 from sglang_d3d.models.drafter import D3DDrafter
@@ -64,8 +64,8 @@ def main() -> None:
     for line in goals["lines"]:
         print(line)
     if a.json:
-        out = {"args": vars(a), "torch": torch.__version__, "median": rows, "min": mins,
-               "goals": goals["values"]}
+        out = {"args": vars(a), "torch": torch.__version__, "cpu": cpu_kernels.describe_cpu(), "median": rows,
+               "min": mins, "goals": goals["values"]}
         Path(a.json).write_text(json.dumps(out, indent=1) + "\n")
 
 

@@ -40,7 +40,7 @@ from sglang_d3d.engine.calibrate import CalibrationConfig, calibrate
 from sglang_d3d.engine.engine import SpecEngine
 from sglang_d3d.engine.factory import eos_token_ids, load_models
 from sglang_d3d.engine.offline import generate
-from sglang_d3d.models import loading
+from sglang_d3d.models import cpu_kernels, loading
 from sglang_d3d.prompts import chat_ids, load_questions
 
 PEERS = ("hf", "hf-pld", "llama", "llama-pld", "llama-f32", "d3d", "d3d-ar", "d3d-sync",
@@ -61,7 +61,7 @@ def main() -> None:
     torch.set_grad_enabled(False)
     torch.set_num_threads(a.threads)
     runners, tok = _build(a)
-    report = {"args": vars(a), "datasets": {}}
+    report = {"args": vars(a), "cpu": cpu_kernels.describe_cpu(), "datasets": {}}
     for ds, qs in questions.items():
         table, results = _run_dataset(ds, [chat_ids(tok, q) for q in qs], runners, a)
         report["datasets"][ds] = {"table": table, "runs": results}

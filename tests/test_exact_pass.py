@@ -8,7 +8,7 @@ import pytest
 import torch
 from test_q4_target import q4_models, tiny_llama_head_dim_64, write_q4_gguf  # noqa: F401 - shared
 
-from sglang_d3d.models import cpu_kernels, q4_linear
+from sglang_d3d.models import cpu_kernels, exact_pass, q4_linear
 from sglang_d3d.models.decoder import Decoder, rope_tables
 from sglang_d3d.models.exact_pass import _layers, key_plan, scripted_layers
 from sglang_d3d.models.q4_target import use_gguf_q4
@@ -66,6 +66,22 @@ def test_rows_of_a_batch_equal_each_row_alone(q4_models):  # noqa: F811
     alone.advance(1, -3)
     assert torch.equal(both[0], alone.forward_block([0], torch.tensor([[31, 37, 41]]))[0])
     assert torch.equal(both[1], alone.forward_block([1], torch.tensor([[43, 47, 53]]))[0])
+
+
+def test_logits_are_bitwise_the_same_on_one_thread_or_two(q4_models):  # noqa: F811
+    """Projections split weight rows and attention splits heads over torch's threads; no sum
+    may depend on the split."""
+    _, _, q4, _, _ = q4_models
+    tokens = torch.tensor([[31, 37, 41, 43]])
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = _runner(q4).forward_block([0], tokens)
+        torch.set_num_threads(2)
+        two = _runner(q4).forward_block([0], tokens)
+    finally:
+        torch.set_num_threads(before)
+    assert torch.equal(one, two)
 
 
 @pytest.fixture(scope="module")
@@ -173,3 +189,15 @@ def test_cpp_kernels_build_wherever_a_compiler_is_present():
     if shutil.which("c++") is None and shutil.which("g++") is None:
         pytest.skip("no C++ compiler here")
     assert cpu_kernels.exact_layers() is not None
+
+
+def test_auto_leaves_the_plain_cpp_loop_for_torchs_kernel(monkeypatch):
+    """Without vector block products (no AVX2) auto takes torch's int4 kernel; cpp still
+    asks for the C++ kernels outright."""
+    if not cpu_kernels.load():
+        pytest.skip("the C++ CPU kernels do not build here")
+    assert exact_pass.use_cpp("auto") == cpu_kernels.vectorised()
+    monkeypatch.setattr(cpu_kernels, "vectorised", lambda: False)
+    assert exact_pass.use_cpp("auto") is False
+    assert exact_pass.use_cpp("cpp") is True
+    assert exact_pass.use_cpp("script") is False

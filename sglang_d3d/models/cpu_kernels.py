@@ -5,7 +5,8 @@ $TORCH_EXTENSIONS_DIR, default ~/.cache/torch_extensions).
 The build takes about half a minute once. It needs a C++ compiler and ninja (a dependency,
 from PyPI). Where it cannot build, `load()` is False and the 4-bit target runs on torch's int4
 kernel and its TorchScript path (models/exact_pass.py), which is slower and exact in the same
-sense. The compiled code targets the CPU it is built on (-march=native), so the cache key
+sense; so it does by default where the block products would run on their plain C++ loop (a
+CPU without AVX2: `vectorised()` is False). The compiled code targets the CPU it is built on (-march=native), so the cache key
 names that CPU's flags.
 """
 
@@ -72,6 +73,28 @@ def load() -> bool:
         return False
     log.info("C++ CPU kernels loaded: 4-bit block products on the %s path", torch.ops.d3d_cpu.q4_path())
     return True
+
+
+def describe_cpu() -> dict:
+    """The CPU as benchmarks record it: /proc/cpuinfo's model name, family and model, and the
+    path the 4-bit block products take on it ("unbuilt" without the C++ kernels)."""
+    info = {}
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            key = key.strip()
+            if key in ("model name", "cpu family", "model") and key not in info:
+                info[key] = value.strip()
+    except OSError:
+        pass
+    info["q4_path"] = torch.ops.d3d_cpu.q4_path() if load() else "unbuilt"
+    return info
+
+
+def vectorised() -> bool:
+    """The block products run on vector instructions here (AVX2 or better), not the plain
+    C++ loop (block_mm.cpp's q4_path)."""
+    return load() and torch.ops.d3d_cpu.q4_path() != "portable"
 
 
 def exact_layers():

@@ -8,6 +8,7 @@
 // sums run in LANES running partial sums added in a fixed tree.
 
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 #include <torch/library.h>
 
 #include <cmath>
@@ -128,23 +129,28 @@ at::Tensor attend(const at::Tensor& qkv, const at::Tensor& cos, const at::Tensor
     const float* vbase = vp + slots[r] * slot_stride;
     at::Tensor scores = at::empty({hd.hq, n}, cos.options());
     float* sc = scores.data_ptr<float>();
-    for (int64_t h = 0; h < hd.hq; ++h) {
-      const float* qh = q.data() + (r * hd.hq + h) * d;
-      const int64_t kvh = h / group;  // query heads share key-value heads in runs (HF repeat_kv)
-      for (int64_t t = 0; t < n; ++t) sc[h * n + t] = dot(qh, kbase + seen[t] * pos_stride + kvh * d, d);
-    }
+    // heads split over torch's threads: each head's sums are its own, in one order
+    at::parallel_for(0, hd.hq, 1, [&](int64_t h0, int64_t h1) {
+      for (int64_t h = h0; h < h1; ++h) {
+        const float* qh = q.data() + (r * hd.hq + h) * d;
+        const int64_t kvh = h / group;  // query heads share key-value heads in runs (HF repeat_kv)
+        for (int64_t t = 0; t < n; ++t) sc[h * n + t] = dot(qh, kbase + seen[t] * pos_stride + kvh * d, d);
+      }
+    });
     const at::Tensor probs = at::_softmax(scores, -1, false);  // vectorised exp, row by row
     const float* pr = probs.data_ptr<float>();
-    for (int64_t h = 0; h < hd.hq; ++h) {
-      const int64_t kvh = h / group;
-      lanes acc[MAX_HEAD / LANES] = {};
-      for (int64_t t = 0; t < n; ++t) {
-        const float* v = vbase + seen[t] * pos_stride + kvh * d;
-        const float w = pr[h * n + t];
-        for (int64_t j = 0; j < d / LANES; ++j) acc[j] += w * load(v + j * LANES);
+    at::parallel_for(0, hd.hq, 1, [&](int64_t h0, int64_t h1) {
+      for (int64_t h = h0; h < h1; ++h) {
+        const int64_t kvh = h / group;
+        lanes acc[MAX_HEAD / LANES] = {};
+        for (int64_t t = 0; t < n; ++t) {
+          const float* v = vbase + seen[t] * pos_stride + kvh * d;
+          const float w = pr[h * n + t];
+          for (int64_t j = 0; j < d / LANES; ++j) acc[j] += w * load(v + j * LANES);
+        }
+        std::memcpy(op + (r * hd.hq + h) * d, acc, d * sizeof(float));
       }
-      std::memcpy(op + (r * hd.hq + h) * d, acc, d * sizeof(float));
-    }
+    });
   }
   return out;
 }

@@ -6,8 +6,8 @@
 // block's largest magnitude / 16256, xq = x * (16256 / largest) rounded to even), split as
 // xq = 128 h + l into two bytes, and each block's sum of q * xq is exact in int32: AVX-512
 // VNNI byte dot products over two weight rows at once, AVX-VNNI ones over one, AVX2 byte
-// multiply-adds through int16 (the AVX2 q4_row_vec says why they stay exact), or the same sums in plain
-// C++. Per block, that sum times the fp32 product d * dx, plus m times the block's
+// multiply-adds through int16 (the AVX2 section says why they stay exact), or the same sums in
+// plain C++. Per block, that sum times the fp32 product d * dx, plus m times the block's
 // dx * sum(xq), accumulates in fp32 in a fixed order, so every path gives the same bits. The
 // weights are the file's exactly, and the activations keep 14 bits of each block's range
 // (bf16 keeps 8 of each value). Rounding inputs to 8 bits instead (one byte dot product per
@@ -250,9 +250,9 @@ inline float hsum8(__m256 v) {
   return _mm_cvtss_f32(_mm_add_ss(b, _mm_movehdup_ps(b)));  // b[0] + b[1]
 }
 
-// An empty instruction that "changes" v: GCC otherwise reassociates the int16 sums below,
-// computes all of an octet's products first and spills them to the stack, which halved the
-// AVX2 kernel's speed
+// An empty instruction that "changes" v, so that the int16 sums below run in the order written:
+// GCC otherwise reassociates them, forms all of an octet's products first and spills them to
+// the stack
 template <typename V>
 inline void settle(V& v) {
   __asm__("" : "+x"(v));

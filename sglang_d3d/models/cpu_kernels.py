@@ -25,16 +25,24 @@ CSRC = Path(__file__).parent / "csrc"
 SOURCES = ("exact_layers.cpp", "block_mm.cpp")
 
 
-def _cpu_flags() -> str:
+def _cpuinfo() -> dict[str, str]:
+    """The first processor's fields in /proc/cpuinfo (empty where there is none)."""
+    info: dict[str, str] = {}
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
-                return line
+            key, _, value = line.partition(":")
+            info.setdefault(key.strip(), value.strip())
     except OSError:
         pass
+    return info
+
+
+def _cpu_flags() -> str:
+    """The instruction sets the build targets (-march=native): /proc/cpuinfo's flags, or the
+    platform's processor name where there is no such file."""
     import platform
 
-    return platform.processor()
+    return _cpuinfo().get("flags") or platform.processor()
 
 
 def build_name() -> str:
@@ -78,15 +86,7 @@ def load() -> bool:
 def describe_cpu() -> dict:
     """The CPU as benchmarks record it: /proc/cpuinfo's model name, family and model, and the
     path the 4-bit block products take on it ("unbuilt" without the C++ kernels)."""
-    info = {}
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            key, _, value = line.partition(":")
-            key = key.strip()
-            if key in ("model name", "cpu family", "model") and key not in info:
-                info[key] = value.strip()
-    except OSError:
-        pass
+    info = {k: v for k, v in _cpuinfo().items() if k in ("model name", "cpu family", "model")}
     info["q4_path"] = torch.ops.d3d_cpu.q4_path() if load() else "unbuilt"
     return info
 

@@ -74,6 +74,13 @@ struct Rounded {
 
 constexpr int64_t TAIL_BYTES = 4 * 32;
 
+// Whether q4 rows run on AVX2 byte multiply-adds, the one path that reads Rounded::tail
+#if defined(__AVX2__) && defined(__F16C__) && defined(__FMA__) && !defined(__AVXVNNI__)
+constexpr bool AVX2_ROWS = true;
+#else
+constexpr bool AVX2_ROWS = false;
+#endif
+
 // A last octet of t <= 2 blocks holds 4 t bytes a chunk, so its 4 chunks fill one 32-byte load
 // of weights. tail part p (h and l bytes against low nibbles, then against high ones) is that
 // octet's part p of chunks 0-3 side by side, 4 t bytes each, to meet that load; zeros after.
@@ -197,7 +204,7 @@ void round_row(const float* x, int64_t groups, Rounded out, bool portable) {
     out.xs[g] = out.dx[g] * static_cast<float>(sum);  // the integer sum is exact in fp32 (< 2^24)
   }
   const int64_t t = groups % OCTET;
-  if (t > 0 && t <= 2) tail_bytes(out.bytes + (groups / OCTET) * XQ_BYTES, t, out.tail);
+  if (AVX2_ROWS && !portable && t > 0 && t <= 2) tail_bytes(out.bytes + (groups / OCTET) * XQ_BYTES, t, out.tail);
 }
 
 // The 8 lanes' sum in a fixed tree (halves, quarters, then the last two), as hsum8 of the
@@ -257,8 +264,6 @@ template <typename V>
 inline void settle(V& v) {
   __asm__("" : "+x"(v));
 }
-
-inline __m128i load16(const void* p) { return _mm_loadu_si128(reinterpret_cast<const __m128i*>(p)); }
 
 inline __m256 load_half8(const at::Half* p) {
   return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
@@ -368,52 +373,13 @@ __attribute__((always_inline)) inline void octet_avx2(const Rounded* xr, int64_t
   }
 }
 
-// A last octet of at most 4 blocks: octet_avx2 on lanes 0-3 in 16-byte registers, half the
-// work. Lanes 4-7 are left as they are, where octet_avx2 would add zero products to them (as
-// the plain loop skips them), so outputs differ at most in the sign of an exact zero.
-template <int P, int R>
-__attribute__((always_inline)) inline void quad_avx2(const Rounded* xr, int64_t o, int64_t stride, RowSums<P, R>& s) {
-  const __m128i low4 = _mm_set1_epi8(15), ones = _mm_set1_epi16(1);
-  __m128i h[P][R], l[P][R];
-  for (int p = 0; p < P; ++p)
-    for (int r = 0; r < R; ++r) h[p][r] = l[p][r] = _mm_setzero_si128();
-  for (int c = 0; c < 4; ++c) {
-    __m128i lo[P], hi[P];
-    for (int p = 0; p < P; ++p) {
-      const __m128i v = load16(s.w[p] + o * OCTET_BYTES + c * stride);
-      lo[p] = _mm_and_si128(v, low4);
-      hi[p] = _mm_and_si128(_mm_srli_epi16(v, 4), low4);
-    }
-    for (int r = 0; r < R; ++r) {
-      const int8_t* x = xr[r].bytes + o * XQ_BYTES + c * 128;
-      const __m128i xh = load16(x), xl = load16(x + 32), xh2 = load16(x + 64), xl2 = load16(x + 96);
-      for (int p = 0; p < P; ++p) {
-        h[p][r] = _mm_add_epi16(h[p][r], _mm_add_epi16(_mm_maddubs_epi16(lo[p], xh), _mm_maddubs_epi16(hi[p], xh2)));
-        l[p][r] = _mm_add_epi16(l[p][r], _mm_add_epi16(_mm_maddubs_epi16(lo[p], xl), _mm_maddubs_epi16(hi[p], xl2)));
-        settle(h[p][r]);
-        settle(l[p][r]);
-      }
-    }
-  }
-  for (int p = 0; p < P; ++p) {
-    const __m128 dw = load_half4(s.d[p] + o * OCTET), mw = load_half4(s.m[p] + o * OCTET);
-    for (int r = 0; r < R; ++r) {
-      const __m128i ah = _mm_madd_epi16(h[p][r], ones), al = _mm_madd_epi16(l[p][r], ones);
-      const __m128 sum = _mm_cvtepi32_ps(_mm_add_epi32(_mm_slli_epi32(ah, 7), al));
-      const __m128 scale = _mm_mul_ps(dw, _mm_loadu_ps(xr[r].dx + o * OCTET));
-      const __m128 t = _mm_fmadd_ps(sum, scale, _mm256_castps256_ps128(s.total[p][r]));
-      const __m128 u = _mm_fmadd_ps(mw, _mm_loadu_ps(xr[r].xs + o * OCTET), _mm256_castps256_ps128(s.mt[p][r]));
-      s.total[p][r] = _mm256_blend_ps(s.total[p][r], _mm256_castps128_ps256(t), 0x0F);
-      s.mt[p][r] = _mm256_blend_ps(s.mt[p][r], _mm256_castps128_ps256(u), 0x0F);
-    }
-  }
-}
-
 // A last octet of t <= 2 blocks (o = the octet, its chunks 4 t bytes apart): all 4 chunks in
 // one 32-byte register against the rows' tail bytes, a quarter of octet_avx2's work. A lane
 // of 4 bytes then holds one chunk's sum for one block (chunk c, block j at lane c t + j); the
 // integer sums over chunks are exact in any order, and lanes 0 .. t - 1 of total and mt take
-// the same fp32 steps as in octet_avx2.
+// the same fp32 steps as in octet_avx2. Lanes t .. 7 are left as they are, where octet_avx2
+// would add zero products to them (the plain loop skips them), so outputs differ at most in
+// the sign of an exact zero.
 template <int P, int R>
 __attribute__((always_inline)) inline void short_tail_avx2(const Rounded* xr, int64_t o, int64_t t, RowSums<P, R>& s) {
   const __m256i low4 = _mm256_set1_epi8(15), ones = _mm256_set1_epi16(1);
@@ -458,8 +424,7 @@ void q4_block_avx2(const Rounded* xr, const uint8_t* w, int64_t row_bytes, const
     for (int r = 0; r < R; ++r) s.total[p][r] = s.mt[p][r] = _mm256_setzero_ps();
   }
   for (int64_t o = 0; o < full; ++o) octet_avx2(xr, o, 32, s);
-  if (tail > 4) octet_avx2(xr, full, 4 * tail, s);
-  else if (tail > 2) quad_avx2(xr, full, 4 * tail, s);
+  if (tail > 2) octet_avx2(xr, full, 4 * tail, s);
   else if (tail > 0) short_tail_avx2(xr, full, tail, s);
   for (int p = 0; p < P; ++p)
     for (int r = 0; r < R; ++r) y[r * ldy + p] = hsum8(_mm256_add_ps(s.total[p][r], s.mt[p][r]));

@@ -74,11 +74,13 @@ struct Rounded {
 
 constexpr int64_t TAIL_BYTES = 4 * 32;
 
-// Whether q4 rows run on AVX2 byte multiply-adds, the one path that reads Rounded::tail
-#if defined(__AVX2__) && defined(__F16C__) && defined(__FMA__) && !defined(__AVXVNNI__)
-constexpr bool AVX2_ROWS = true;
+// Whether a path reads Rounded::tail: q4 rows on AVX2 byte multiply-adds, and weight-row
+// pairs on AVX-512 VNNI
+#if (defined(__AVX2__) && defined(__F16C__) && defined(__FMA__) && !defined(__AVXVNNI__)) || \
+    (defined(__AVX512VNNI__) && defined(__AVX512BW__) && defined(__AVX512DQ__))
+constexpr bool SHORT_TAILS = true;
 #else
-constexpr bool AVX2_ROWS = false;
+constexpr bool SHORT_TAILS = false;
 #endif
 
 // A last octet of t <= 2 blocks holds 4 t bytes a chunk, so its 4 chunks fill one 32-byte load
@@ -204,7 +206,7 @@ void round_row(const float* x, int64_t groups, Rounded out, bool portable) {
     out.xs[g] = out.dx[g] * static_cast<float>(sum);  // the integer sum is exact in fp32 (< 2^24)
   }
   const int64_t t = groups % OCTET;
-  if (AVX2_ROWS && !portable && t > 0 && t <= 2) tail_bytes(out.bytes + (groups / OCTET) * XQ_BYTES, t, out.tail);
+  if (SHORT_TAILS && !portable && t > 0 && t <= 2) tail_bytes(out.bytes + (groups / OCTET) * XQ_BYTES, t, out.tail);
 }
 
 // The 8 lanes' sum in a fixed tree (halves, quarters, then the last two), as hsum8 of the
@@ -457,43 +459,87 @@ inline __m512 half_pair(const at::Half* a, const at::Half* b) {
 // in the high, the input bytes broadcast to both): every lane computes what q4_row_vec's
 // does, so the outputs are the same bits; the wider byte dot products do twice the work.
 template <int R>
+struct PairSums {
+  const uint8_t *wa, *wb;
+  const at::Half *da, *db, *ma, *mb;
+  __m512 total[R], mt[R];
+};
+
+// Octet o of both rows, its chunks `stride` bytes apart, against R rounded input rows
+template <int R>
+__attribute__((always_inline)) inline void octet_pair(const Rounded* xr, int64_t o, int64_t stride, PairSums<R>& s) {
+  const __m512i low4 = _mm512_set1_epi8(15);
+  const int64_t at = o * OCTET_BYTES;
+  _mm_prefetch(reinterpret_cast<const char*>(s.wa + at + PREFETCH), _MM_HINT_T0);
+  _mm_prefetch(reinterpret_cast<const char*>(s.wa + at + PREFETCH + 64), _MM_HINT_T0);
+  _mm_prefetch(reinterpret_cast<const char*>(s.wb + at + PREFETCH), _MM_HINT_T0);
+  _mm_prefetch(reinterpret_cast<const char*>(s.wb + at + PREFETCH + 64), _MM_HINT_T0);
+  __m512i lo[4], hi[4];
+  for (int c = 0; c < 4; ++c) {
+    const __m512i v = pair32(s.wa + at + c * stride, s.wb + at + c * stride);
+    lo[c] = _mm512_and_si512(v, low4);
+    hi[c] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
+  }
+  const __m512 dw = half_pair(s.da + o * OCTET, s.db + o * OCTET), mw = half_pair(s.ma + o * OCTET, s.mb + o * OCTET);
+#pragma GCC unroll 4  // as in q4_row_vec
+  for (int r = 0; r < R; ++r) {
+    const int8_t* xb = xr[r].bytes + o * XQ_BYTES;
+    __m512i acc[4] = {};  // four independent chains (h and l bytes against low and high nibbles)
+    for (int c = 0; c < 4; ++c)
+      for (int part = 0; part < 4; ++part)
+        acc[part] = _mm512_dpbusd_epi32(acc[part], part < 2 ? lo[c] : hi[c],
+                                        _mm512_broadcast_i64x4(load32(xb + c * 128 + part * 32)));
+    const __m512i ah = _mm512_add_epi32(acc[0], acc[2]), al = _mm512_add_epi32(acc[1], acc[3]);
+    const __m512 sum = _mm512_cvtepi32_ps(_mm512_add_epi32(_mm512_slli_epi32(ah, 7), al));  // exact
+    const __m512 scale = _mm512_mul_ps(dw, _mm512_broadcast_f32x8(_mm256_loadu_ps(xr[r].dx + o * OCTET)));
+    s.total[r] = _mm512_fmadd_ps(sum, scale, s.total[r]);
+    s.mt[r] = _mm512_fmadd_ps(mw, _mm512_broadcast_f32x8(_mm256_loadu_ps(xr[r].xs + o * OCTET)), s.mt[r]);
+  }
+}
+
+// A last octet of t <= 2 blocks (its chunks 4 t bytes apart): each row's 4 chunks in one
+// 32-byte half, against the rows' tail bytes, a quarter of octet_pair's byte products. A lane
+// of 4 bytes holds one chunk's sum for one block (chunk c, block j at lane c t + j of its
+// half), and the chunks' integer sums are exact in any order. Lanes 0 .. t - 1 of each half
+// take octet_pair's fp32 steps; the others are left as they are, where octet_pair adds zero
+// products to them, so outputs differ at most in the sign of an exact zero (as short_tail_avx2).
+template <int R>
+__attribute__((always_inline)) inline void short_tail_pair(const Rounded* xr, int64_t o, int64_t t, PairSums<R>& s) {
+  const __m512i low4 = _mm512_set1_epi8(15);
+  const int64_t at = o * OCTET_BYTES;
+  const __m512i v = pair32(s.wa + at, s.wb + at);
+  const __m512i lo = _mm512_and_si512(v, low4), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
+  const __m512 dw = half_pair(s.da + o * OCTET, s.db + o * OCTET), mw = half_pair(s.ma + o * OCTET, s.mb + o * OCTET);
+  const __mmask16 keep = t == 1 ? 0x0101 : 0x0303;  // lanes 0 .. t - 1 of each row's half
+  for (int r = 0; r < R; ++r) {
+    const int8_t* x = xr[r].tail;
+    __m512i h = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, _mm512_broadcast_i64x4(load32(x)));
+    h = _mm512_dpbusd_epi32(h, hi, _mm512_broadcast_i64x4(load32(x + 64)));
+    __m512i l = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, _mm512_broadcast_i64x4(load32(x + 32)));
+    l = _mm512_dpbusd_epi32(l, hi, _mm512_broadcast_i64x4(load32(x + 96)));
+    __m512i a = _mm512_add_epi32(_mm512_slli_epi32(h, 7), l);  // exact
+    a = _mm512_add_epi32(a, _mm512_shuffle_i32x4(a, a, _MM_SHUFFLE(2, 3, 0, 1)));  // chunks c and c + 2
+    a = _mm512_add_epi32(a, _mm512_unpackhi_epi64(a, a));  // t = 2: lanes 0 and 1 of each half
+    if (t == 1) a = _mm512_add_epi32(a, _mm512_shuffle_epi32(a, _MM_PERM_BBBB));  // t = 1: lane 0
+    const __m512 sum = _mm512_cvtepi32_ps(a);
+    const __m512 scale = _mm512_mul_ps(dw, _mm512_broadcast_f32x8(_mm256_loadu_ps(xr[r].dx + o * OCTET)));
+    s.total[r] = _mm512_mask3_fmadd_ps(sum, scale, s.total[r], keep);
+    s.mt[r] = _mm512_mask3_fmadd_ps(mw, _mm512_broadcast_f32x8(_mm256_loadu_ps(xr[r].xs + o * OCTET)), s.mt[r], keep);
+  }
+}
+
+template <int R>
 void q4_pair_vnni(const Rounded* xr, const uint8_t* wa, const uint8_t* wb, const at::Half* da,
                   const at::Half* db, const at::Half* ma, const at::Half* mb, int64_t groups, float* y,
                   int64_t ldy) {
-  const int64_t full = groups / OCTET, octets = (groups + OCTET - 1) / OCTET;
-  const __m512i low4 = _mm512_set1_epi8(15);
-  __m512 total[R], mt[R];
-  for (int r = 0; r < R; ++r) total[r] = mt[r] = _mm512_setzero_ps();
-  for (int64_t o = 0; o < octets; ++o) {
-    const int64_t at = o * OCTET_BYTES, stride = o < full ? 32 : 4 * (groups - full * OCTET);
-    _mm_prefetch(reinterpret_cast<const char*>(wa + at + PREFETCH), _MM_HINT_T0);
-    _mm_prefetch(reinterpret_cast<const char*>(wa + at + PREFETCH + 64), _MM_HINT_T0);
-    _mm_prefetch(reinterpret_cast<const char*>(wb + at + PREFETCH), _MM_HINT_T0);
-    _mm_prefetch(reinterpret_cast<const char*>(wb + at + PREFETCH + 64), _MM_HINT_T0);
-    __m512i lo[4], hi[4];
-    for (int c = 0; c < 4; ++c) {
-      const __m512i v = pair32(wa + at + c * stride, wb + at + c * stride);
-      lo[c] = _mm512_and_si512(v, low4);
-      hi[c] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
-    }
-    const __m512 dw = half_pair(da + o * OCTET, db + o * OCTET), mw = half_pair(ma + o * OCTET, mb + o * OCTET);
-#pragma GCC unroll 4  // as in q4_row_vec
-    for (int r = 0; r < R; ++r) {
-      const int8_t* xb = xr[r].bytes + o * XQ_BYTES;
-      __m512i acc[4] = {};  // four independent chains (h and l bytes against low and high nibbles)
-      for (int c = 0; c < 4; ++c)
-        for (int part = 0; part < 4; ++part)
-          acc[part] = _mm512_dpbusd_epi32(acc[part], part < 2 ? lo[c] : hi[c],
-                                          _mm512_broadcast_i64x4(load32(xb + c * 128 + part * 32)));
-      const __m512i ah = _mm512_add_epi32(acc[0], acc[2]), al = _mm512_add_epi32(acc[1], acc[3]);
-      const __m512 sum = _mm512_cvtepi32_ps(_mm512_add_epi32(_mm512_slli_epi32(ah, 7), al));  // exact
-      const __m512 scale = _mm512_mul_ps(dw, _mm512_broadcast_f32x8(_mm256_loadu_ps(xr[r].dx + o * OCTET)));
-      total[r] = _mm512_fmadd_ps(sum, scale, total[r]);
-      mt[r] = _mm512_fmadd_ps(mw, _mm512_broadcast_f32x8(_mm256_loadu_ps(xr[r].xs + o * OCTET)), mt[r]);
-    }
-  }
+  const int64_t full = groups / OCTET, tail = groups - full * OCTET;
+  PairSums<R> s{wa, wb, da, db, ma, mb, {}, {}};
+  for (int r = 0; r < R; ++r) s.total[r] = s.mt[r] = _mm512_setzero_ps();
+  for (int64_t o = 0; o < full; ++o) octet_pair(xr, o, 32, s);
+  if (tail > 2) octet_pair(xr, full, 4 * tail, s);
+  else if (tail > 0) short_tail_pair(xr, full, tail, s);
   for (int r = 0; r < R; ++r) {
-    const __m512 v = _mm512_add_ps(total[r], mt[r]);
+    const __m512 v = _mm512_add_ps(s.total[r], s.mt[r]);
     y[r * ldy] = hsum8(_mm512_castps512_ps256(v));
     y[r * ldy + 1] = hsum8(_mm512_extractf32x8_ps(v, 1));
   }
@@ -644,6 +690,34 @@ template <int R>
 void q8_row_avx2(const float*, int64_t, const int8_t*, const float*, int64_t, float*, int64_t) {}
 #endif
 
+// W adjacent weight rows (k apart, scales `groups` apart) against one input row -> y[0 .. W):
+// each row's sums are q8_row<1>'s, operation for operation (the same bits on either vector
+// path), and the W rows' chains of multiply-adds are independent, so a plain step's head does
+// not wait on one chain's latency
+// With AVX-512, two rows at once made the head 14% faster (a Xeon, 1 thread; four: slower);
+// on a Zen 2's AVX registers two were slower, so that path keeps one row at a time
+#if defined(__AVX512F__)
+constexpr int Q8_WROWS = 2;
+#else
+constexpr int Q8_WROWS = 1;
+#endif
+
+template <int W>
+void q8_wrows(const float* x, const int8_t* qs, int64_t k, const float* d, int64_t groups, float* y) {
+  lanes lo_acc[W] = {}, hi_acc[W] = {};
+  for (int64_t g = 0; g < groups; ++g) {
+    const lanes xlo = load(x + g * BLOCK), xhi = load(x + g * BLOCK + LANES);
+    for (int w = 0; w < W; ++w) {
+      const int8_t* q = qs + w * k + g * BLOCK;
+      if (g % 2 == 0) __builtin_prefetch(q + PREFETCH);
+      const lanes dv = splat(d[w * groups + g]);
+      lo_acc[w] = fma(to_float(widen(q)) * dv, xlo, lo_acc[w]);  // exact products, as q8_row
+      hi_acc[w] = fma(to_float(widen(q + LANES)) * dv, xhi, hi_acc[w]);
+    }
+  }
+  for (int w = 0; w < W; ++w) y[w] = hsum(lo_acc[w] + hi_acc[w]);
+}
+
 void q8_rows(const float* x, int64_t ldx, int rows, const int8_t* qs, const float* d, int64_t groups,
              float* y, int64_t ldy, bool portable) {
   if (Q8_AVX2 && !portable)
@@ -737,7 +811,11 @@ at::Tensor q8_mm(const at::Tensor& x0, const at::Tensor& qs, const at::Tensor& d
     for (int64_t c0 = n0; c0 < n1; c0 += SCALE_ROWS) {
       const int64_t c1 = std::min(c0 + SCALE_ROWS, n1);
       half_to_float(dp + c0 * groups, ds.data(), (c1 - c0) * groups);
-      for (int64_t j = c0; j < c1; ++j)
+      int64_t j = c0;
+      if (rows == 1 && !portable && Q8_WROWS > 1)  // a plain step: weight rows side by side
+        for (; j + Q8_WROWS <= c1; j += Q8_WROWS)
+          q8_wrows<Q8_WROWS>(xp, qp + j * k, k, ds.data() + (j - c0) * groups, groups, yp + j);
+      for (; j < c1; ++j)
         for (int64_t r0 = 0; r0 < rows;) {
           const int64_t tile = portable ? TILE : Q8_TILE;
           const int r = static_cast<int>(std::min<int64_t>(tile, rows - r0));

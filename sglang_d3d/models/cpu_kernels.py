@@ -37,7 +37,7 @@ def _cpuinfo() -> dict[str, str]:
     return info
 
 
-def _cpu_flags() -> str:
+def cpu_flags() -> str:
     """The instruction sets the build targets (-march=native): /proc/cpuinfo's flags, or the
     platform's processor name where there is no such file."""
     import platform
@@ -49,7 +49,7 @@ def build_name() -> str:
     """One build per source, build flags, torch version and CPU."""
     files = sorted(p for p in CSRC.iterdir() if p.suffix in (".cpp", ".h"))
     key = b"".join(p.read_bytes() for p in files) + Path(__file__).read_bytes() + torch.__version__.encode()
-    key += _cpu_flags().encode()
+    key += cpu_flags().encode()
     return "d3d_cpu_" + hashlib.sha256(key).hexdigest()[:12]
 
 
@@ -63,18 +63,23 @@ def _ninja_on_path() -> None:
     os.environ["PATH"] = ninja.BIN_DIR + os.pathsep + os.environ.get("PATH", "")
 
 
-@functools.lru_cache(maxsize=1)
-def load() -> bool:
-    """Build and load the kernels (torch.ops.d3d_cpu.*); False where they cannot be built."""
+def build(name: str, sources: tuple[str, ...], cflags: list[str]) -> None:
+    """Compile and load csrc `sources` as extension `name` (cached under that name), with
+    `cflags` after -O3; raises where it cannot be built."""
     from torch.utils import cpp_extension
 
     _ninja_on_path()
+    # -fopenmp: at::parallel_for runs on torch's OpenMP threads only where the extension
+    # is built with it (torch's own libgomp serves, already loaded under the same name)
+    cpp_extension.load(name, sources=[str(CSRC / s) for s in sources], is_python_module=False,
+                       extra_cflags=["-O3", *cflags, "-fopenmp"], extra_ldflags=["-fopenmp"], verbose=False)
+
+
+@functools.lru_cache(maxsize=1)
+def load() -> bool:
+    """Build and load the kernels (torch.ops.d3d_cpu.*); False where they cannot be built."""
     try:
-        # -fopenmp: at::parallel_for runs on torch's OpenMP threads only where the extension
-        # is built with it (torch's own libgomp serves, already loaded under the same name)
-        cpp_extension.load(build_name(), sources=[str(CSRC / s) for s in SOURCES], is_python_module=False,
-                           extra_cflags=["-O3", "-march=native", "-fopenmp"], extra_ldflags=["-fopenmp"],
-                           verbose=False)
+        build(build_name(), SOURCES, ["-march=native"])
     except Exception as e:  # noqa: BLE001 - no compiler, no ninja, a failed build: the fallback
         log.warning("C++ CPU kernels unavailable (%s: %s); the 4-bit target runs on torch's int4 "
                     "kernel and its TorchScript path", type(e).__name__, str(e).splitlines()[0] if str(e) else "")

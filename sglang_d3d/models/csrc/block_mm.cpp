@@ -846,7 +846,13 @@ int64_t kernel_threads() {
 
 }  // namespace d3d
 
-TORCH_LIBRARY_FRAGMENT(d3d_cpu, m) {
+// The operators' namespace; tests build this file again for other CPUs' instruction sets under
+// names of their own (tests/test_block_mm_paths.py)
+#ifndef D3D_OPS
+#define D3D_OPS d3d_cpu
+#endif
+
+TORCH_LIBRARY_FRAGMENT(D3D_OPS, m) {
   m.def("q4_mm(Tensor x, Tensor qs, Tensor d, Tensor m, bool portable=False) -> Tensor");
   m.impl("q4_mm", c10::DispatchKey::CPU, TORCH_FN(d3d::q4_mm));
   m.def("q8_mm(Tensor x, Tensor qs, Tensor d, bool portable=False) -> Tensor");

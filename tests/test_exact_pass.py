@@ -154,7 +154,7 @@ def test_unsupported_layers_are_refused(q4_models):  # noqa: F811
     layers = q4.fused().layers
     gelu = replace(layers[0], act=torch.nn.GELU())
     with pytest.raises(ValueError, match="SiLU"):
-        ExactWeights.from_layers((gelu, *layers[1:]), (2, 1, 64))
+        ExactWeights.from_layers((gelu, *layers[1:]), (2, 1, 64), q4.fused().norm)
 
 
 @torch.inference_mode()

@@ -137,3 +137,17 @@ def test_rope_tables_give_hf_rotary_embedding_bitwise():
     ref_q, ref_k = apply_rotary_pos_emb(q, k, cos, sin)
     tables = rope_tables(cos, sin)
     assert torch.equal(_rope(q, *tables), ref_q) and torch.equal(_rope(k, *tables), ref_k)
+
+
+@pytest.mark.parametrize("arch", ["llama", "llama3", "qwen2"])
+def test_rope_lookups_are_the_rotarys_own_values_bitwise(arch):
+    """Decoder.rope_at reads tables built once (and grown) in place of the rotary's ~12 calls
+    a pass; what it reads is what the rotary computes for those positions."""
+    from sglang_d3d.models.decoder import rope_tables
+
+    d = Decoder.from_hf(tiny_hf_model(arch))
+    h = torch.zeros(1, 1, d.arch.num_heads * d.arch.head_dim)
+    for pos in ([[0]], [[5]], [[7, 8, 9, 10]], [[300, 301], [17, 18]], [[2500]], [[1023, 1024]]):
+        pos = torch.tensor(pos)
+        got, want = d.rope_at(pos, h), rope_tables(*d.rotary(h, pos))
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]), pos

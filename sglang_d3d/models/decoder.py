@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from sglang_d3d.models.architectures import check_architecture, sliding_window
-from sglang_d3d.models.exact_pass import key_plan
+from sglang_d3d.models.exact_pass import KeyPlan, key_plan
 from sglang_d3d.models.fused import FusedLayer, FusedModel
 from sglang_d3d.models.kv_cache import KVCache, slot_selector
 
@@ -95,6 +95,7 @@ class Batch:
     # Each query attends alone over exactly the keys it sees (models/exact_pass.py), so its
     # result does not depend on the rest of the pass: the 4-bit target's decode and verify.
     exact_rows: bool = False
+    plan: KeyPlan | None = None  # the keys each exact row sees, where known without `mask`
 
     def prepare(self) -> None:
         """Once per pass: each input's cache row, and per-row key spans (so rows of
@@ -191,6 +192,10 @@ def _segment_attention(q: torch.Tensor, b: Batch, li: int) -> torch.Tensor:
     return torch.cat(outs, 2)
 
 
+# transformers' rope types whose angles depend on the position alone (not on a sequence length)
+POSITION_ONLY_ROPE = ("default", "linear", "llama3")
+
+
 def rope_tables(cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """cos/sin [N, T, D] -> (cos, signed sin) [N, 1, T, D], once per pass: with the sign of
     the rotation's first half folded into sin, a layer's RoPE is one roll and three
@@ -240,6 +245,7 @@ class Decoder(nn.Module):
         self.rotary = inner.rotary_emb
         self.lm_head = hf_model.lm_head
         self._fused: FusedModel | None = None  # built on the first fast pass
+        self._rope: tuple[torch.Tensor, torch.Tensor] | None = None  # rope_at's tables
 
     @classmethod
     def from_hf(cls, hf_model) -> Decoder:
@@ -262,6 +268,22 @@ class Decoder(nn.Module):
         """Its inference passes compute every query's attention alone (4-bit weights,
         models/q4_target.py), so each token of verify width costs an attention pass."""
         return self._fused is not None and self._fused.exact_rows
+
+    def rope_at(self, positions: torch.Tensor, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """rope_tables(*self.rotary(h, positions)), [N, 1, T, D], for positions [N, T]: read
+        from tables of every position up to the largest asked for so far (grown by doubling),
+        where the rotary's angles depend on the position alone. A decode step then makes two
+        lookups, not the ~12 small torch calls of the rotary, each of which costs several
+        times its isolated time after a step's weights have streamed through the caches."""
+        if getattr(self.rotary, "rope_type", None) not in POSITION_ONLY_ROPE:
+            return rope_tables(*self.rotary(h, positions))
+        need = int(positions.max()) + 1
+        if self._rope is None or self._rope[0].shape[0] < need:
+            size = max(need, 2 * (0 if self._rope is None else self._rope[0].shape[0]), 1024)
+            cos, sin = rope_tables(*self.rotary(h, torch.arange(size, device=h.device).unsqueeze(0)))
+            self._rope = (cos[0, 0], sin[0, 0])  # [size, D]
+        cos, sin = self._rope
+        return cos[positions].unsqueeze(1), sin[positions].unsqueeze(1)
 
     def make_cache(self, num_slots: int, max_len: int) -> KVCache:
         s = self.arch
@@ -292,9 +314,9 @@ class Decoder(nn.Module):
         f = self.fused() if fast else None
         h = self.embed_tokens(input_ids)
         if f is not None and f.exact_rows and b.exact_rows:
-            cos, sin = rope_tables(*self.rotary(h, b.positions))
-            h = f.exact(h, cos, sin, b.cache, b.slots, b.write_at, key_plan(b.mask))
-            return f.lm_head(f.norm(h))
+            cos, sin = self.rope_at(b.positions, h)
+            plan = b.plan if b.plan is not None else key_plan(b.mask)
+            return f.lm_head(f.exact(h, cos, sin, b.cache, b.slots, b.write_at, plan))  # normed
         h = run_layers(self.layers, self.rotary, h, b, self.arch, None if f is None else f.layers)
         if pick is not None:
             h = h.gather(1, pick.to(h.device).unsqueeze(-1).expand(-1, -1, h.shape[-1]))

@@ -59,6 +59,15 @@ def key_plan(mask: Tensor) -> KeyPlan:
     return KeyPlan(counts, paths)
 
 
+def chain_plan(lengths: list[int], t: int) -> KeyPlan:
+    """The plan key_plan gives a chain of t queries after rows of cached `lengths`: query i
+    of a row sees its first length + i + 1 cache entries (built without a mask)."""
+    return KeyPlan([n + i + 1 for n in lengths for i in range(t)], [_NO_PATH] * (len(lengths) * t))
+
+
+_NO_PATH = torch.empty(0, dtype=torch.long)
+
+
 @dataclass(frozen=True)
 class ExactWeights:
     """A 4-bit fused model's layers as flat lists the one-call pass reads: per layer its four
@@ -72,9 +81,12 @@ class ExactWeights:
     eps: float
     heads: tuple[int, int, int]  # (query heads, key-value heads, head size)
     cpp: bool  # the block products' operands (the C++ loop reads them), else int4's
+    final_norm: Tensor  # the RMSNorm weight after the last layer
+    final_eps: float
 
     @classmethod
-    def from_layers(cls, layers, heads: tuple[int, int, int]) -> ExactWeights:
+    def from_layers(cls, layers, heads: tuple[int, int, int], final_norm) -> ExactWeights:
+        """`final_norm`: the model's last RMSNorm (models/fused.rms_norm's fp32 form)."""
         projs, norms, eps = [], [], None
         for layer in layers:
             if "SiLU" not in type(layer.act).__name__:  # torch's or transformers' SiLU
@@ -84,7 +96,8 @@ class ExactWeights:
                 norms.append(norm.keywords["weight"])
                 eps = norm.keywords["eps"]
         operands = tuple(list(t) for t in zip(*(p.operands for p in projs)))
-        return cls(operands, [p.bias for p in projs], norms, float(eps), heads, projs[0].cpp)
+        return cls(operands, [p.bias for p in projs], norms, float(eps), heads, projs[0].cpp,
+                   final_norm.keywords["weight"], float(final_norm.keywords["eps"]))
 
 
 def _rms(x: Tensor, w: Tensor, eps: float) -> Tensor:
@@ -186,13 +199,19 @@ class ExactPass:
 
     def __call__(self, h: Tensor, cos: Tensor, sin: Tensor, cache: KVCache, slots: list[int],
                  write_at: Tensor, plan: KeyPlan) -> Tensor:
-        """h [N, T, H] embeddings; cos, sin [N, 1, T, D]; write_at [N, T] -> [N, T, H]."""
+        """h [N, T, H] embeddings; cos, sin [N, 1, T, D]; write_at [N, T] -> [N, T, H] after
+        the model's final norm (in the C++ call: each torch call after a step's weights have
+        streamed through the caches costs several times its isolated time)."""
         n, t, width = h.shape
         w = self.weights
         rows = [s for s in slots for _ in range(t)]
         cos_r = cos.squeeze(1).reshape(n * t, 1, -1).contiguous()  # [N * T, 1, D]
         sin_r = sin.squeeze(1).reshape(n * t, 1, -1).contiguous()
-        out = self._fn(h.reshape(n * t, width), cos_r, sin_r, rows, write_at.reshape(-1).tolist(),
-                       plan.counts, plan.paths, *w.operands, w.biases, w.norms,
-                       cache.k, cache.v, w.eps, *w.heads)
+        args = (h.reshape(n * t, width), cos_r, sin_r, rows, write_at.reshape(-1).tolist(),
+                plan.counts, plan.paths, *w.operands, w.biases, w.norms)
+        if w.cpp:
+            out = self._fn(*args, w.final_norm, cache.k, cache.v, w.eps, w.final_eps, *w.heads)
+        else:
+            out = self._fn(*args, cache.k, cache.v, w.eps, *w.heads)
+            out = F.rms_norm(out, (width,), w.final_norm, w.final_eps)
         return out.view(n, t, width)

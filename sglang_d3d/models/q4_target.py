@@ -73,8 +73,9 @@ def q4_model(decoder, layers: list[dict[str, Q4Blocks]],
     if q8_head is not None:
         head = Q8Linear(*q8_head) if cpp else Q8AsTwoQ4(*q8_head)
     a = decoder.arch
-    exact = ExactPass(ExactWeights.from_layers(fused, (a.num_heads, a.num_kv_heads, a.head_dim)))
-    return FusedModel(fused, rms_norm(decoder.norm), head, exact=exact)
+    norm = rms_norm(decoder.norm)
+    exact = ExactPass(ExactWeights.from_layers(fused, (a.num_heads, a.num_kv_heads, a.head_dim), norm))
+    return FusedModel(fused, norm, head, exact=exact)
 
 
 def use_gguf_q4(decoder, gguf_path: Path, q8_head: bool = False, kernels: str = "auto") -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 
 from sglang_d3d.models.decoder import Batch, Decoder, Segment
+from sglang_d3d.models.exact_pass import chain_plan
 
 
 class TargetRunner:
@@ -61,8 +62,14 @@ class TargetRunner:
         (speculative/tree.py): input i sits at position length + depths[i] and attends to the
         cache and its own ancestors; None is a chain (depths 0..T-1, causal)."""
         n, t = tokens.shape
+        dev = self.model.device
+        exact = self.fast and self.model.fused().exact_rows
         start = torch.tensor([self.lengths[s] for s in slots]).unsqueeze(1)  # [N, 1]
         at = start + torch.arange(t)  # [N, T] cache indices
+        if exact and trees is None:  # a chain: query i of a row sees the row's first start + i + 1 entries
+            plan = chain_plan([self.lengths[s] for s in slots], t)
+            b = Batch(at.to(dev), None, self.cache, slots, at.to(dev), exact_rows=True, plan=plan)
+            return self.model(tokens.to(dev), b, fast=True)
         span = int(at.max()) + 1
         mask = torch.arange(span).view(1, 1, span) <= at.unsqueeze(-1)  # [N, T, span]
         pos = at
@@ -72,8 +79,6 @@ class TargetRunner:
             mask = mask & (torch.arange(span).view(1, 1, span) < start.unsqueeze(-1))  # the cache
             for r, a in enumerate(start[:, 0].tolist()):
                 mask[r, :, a : a + t] = ancestors[r]
-        dev = self.model.device
-        exact = self.fast and self.model.fused().exact_rows
         b = Batch(pos.to(dev), mask.to(dev), self.cache, slots, at.to(dev), exact_rows=exact)
         return self.model(tokens.to(dev), b, fast=self.fast)
 

@@ -1,4 +1,4 @@
-// The 4-bit target's decode and verify layers as one call (models/exact_pass.py says why each
+// The 4-bit target's decode and verify layers, and its final norm, as one call (models/exact_pass.py says why each
 // query runs alone). The projections are the block products of block_mm.cpp on the file's own
 // Q4_1 weights; what lies between them (RMS norms, RoPE, cache writes, one query's attention,
 // the SiLU gate) is a loop here over one row at a time, in a fixed order, so a row's result
@@ -222,8 +222,8 @@ at::Tensor exact_layers(const at::Tensor& h0, const at::Tensor& cos, const at::T
                         c10::IntArrayRef slots, c10::IntArrayRef writes, c10::IntArrayRef counts,
                         at::TensorList paths, at::TensorList qs, at::TensorList ds, at::TensorList ms,
                         const c10::List<std::optional<at::Tensor>>& biases, at::TensorList norms,
-                        at::Tensor& kc, at::Tensor& vc, double eps, int64_t hq, int64_t hkv,
-                        int64_t d) {
+                        const at::Tensor& final_norm, at::Tensor& kc, at::Tensor& vc, double eps,
+                        double final_eps, int64_t hq, int64_t hkv, int64_t d) {
   TORCH_CHECK(d % LANES == 0 && d <= MAX_HEAD && h0.size(1) % LANES == 0,
               "exact_layers: head size a multiple of ", LANES, " up to ", MAX_HEAD, ", width a multiple of ", LANES);
   TORCH_CHECK(h0.scalar_type() == at::kFloat && kc.scalar_type() == at::kFloat && kc.is_contiguous() && vc.is_contiguous(),
@@ -245,8 +245,7 @@ at::Tensor exact_layers(const at::Tensor& h0, const at::Tensor& cos, const at::T
     const at::Tensor gu = project(x, qs[p + 2], ds[p + 2], ms[p + 2], biases.get(p + 2));
     down = project(silu_gate(gu), qs[p + 3], ds[p + 3], ms[p + 3], biases.get(p + 3));
   }
-  add_rows(h, down);
-  return h;
+  return residual_rms(h, down, final_norm, final_eps);  // the model's final norm: -> [R, H]
 }
 
 }  // namespace
@@ -255,6 +254,7 @@ at::Tensor exact_layers(const at::Tensor& h0, const at::Tensor& cos, const at::T
 TORCH_LIBRARY(d3d_cpu, m) {
   m.def("exact_layers(Tensor h, Tensor cos, Tensor sin, int[] slots, int[] writes, int[] counts, "
         "Tensor[] paths, Tensor[] qs, Tensor[] ds, Tensor[] ms, Tensor?[] biases, Tensor[] norms, "
-        "Tensor(a!) kc, Tensor(b!) vc, float eps, int hq, int hkv, int d) -> Tensor");
+        "Tensor final_norm, Tensor(a!) kc, Tensor(b!) vc, float eps, float final_eps, int hq, int hkv, "
+        "int d) -> Tensor");
   m.impl("exact_layers", c10::DispatchKey::CPU, TORCH_FN(d3d::exact_layers));
 }

@@ -741,28 +741,37 @@ at::Tensor q4_mm(const at::Tensor& x0, const at::Tensor& qs, const at::Tensor& d
                  bool portable) {
   check_input(x0);
   const at::Tensor x = x0.contiguous();
-  const int64_t rows = x.size(0), k = x.size(1), groups = k / BLOCK, octets = (groups + OCTET - 1) / OCTET;
+  const int64_t rows = x.size(0), k = x.size(1), groups = k / BLOCK;
   const int64_t n = (d.numel() - OCTET) / groups;  // weight rows
   TORCH_CHECK(qs.scalar_type() == at::kByte && qs.is_contiguous() && qs.numel() == n * k / 2 + Q4_PAD_BYTES,
               "q4_mm: qs [N * K / 2 + ", Q4_PAD_BYTES, "] uint8");
   TORCH_CHECK(d.scalar_type() == at::kHalf && m.scalar_type() == at::kHalf && d.is_contiguous() && m.is_contiguous() &&
                   d.numel() == n * groups + OCTET && m.numel() == d.numel(),
               "q4_mm: d and m [N * K / 32 + 8] fp16");
-  // every input row rounded once
+  at::Tensor y = at::empty({rows, n}, x.options());
+  Q4Scratch scratch;
+  q4_mm_into(x.data_ptr<float>(), rows, k, qs, d, m, y.data_ptr<float>(), scratch, portable);
+  return y;
+}
+
+void q4_mm_into(const float* xp, int64_t rows, int64_t k, const at::Tensor& qs, const at::Tensor& d,
+                const at::Tensor& m, float* yp, Q4Scratch& scratch, bool portable) {
+  const int64_t groups = k / BLOCK, octets = (groups + OCTET - 1) / OCTET;
+  const int64_t n = (d.numel() - OCTET) / groups;  // weight rows
+  // every input row rounded once, into zeroed buffers (a last octet's missing blocks stay zero)
   const int64_t row_bytes = octets * XQ_BYTES + TAIL_BYTES;
-  std::vector<int8_t> bytes(rows * row_bytes);
-  std::vector<float> dx(rows * octets * OCTET), xs(rows * octets * OCTET);
+  scratch.bytes.assign(rows * row_bytes, 0);
+  scratch.dx.assign(rows * octets * OCTET, 0.0f);
+  scratch.xs.assign(rows * octets * OCTET, 0.0f);
   std::vector<Rounded> rounded(rows);
   for (int64_t r = 0; r < rows; ++r) {
-    int8_t* b = bytes.data() + r * row_bytes;
-    rounded[r] = {b, dx.data() + r * octets * OCTET, xs.data() + r * octets * OCTET, b + octets * XQ_BYTES};
+    int8_t* b = scratch.bytes.data() + r * row_bytes;
+    rounded[r] = {b, scratch.dx.data() + r * octets * OCTET, scratch.xs.data() + r * octets * OCTET,
+                  b + octets * XQ_BYTES};
   }
-  const float* xp = x.data_ptr<float>();
   at::parallel_for(0, rows, 8, [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) round_row(xp + r * k, groups, rounded[r], portable);
   });
-  at::Tensor y = at::empty({rows, n}, x.options());
-  float* yp = y.data_ptr<float>();
   const uint8_t* wp = qs.data_ptr<uint8_t>();
   const at::Half* dp = d.data_ptr<at::Half>();
   const at::Half* mp = m.data_ptr<at::Half>();
@@ -788,7 +797,6 @@ at::Tensor q4_mm(const at::Tensor& x0, const at::Tensor& qs, const at::Tensor& d
       }
     }
   });
-  return y;
 }
 
 at::Tensor q8_mm(const at::Tensor& x0, const at::Tensor& qs, const at::Tensor& d, bool portable) {

@@ -3,6 +3,9 @@
 
 #include <ATen/ATen.h>
 
+#include <cstdint>
+#include <vector>
+
 namespace d3d {
 
 // Bytes past the last Q4_1 weight row that q4_mm may read (and multiply by zero)
@@ -14,6 +17,17 @@ constexpr int64_t Q4_PAD_BYTES = 128;
 // path even where AVX-VNNI is at hand (the same results; tests compare them).
 at::Tensor q4_mm(const at::Tensor& x, const at::Tensor& qs, const at::Tensor& d, const at::Tensor& m,
                  bool portable = false);
+
+// Rounding buffers q4_mm_into reuses from call to call (each grown to the largest call's need)
+struct Q4Scratch {
+  std::vector<int8_t> bytes;
+  std::vector<float> dx, xs;
+};
+
+// y [rows, N] = x [rows, K] @ W.T, both contiguous fp32, W in q4_mm's layout (not checked
+// here: q4_mm checks its operands); the same bits as q4_mm
+void q4_mm_into(const float* x, int64_t rows, int64_t k, const at::Tensor& qs, const at::Tensor& d,
+                const at::Tensor& m, float* y, Q4Scratch& scratch, bool portable = false);
 
 // x [M, K] fp32 @ W.T -> [M, N] fp32, W as Q8_0: qs [N, K] int8, d [N, K / 32] fp16 (w = d q).
 // portable: the generic 16-lane loop even where an AVX2 one is written out (the same bits).

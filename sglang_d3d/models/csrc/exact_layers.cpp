@@ -75,36 +75,42 @@ float dot(const float* a, const float* b, int64_t n) {
   return hsum(acc);
 }
 
-// h [R, H] += y [R, H], unless y is undefined
-void add_rows(at::Tensor& h, const at::Tensor& y) {
-  if (!y.defined()) return;
-  float* hp = h.data_ptr<float>();
-  const float* yp = y.data_ptr<float>();
-  for (int64_t i = 0, n = h.numel(); i < n; ++i) hp[i] += yp[i];
-}
+// One row block's activations, [R, width] fp32, in buffers a pass reuses from layer to layer
+// (a torch allocation per operation costs more than the operation at one query's size)
+struct Rows {
+  float* p;
+  int64_t rows, width;
+};
 
-// h += y, then h * rsqrt(mean(h^2) + eps) * w per row: [R, H] -> [R, H]
-at::Tensor residual_rms(at::Tensor& h, const at::Tensor& y, const at::Tensor& w, double eps) {
-  add_rows(h, y);
-  const int64_t rows = h.size(0), width = h.size(1);
-  at::Tensor out = at::empty_like(h);
-  const float* hp = h.data_ptr<float>();
-  const float* wp = w.data_ptr<float>();
-  float* op = out.data_ptr<float>();
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* x = hp + r * width;
-    const float inv = 1.0f / std::sqrt(dot(x, x, width) / static_cast<float>(width) + static_cast<float>(eps));
-    for (int64_t i = 0; i < width; ++i) op[r * width + i] = x[i] * inv * wp[i];
+struct Workspace {
+  std::vector<float> x, qkv, att, o, gu, act, down, q, scores;
+  Q4Scratch scratch;
+
+  static Rows take(std::vector<float>& buf, int64_t rows, int64_t width) {
+    buf.resize(rows * width);
+    return {buf.data(), rows, width};
   }
-  return out;
+};
+
+// h += y (where given), then out = h * rsqrt(mean(h^2) + eps) * w per row
+void residual_rms(Rows h, const float* y, const float* w, double eps, Rows out) {
+  if (y != nullptr)
+    for (int64_t i = 0, n = h.rows * h.width; i < n; ++i) h.p[i] += y[i];
+  for (int64_t r = 0; r < h.rows; ++r) {
+    const float* x = h.p + r * h.width;
+    const float inv = 1.0f / std::sqrt(dot(x, x, h.width) / static_cast<float>(h.width) + static_cast<float>(eps));
+    for (int64_t i = 0; i < h.width; ++i) out.p[r * h.width + i] = x[i] * inv * w[i];
+  }
 }
 
-// x [R, K] -> [R, N] through one projection's Q4_1 weights (qs, d, m) and its bias
-at::Tensor project(const at::Tensor& x, const at::Tensor& qs, const at::Tensor& d, const at::Tensor& m,
-                   const std::optional<at::Tensor>& bias) {
-  at::Tensor y = q4_mm(x, qs, d, m);
-  if (bias.has_value() && bias->defined()) y.add_(*bias);
-  return y;
+// x -> y [R, N] through one projection's Q4_1 weights (qs, d, m) and its bias
+void project(Rows x, const at::Tensor& qs, const at::Tensor& d, const at::Tensor& m,
+             const std::optional<at::Tensor>& bias, Rows y, Q4Scratch& scratch) {
+  q4_mm_into(x.p, x.rows, x.width, qs, d, m, y.p, scratch);
+  if (!bias.has_value() || !bias->defined()) return;
+  const float* b = bias->data_ptr<float>();
+  for (int64_t r = 0; r < y.rows; ++r)
+    for (int64_t i = 0; i < y.width; ++i) y.p[r * y.width + i] += b[i];
 }
 
 // RoPE on one head: out[i] = x[i] cos[i] + x[(i + d/2) % d] sin[i] (sin signed), times scale
@@ -115,6 +121,9 @@ void rope(const float* x, const float* cos, const float* sin, int64_t d, float s
     out[i] = (xi * cos[i] + xr * sin[i]) * scale;
   }
 }
+
+// A projection's output width: its d holds one fp16 per block of 32 inputs, and 8 more
+int64_t projection_rows(const at::Tensor& d, int64_t inputs) { return (d.numel() - 8) / (inputs / 32); }
 
 struct Heads {
   int64_t hq, hkv, d;
@@ -145,19 +154,20 @@ struct LayerCache {
   int64_t slot_stride, pos_stride;
 };
 
-// Writes every row's key and value into the layer cache, then -> [R, Hq * D]: row r's
+// Writes every row's key and value into the layer cache, then out [R, Hq * D]: row r's
 // attention over the cache entries keys[r].
-at::Tensor attend(const at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& sin, LayerCache cache,
-                  c10::IntArrayRef slots, c10::IntArrayRef writes, const KeyLists& keys, Heads hd) {
-  const int64_t rows = qkv.size(0), width = qkv.size(1), d = hd.d;
+void attend(Rows qkv, const at::Tensor& cos, const at::Tensor& sin, LayerCache cache, c10::IntArrayRef slots,
+            c10::IntArrayRef writes, const KeyLists& keys, Heads hd, Rows out, Workspace& ws) {
+  const int64_t rows = qkv.rows, width = qkv.width, d = hd.d;
   const int64_t group = hd.hq / hd.hkv, slot_stride = cache.slot_stride, pos_stride = cache.pos_stride;
-  const float* src = qkv.data_ptr<float>();
+  const float* src = qkv.p;
   const float* cp = cos.data_ptr<float>();
   const float* sp = sin.data_ptr<float>();
   float* kp = cache.k;
   float* vp = cache.v;
   const float scale = 1.0f / std::sqrt(static_cast<float>(d));
-  std::vector<float> q(rows * hd.hq * d);
+  std::vector<float>& q = ws.q;
+  q.resize(rows * hd.hq * d);
   for (int64_t r = 0; r < rows; ++r) {
     const float* row = src + r * width;
     const float *c = cp + r * d, *s = sp + r * d;
@@ -169,15 +179,14 @@ at::Tensor attend(const at::Tensor& qkv, const at::Tensor& cos, const at::Tensor
       std::memcpy(vdst + h * d, row + (hd.hq + hd.hkv + h) * d, d * sizeof(float));
     }
   }
-  at::Tensor out = at::empty({rows, hd.hq * d}, qkv.options());
-  float* op = out.data_ptr<float>();
+  float* op = out.p;
   for (int64_t r = 0; r < rows; ++r) {
     const std::vector<int64_t>& seen = keys[r];
     const int64_t n = static_cast<int64_t>(seen.size());
     const float* kbase = kp + slots[r] * slot_stride;
     const float* vbase = vp + slots[r] * slot_stride;
-    std::vector<float> scores(hd.hq * n);
-    float* sc = scores.data();
+    ws.scores.resize(hd.hq * n);
+    float* sc = ws.scores.data();
     // heads split over torch's threads: each head's sums are its own, in one order
     at::parallel_for(0, hd.hq, 1, [&](int64_t h0, int64_t h1) {
       for (int64_t h = h0; h < h1; ++h) {
@@ -201,21 +210,16 @@ at::Tensor attend(const at::Tensor& qkv, const at::Tensor& cos, const at::Tensor
       }
     });
   }
-  return out;
 }
 
-// gate_up [R, 2I] -> silu(gate) * up [R, I], silu(g) = g / (1 + e^-g), elementwise
-at::Tensor silu_gate(const at::Tensor& gu) {
-  const int64_t rows = gu.size(0), inter = gu.size(1) / 2;
-  at::Tensor out = at::empty({rows, inter}, gu.options());
-  const float* gp = gu.data_ptr<float>();
-  float* op = out.data_ptr<float>();
-  for (int64_t r = 0; r < rows; ++r) {
-    const float *g = gp + r * 2 * inter, *u = g + inter;
-    float* o = op + r * inter;
+// gate_up [R, 2I] -> out = silu(gate) * up [R, I], silu(g) = g / (1 + e^-g), elementwise
+void silu_gate(Rows gu, Rows out) {
+  const int64_t inter = out.width;
+  for (int64_t r = 0; r < gu.rows; ++r) {
+    const float *g = gu.p + r * 2 * inter, *u = g + inter;
+    float* o = out.p + r * inter;
     for (int64_t i = 0; i < inter; ++i) o[i] = g[i] / (1.0f + exp_fp32(-g[i])) * u[i];
   }
-  return out;
 }
 
 at::Tensor exact_layers(const at::Tensor& h0, const at::Tensor& cos, const at::Tensor& sin,
@@ -232,20 +236,34 @@ at::Tensor exact_layers(const at::Tensor& h0, const at::Tensor& cos, const at::T
   const at::Tensor c = cos.contiguous(), s = sin.contiguous();
   const Heads hd{hq, hkv, d};
   const KeyLists keys = key_lists(counts, paths);
-  at::Tensor down;  // the previous layer's MLP output, added at the next norm
+  const int64_t rows = h.size(0), width = h.size(1);
+  const Rows hr{h.data_ptr<float>(), rows, width};
+  Workspace ws;
+  const float* down = nullptr;  // the previous layer's MLP output, added at the next norm
   for (int64_t li = 0; li < kc.size(0); ++li) {
     const int64_t p = 4 * li;
-    at::Tensor x = residual_rms(h, down, norms[2 * li], eps);
-    const at::Tensor qkv = project(x, qs[p], ds[p], ms[p], biases.get(p));
+    const Rows x = Workspace::take(ws.x, rows, width);
+    residual_rms(hr, down, norms[2 * li].data_ptr<float>(), eps, x);
+    const Rows qkv = Workspace::take(ws.qkv, rows, projection_rows(ds[p], width));
+    project(x, qs[p], ds[p], ms[p], biases.get(p), qkv, ws.scratch);
     const LayerCache layer{kc.data_ptr<float>() + li * kc.stride(0), vc.data_ptr<float>() + li * vc.stride(0),
                            kc.stride(1), kc.stride(2)};
-    const at::Tensor att = attend(qkv, c, s, layer, slots, writes, keys, hd);
-    const at::Tensor o = project(att, qs[p + 1], ds[p + 1], ms[p + 1], biases.get(p + 1));
-    x = residual_rms(h, o, norms[2 * li + 1], eps);
-    const at::Tensor gu = project(x, qs[p + 2], ds[p + 2], ms[p + 2], biases.get(p + 2));
-    down = project(silu_gate(gu), qs[p + 3], ds[p + 3], ms[p + 3], biases.get(p + 3));
+    const Rows att = Workspace::take(ws.att, rows, hq * d);
+    attend(qkv, c, s, layer, slots, writes, keys, hd, att, ws);
+    const Rows o = Workspace::take(ws.o, rows, width);
+    project(att, qs[p + 1], ds[p + 1], ms[p + 1], biases.get(p + 1), o, ws.scratch);
+    residual_rms(hr, o.p, norms[2 * li + 1].data_ptr<float>(), eps, x);
+    const Rows gu = Workspace::take(ws.gu, rows, projection_rows(ds[p + 2], width));
+    project(x, qs[p + 2], ds[p + 2], ms[p + 2], biases.get(p + 2), gu, ws.scratch);
+    const Rows act = Workspace::take(ws.act, rows, gu.width / 2);
+    silu_gate(gu, act);
+    const Rows dn = Workspace::take(ws.down, rows, width);
+    project(act, qs[p + 3], ds[p + 3], ms[p + 3], biases.get(p + 3), dn, ws.scratch);
+    down = dn.p;
   }
-  return residual_rms(h, down, final_norm, final_eps);  // the model's final norm: -> [R, H]
+  at::Tensor out = at::empty_like(h);
+  residual_rms(hr, down, final_norm.data_ptr<float>(), final_eps, {out.data_ptr<float>(), rows, width});
+  return out;  // the model's final norm: [R, H]
 }
 
 }  // namespace

@@ -458,88 +458,74 @@ inline __m512 half_pair(const at::Half* a, const at::Half* b) {
 // Two adjacent weight rows a and b at once in AVX-512 registers (a's octet in the low half, b's
 // in the high, the input bytes broadcast to both): every lane computes what q4_row_vec's
 // does, so the outputs are the same bits; the wider byte dot products do twice the work.
-template <int R>
-struct PairSums {
-  const uint8_t *wa, *wb;
-  const at::Half *da, *db, *ma, *mb;
-  __m512 total[R], mt[R];
-};
-
-// Octet o of both rows, its chunks `stride` bytes apart, against R rounded input rows
-template <int R>
-__attribute__((always_inline)) inline void octet_pair(const Rounded* xr, int64_t o, int64_t stride, PairSums<R>& s) {
-  const __m512i low4 = _mm512_set1_epi8(15);
-  const int64_t at = o * OCTET_BYTES;
-  _mm_prefetch(reinterpret_cast<const char*>(s.wa + at + PREFETCH), _MM_HINT_T0);
-  _mm_prefetch(reinterpret_cast<const char*>(s.wa + at + PREFETCH + 64), _MM_HINT_T0);
-  _mm_prefetch(reinterpret_cast<const char*>(s.wb + at + PREFETCH), _MM_HINT_T0);
-  _mm_prefetch(reinterpret_cast<const char*>(s.wb + at + PREFETCH + 64), _MM_HINT_T0);
-  __m512i lo[4], hi[4];
-  for (int c = 0; c < 4; ++c) {
-    const __m512i v = pair32(s.wa + at + c * stride, s.wb + at + c * stride);
-    lo[c] = _mm512_and_si512(v, low4);
-    hi[c] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
-  }
-  const __m512 dw = half_pair(s.da + o * OCTET, s.db + o * OCTET), mw = half_pair(s.ma + o * OCTET, s.mb + o * OCTET);
-#pragma GCC unroll 4  // as in q4_row_vec
-  for (int r = 0; r < R; ++r) {
-    const int8_t* xb = xr[r].bytes + o * XQ_BYTES;
-    __m512i acc[4] = {};  // four independent chains (h and l bytes against low and high nibbles)
-    for (int c = 0; c < 4; ++c)
-      for (int part = 0; part < 4; ++part)
-        acc[part] = _mm512_dpbusd_epi32(acc[part], part < 2 ? lo[c] : hi[c],
-                                        _mm512_broadcast_i64x4(load32(xb + c * 128 + part * 32)));
-    const __m512i ah = _mm512_add_epi32(acc[0], acc[2]), al = _mm512_add_epi32(acc[1], acc[3]);
-    const __m512 sum = _mm512_cvtepi32_ps(_mm512_add_epi32(_mm512_slli_epi32(ah, 7), al));  // exact
-    const __m512 scale = _mm512_mul_ps(dw, _mm512_broadcast_f32x8(_mm256_loadu_ps(xr[r].dx + o * OCTET)));
-    s.total[r] = _mm512_fmadd_ps(sum, scale, s.total[r]);
-    s.mt[r] = _mm512_fmadd_ps(mw, _mm512_broadcast_f32x8(_mm256_loadu_ps(xr[r].xs + o * OCTET)), s.mt[r]);
-  }
-}
-
-// A last octet of t <= 2 blocks (its chunks 4 t bytes apart): each row's 4 chunks in one
-// 32-byte half, against the rows' tail bytes, a quarter of octet_pair's byte products. A lane
-// of 4 bytes holds one chunk's sum for one block (chunk c, block j at lane c t + j of its
-// half), and the chunks' integer sums are exact in any order. Lanes 0 .. t - 1 of each half
-// take octet_pair's fp32 steps; the others are left as they are, where octet_pair adds zero
-// products to them, so outputs differ at most in the sign of an exact zero (as short_tail_avx2).
-template <int R>
-__attribute__((always_inline)) inline void short_tail_pair(const Rounded* xr, int64_t o, int64_t t, PairSums<R>& s) {
-  const __m512i low4 = _mm512_set1_epi8(15);
-  const int64_t at = o * OCTET_BYTES;
-  const __m512i v = pair32(s.wa + at, s.wb + at);
-  const __m512i lo = _mm512_and_si512(v, low4), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
-  const __m512 dw = half_pair(s.da + o * OCTET, s.db + o * OCTET), mw = half_pair(s.ma + o * OCTET, s.mb + o * OCTET);
-  const __mmask16 keep = t == 1 ? 0x0101 : 0x0303;  // lanes 0 .. t - 1 of each row's half
-  for (int r = 0; r < R; ++r) {
-    const int8_t* x = xr[r].tail;
-    __m512i h = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, _mm512_broadcast_i64x4(load32(x)));
-    h = _mm512_dpbusd_epi32(h, hi, _mm512_broadcast_i64x4(load32(x + 64)));
-    __m512i l = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, _mm512_broadcast_i64x4(load32(x + 32)));
-    l = _mm512_dpbusd_epi32(l, hi, _mm512_broadcast_i64x4(load32(x + 96)));
-    __m512i a = _mm512_add_epi32(_mm512_slli_epi32(h, 7), l);  // exact
-    a = _mm512_add_epi32(a, _mm512_shuffle_i32x4(a, a, _MM_SHUFFLE(2, 3, 0, 1)));  // chunks c and c + 2
-    a = _mm512_add_epi32(a, _mm512_unpackhi_epi64(a, a));  // t = 2: lanes 0 and 1 of each half
-    if (t == 1) a = _mm512_add_epi32(a, _mm512_shuffle_epi32(a, _MM_PERM_BBBB));  // t = 1: lane 0
-    const __m512 sum = _mm512_cvtepi32_ps(a);
-    const __m512 scale = _mm512_mul_ps(dw, _mm512_broadcast_f32x8(_mm256_loadu_ps(xr[r].dx + o * OCTET)));
-    s.total[r] = _mm512_mask3_fmadd_ps(sum, scale, s.total[r], keep);
-    s.mt[r] = _mm512_mask3_fmadd_ps(mw, _mm512_broadcast_f32x8(_mm256_loadu_ps(xr[r].xs + o * OCTET)), s.mt[r], keep);
-  }
-}
-
+// A last octet of t <= 2 blocks (its chunks 4 t bytes apart) goes in one 32-byte half per row,
+// against the rows' tail bytes: a quarter of a full octet's byte products. A lane of 4 bytes
+// then holds one chunk's sum for one block (chunk c, block j at lane c t + j of its half), and
+// the chunks' integer sums are exact in any order. Lanes 0 .. t - 1 of each half take the full
+// octet's fp32 steps; the others are left as they are, where a full octet adds zero products
+// to them, so outputs differ at most in the sign of an exact zero (as short_tail_avx2).
 template <int R>
 void q4_pair_vnni(const Rounded* xr, const uint8_t* wa, const uint8_t* wb, const at::Half* da,
                   const at::Half* db, const at::Half* ma, const at::Half* mb, int64_t groups, float* y,
                   int64_t ldy) {
   const int64_t full = groups / OCTET, tail = groups - full * OCTET;
-  PairSums<R> s{wa, wb, da, db, ma, mb, {}, {}};
-  for (int r = 0; r < R; ++r) s.total[r] = s.mt[r] = _mm512_setzero_ps();
-  for (int64_t o = 0; o < full; ++o) octet_pair(xr, o, 32, s);
-  if (tail > 2) octet_pair(xr, full, 4 * tail, s);
-  else if (tail > 0) short_tail_pair(xr, full, tail, s);
+  const int64_t octets = tail > 2 ? full + 1 : full;  // the octets taken whole
+  const __m512i low4 = _mm512_set1_epi8(15);
+  __m512 total[R], mt[R];
+  for (int r = 0; r < R; ++r) total[r] = mt[r] = _mm512_setzero_ps();
+  for (int64_t o = 0; o < octets; ++o) {
+    const int64_t at = o * OCTET_BYTES, stride = o < full ? 32 : 4 * tail;
+    _mm_prefetch(reinterpret_cast<const char*>(wa + at + PREFETCH), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(wa + at + PREFETCH + 64), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(wb + at + PREFETCH), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(wb + at + PREFETCH + 64), _MM_HINT_T0);
+    __m512i lo[4], hi[4];
+    for (int c = 0; c < 4; ++c) {
+      const __m512i v = pair32(wa + at + c * stride, wb + at + c * stride);
+      lo[c] = _mm512_and_si512(v, low4);
+      hi[c] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
+    }
+    const __m512 dw = half_pair(da + o * OCTET, db + o * OCTET), mw = half_pair(ma + o * OCTET, mb + o * OCTET);
+#pragma GCC unroll 4  // as in q4_row_vec
+    for (int r = 0; r < R; ++r) {
+      const int8_t* xb = xr[r].bytes + o * XQ_BYTES;
+      __m512i acc[4] = {};  // four independent chains (h and l bytes against low and high nibbles)
+      for (int c = 0; c < 4; ++c)
+        for (int part = 0; part < 4; ++part)
+          acc[part] = _mm512_dpbusd_epi32(acc[part], part < 2 ? lo[c] : hi[c],
+                                          _mm512_broadcast_i64x4(load32(xb + c * 128 + part * 32)));
+      const __m512i ah = _mm512_add_epi32(acc[0], acc[2]), al = _mm512_add_epi32(acc[1], acc[3]);
+      const __m512 sum = _mm512_cvtepi32_ps(_mm512_add_epi32(_mm512_slli_epi32(ah, 7), al));  // exact
+      const __m512 scale = _mm512_mul_ps(dw, _mm512_broadcast_f32x8(_mm256_loadu_ps(xr[r].dx + o * OCTET)));
+      total[r] = _mm512_fmadd_ps(sum, scale, total[r]);
+      mt[r] = _mm512_fmadd_ps(mw, _mm512_broadcast_f32x8(_mm256_loadu_ps(xr[r].xs + o * OCTET)), mt[r]);
+    }
+  }
+  if (tail > 0 && tail <= 2) {  // the short last octet
+    const int64_t at = full * OCTET_BYTES, o = full;
+    const __m512i v = pair32(wa + at, wb + at);
+    const __m512i lo = _mm512_and_si512(v, low4), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
+    const __m512 dw = half_pair(da + o * OCTET, db + o * OCTET), mw = half_pair(ma + o * OCTET, mb + o * OCTET);
+    const __mmask16 keep = tail == 1 ? 0x0101 : 0x0303;  // lanes 0 .. t - 1 of each row's half
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) {
+      const int8_t* x = xr[r].tail;
+      __m512i h = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, _mm512_broadcast_i64x4(load32(x)));
+      h = _mm512_dpbusd_epi32(h, hi, _mm512_broadcast_i64x4(load32(x + 64)));
+      __m512i l = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, _mm512_broadcast_i64x4(load32(x + 32)));
+      l = _mm512_dpbusd_epi32(l, hi, _mm512_broadcast_i64x4(load32(x + 96)));
+      __m512i a = _mm512_add_epi32(_mm512_slli_epi32(h, 7), l);  // exact
+      a = _mm512_add_epi32(a, _mm512_shuffle_i32x4(a, a, _MM_SHUFFLE(2, 3, 0, 1)));  // chunks c and c + 2
+      a = _mm512_add_epi32(a, _mm512_unpackhi_epi64(a, a));  // t = 2: lanes 0 and 1 of each half
+      if (tail == 1) a = _mm512_add_epi32(a, _mm512_shuffle_epi32(a, _MM_PERM_BBBB));  // t = 1: lane 0
+      const __m512 sum = _mm512_cvtepi32_ps(a);
+      const __m512 scale = _mm512_mul_ps(dw, _mm512_broadcast_f32x8(_mm256_loadu_ps(xr[r].dx + o * OCTET)));
+      total[r] = _mm512_mask3_fmadd_ps(sum, scale, total[r], keep);
+      mt[r] = _mm512_mask3_fmadd_ps(mw, _mm512_broadcast_f32x8(_mm256_loadu_ps(xr[r].xs + o * OCTET)), mt[r], keep);
+    }
+  }
   for (int r = 0; r < R; ++r) {
-    const __m512 v = _mm512_add_ps(s.total[r], s.mt[r]);
+    const __m512 v = _mm512_add_ps(total[r], mt[r]);
     y[r * ldy] = hsum8(_mm512_castps512_ps256(v));
     y[r * ldy + 1] = hsum8(_mm512_extractf32x8_ps(v, 1));
   }

@@ -201,3 +201,25 @@ def test_auto_leaves_the_plain_cpp_loop_for_torchs_kernel(monkeypatch):
     assert exact_pass.use_cpp("auto") is False
     assert exact_pass.use_cpp("cpp") is True
     assert exact_pass.use_cpp("script") is False
+
+
+@torch.inference_mode()
+def test_cpp_loop_refuses_weights_not_in_the_block_layout(both):
+    """The C++ loop reads its projections unchecked inside: a weight cut short is refused
+    with the layout's error before any is read, and the cache is left as it was."""
+    from dataclasses import replace
+
+    _, cpp_model, _ = both
+    exact = cpp_model.fused().exact
+    saved = exact.weights
+    qs = list(saved.operands[0])
+    qs[-1] = qs[-1][:-64]  # the last layer's down: checked before layer 0 writes
+    exact.weights = replace(saved, operands=(qs, *saved.operands[1:]))
+    r = _runner(cpp_model)
+    before = r.cache.k.clone()
+    try:
+        with pytest.raises(RuntimeError, match="q4_mm: qs"):
+            r.forward_block([0], torch.tensor([[31]]))
+    finally:
+        exact.weights = saved
+    assert torch.equal(r.cache.k, before)

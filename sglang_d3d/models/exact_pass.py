@@ -128,9 +128,9 @@ def _attend(q: Tensor, kl: Tensor, vl: Tensor, slot: int, count: int, path: Tens
 
 def _layers(h: Tensor, cos: Tensor, sin: Tensor, slots: List[int], writes: List[int],
             counts: List[int], paths: List[Tensor], packed: List[Tensor], scales: List[Tensor],
-            biases: List[Optional[Tensor]], norms: List[Tensor], kc: Tensor, vc: Tensor,
-            eps: float, hq: int, hkv: int, d: int) -> Tensor:
-    """h [R, H] embeddings of R queries -> [R, H] before the final norm. cos, sin [R, 1, D]
+            biases: List[Optional[Tensor]], norms: List[Tensor], final_norm: Tensor, kc: Tensor,
+            vc: Tensor, eps: float, final_eps: float, hq: int, hkv: int, d: int) -> Tensor:
+    """h [R, H] embeddings of R queries -> [R, H] after the final norm. cos, sin [R, 1, D]
     (sin signed, decoder.rope_tables); query r writes cache row slots[r] at writes[r] and sees
     counts[r] / paths[r] (KeyPlan); kc, vc [L, S, max_len, Hkv, D]."""
     r_n = h.shape[0]
@@ -152,7 +152,7 @@ def _layers(h: Tensor, cos: Tensor, sin: Tensor, slots: List[int], writes: List[
         inter = gate_up.shape[1] // 2
         act = F.silu(gate_up[:, :inter]) * gate_up[:, inter:]
         h = h + _proj(act, packed[p + 3], scales[p + 3], biases[p + 3])
-    return h
+    return F.rms_norm(h, [h.shape[-1]], final_norm, final_eps)
 
 
 def scripted_layers():
@@ -207,11 +207,7 @@ class ExactPass:
         rows = [s for s in slots for _ in range(t)]
         cos_r = cos.squeeze(1).reshape(n * t, 1, -1).contiguous()  # [N * T, 1, D]
         sin_r = sin.squeeze(1).reshape(n * t, 1, -1).contiguous()
-        args = (h.reshape(n * t, width), cos_r, sin_r, rows, write_at.reshape(-1).tolist(),
-                plan.counts, plan.paths, *w.operands, w.biases, w.norms)
-        if w.cpp:
-            out = self._fn(*args, w.final_norm, cache.k, cache.v, w.eps, w.final_eps, *w.heads)
-        else:
-            out = self._fn(*args, cache.k, cache.v, w.eps, *w.heads)
-            out = F.rms_norm(out, (width,), w.final_norm, w.final_eps)
+        out = self._fn(h.reshape(n * t, width), cos_r, sin_r, rows, write_at.reshape(-1).tolist(),
+                       plan.counts, plan.paths, *w.operands, w.biases, w.norms, w.final_norm,
+                       cache.k, cache.v, w.eps, w.final_eps, *w.heads)
         return out.view(n, t, width)

@@ -64,11 +64,12 @@ class TargetRunner:
         n, t = tokens.shape
         dev = self.model.device
         exact = self.fast and self.model.fused().exact_rows
-        start = torch.tensor([self.lengths[s] for s in slots]).unsqueeze(1)  # [N, 1]
+        lengths = [self.lengths[s] for s in slots]
+        start = torch.tensor(lengths).unsqueeze(1)  # [N, 1]
         at = start + torch.arange(t)  # [N, T] cache indices
         if exact and trees is None:  # a chain: query i of a row sees the row's first start + i + 1 entries
-            plan = chain_plan([self.lengths[s] for s in slots], t)
-            b = Batch(at.to(dev), None, self.cache, slots, at.to(dev), exact_rows=True, plan=plan)
+            at = at.to(dev)
+            b = Batch(at, None, self.cache, slots, at, exact_rows=True, plan=chain_plan(lengths, t))
             return self.model(tokens.to(dev), b, fast=True)
         span = int(at.max()) + 1
         mask = torch.arange(span).view(1, 1, span) <= at.unsqueeze(-1)  # [N, T, span]

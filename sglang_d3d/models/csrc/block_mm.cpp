@@ -98,7 +98,6 @@ inline int64_t h_at(int i, int64_t j) {
   return c * 128 + nib * 64 + 4 * j + b;
 }
 
-constexpr float ROUNDER = 12582912.0f;  // 1.5 * 2^23: v + R - R is v rounded to even, |v| < 2^22
 
 // One block of 32 inputs -> its 14-bit integers in the octet's bytes; -> sum(xq), *amax
 int32_t round_block_plain(const float* xb, int8_t* oct, int64_t j, float* amax_out) {
@@ -727,17 +726,22 @@ at::Tensor q4_mm(const at::Tensor& x0, const at::Tensor& qs, const at::Tensor& d
                  bool portable) {
   check_input(x0);
   const at::Tensor x = x0.contiguous();
-  const int64_t rows = x.size(0), k = x.size(1), groups = k / BLOCK;
+  const int64_t rows = x.size(0), k = x.size(1);
+  at::Tensor y = at::empty({rows, q4_checked_rows(qs, d, m, k)}, x.options());
+  Q4Scratch scratch;
+  q4_mm_into(x.data_ptr<float>(), rows, k, qs, d, m, y.data_ptr<float>(), scratch, portable);
+  return y;
+}
+
+int64_t q4_checked_rows(const at::Tensor& qs, const at::Tensor& d, const at::Tensor& m, int64_t k) {
+  const int64_t groups = k / BLOCK;
   const int64_t n = (d.numel() - OCTET) / groups;  // weight rows
   TORCH_CHECK(qs.scalar_type() == at::kByte && qs.is_contiguous() && qs.numel() == n * k / 2 + Q4_PAD_BYTES,
               "q4_mm: qs [N * K / 2 + ", Q4_PAD_BYTES, "] uint8");
   TORCH_CHECK(d.scalar_type() == at::kHalf && m.scalar_type() == at::kHalf && d.is_contiguous() && m.is_contiguous() &&
                   d.numel() == n * groups + OCTET && m.numel() == d.numel(),
               "q4_mm: d and m [N * K / 32 + 8] fp16");
-  at::Tensor y = at::empty({rows, n}, x.options());
-  Q4Scratch scratch;
-  q4_mm_into(x.data_ptr<float>(), rows, k, qs, d, m, y.data_ptr<float>(), scratch, portable);
-  return y;
+  return n;
 }
 
 void q4_mm_into(const float* xp, int64_t rows, int64_t k, const at::Tensor& qs, const at::Tensor& d,

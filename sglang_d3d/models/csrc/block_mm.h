@@ -18,14 +18,18 @@ constexpr int64_t Q4_PAD_BYTES = 128;
 at::Tensor q4_mm(const at::Tensor& x, const at::Tensor& qs, const at::Tensor& d, const at::Tensor& m,
                  bool portable = false);
 
+// A Q4_1 weight's rows N in q4_mm's layout for K inputs; raises a clear error where qs, d and
+// m are not that layout (q4_mm checks every call; exact_layers once per pass and projection)
+int64_t q4_checked_rows(const at::Tensor& qs, const at::Tensor& d, const at::Tensor& m, int64_t k);
+
 // Rounding buffers q4_mm_into reuses from call to call (each grown to the largest call's need)
 struct Q4Scratch {
   std::vector<int8_t> bytes;
   std::vector<float> dx, xs;
 };
 
-// y [rows, N] = x [rows, K] @ W.T, both contiguous fp32, W in q4_mm's layout (not checked
-// here: q4_mm checks its operands); the same bits as q4_mm
+// y [rows, N] = x [rows, K] @ W.T, both contiguous fp32, W in q4_mm's layout (checked by the
+// caller with q4_checked_rows); the same bits as q4_mm
 void q4_mm_into(const float* x, int64_t rows, int64_t k, const at::Tensor& qs, const at::Tensor& d,
                 const at::Tensor& m, float* y, Q4Scratch& scratch, bool portable = false);
 

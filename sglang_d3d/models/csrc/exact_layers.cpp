@@ -26,7 +26,6 @@ namespace d3d {
 namespace {
 
 constexpr int64_t MAX_HEAD = 256;  // head sizes up to this, in whole LANES
-constexpr float ROUNDER = 12582912.0f;  // 1.5 * 2^23: v + R - R is v rounded to even, |v| < 2^22
 
 // e^x in fp32, for the softmax and SiLU: x = n ln2 + r (|r| <= ln2 / 2, ln2 in two parts so
 // that r is exact), e^r by Cephes' expf polynomial, times 2^n. On every 64th float in
@@ -121,9 +120,6 @@ void rope(const float* x, const float* cos, const float* sin, int64_t d, float s
     out[i] = (xi * cos[i] + xr * sin[i]) * scale;
   }
 }
-
-// A projection's output width: its d holds one fp16 per block of 32 inputs, and 8 more
-int64_t projection_rows(const at::Tensor& d, int64_t inputs) { return (d.numel() - 8) / (inputs / 32); }
 
 struct Heads {
   int64_t hq, hkv, d;
@@ -222,6 +218,25 @@ void silu_gate(Rows gu, Rows out) {
   }
 }
 
+// Every projection's layout checked before any is read (q4_mm_into reads them unchecked);
+// -> per layer its qkv and gate_up output widths
+std::vector<int64_t> checked_widths(at::TensorList qs, at::TensorList ds, at::TensorList ms, int64_t layers,
+                                    int64_t width, Heads hd) {
+  std::vector<int64_t> outputs;
+  for (int64_t li = 0; li < layers; ++li) {
+    const int64_t p = 4 * li;
+    const int64_t n_qkv = q4_checked_rows(qs[p], ds[p], ms[p], width);
+    TORCH_CHECK(n_qkv == (hd.hq + 2 * hd.hkv) * hd.d, "exact_layers: qkv must give (hq + 2 hkv) d outputs");
+    TORCH_CHECK(q4_checked_rows(qs[p + 1], ds[p + 1], ms[p + 1], hd.hq * hd.d) == width,
+                "exact_layers: o must give the width");
+    const int64_t n_gu = q4_checked_rows(qs[p + 2], ds[p + 2], ms[p + 2], width);
+    TORCH_CHECK(q4_checked_rows(qs[p + 3], ds[p + 3], ms[p + 3], n_gu / 2) == width,
+                "exact_layers: down must give the width");
+    outputs.insert(outputs.end(), {n_qkv, n_gu});
+  }
+  return outputs;
+}
+
 at::Tensor exact_layers(const at::Tensor& h0, const at::Tensor& cos, const at::Tensor& sin,
                         c10::IntArrayRef slots, c10::IntArrayRef writes, c10::IntArrayRef counts,
                         at::TensorList paths, at::TensorList qs, at::TensorList ds, at::TensorList ms,
@@ -238,13 +253,15 @@ at::Tensor exact_layers(const at::Tensor& h0, const at::Tensor& cos, const at::T
   const KeyLists keys = key_lists(counts, paths);
   const int64_t rows = h.size(0), width = h.size(1);
   const Rows hr{h.data_ptr<float>(), rows, width};
+  const std::vector<int64_t> outputs = checked_widths(qs, ds, ms, kc.size(0), width, hd);
   Workspace ws;
   const float* down = nullptr;  // the previous layer's MLP output, added at the next norm
   for (int64_t li = 0; li < kc.size(0); ++li) {
     const int64_t p = 4 * li;
+    const int64_t n_qkv = outputs[2 * li], n_gu = outputs[2 * li + 1];
     const Rows x = Workspace::take(ws.x, rows, width);
     residual_rms(hr, down, norms[2 * li].data_ptr<float>(), eps, x);
-    const Rows qkv = Workspace::take(ws.qkv, rows, projection_rows(ds[p], width));
+    const Rows qkv = Workspace::take(ws.qkv, rows, n_qkv);
     project(x, qs[p], ds[p], ms[p], biases.get(p), qkv, ws.scratch);
     const LayerCache layer{kc.data_ptr<float>() + li * kc.stride(0), vc.data_ptr<float>() + li * vc.stride(0),
                            kc.stride(1), kc.stride(2)};
@@ -253,7 +270,7 @@ at::Tensor exact_layers(const at::Tensor& h0, const at::Tensor& cos, const at::T
     const Rows o = Workspace::take(ws.o, rows, width);
     project(att, qs[p + 1], ds[p + 1], ms[p + 1], biases.get(p + 1), o, ws.scratch);
     residual_rms(hr, o.p, norms[2 * li + 1].data_ptr<float>(), eps, x);
-    const Rows gu = Workspace::take(ws.gu, rows, projection_rows(ds[p + 2], width));
+    const Rows gu = Workspace::take(ws.gu, rows, n_gu);
     project(x, qs[p + 2], ds[p + 2], ms[p + 2], biases.get(p + 2), gu, ws.scratch);
     const Rows act = Workspace::take(ws.act, rows, gu.width / 2);
     silu_gate(gu, act);

@@ -16,6 +16,7 @@
 namespace d3d {
 
 constexpr int LANES = 16;
+constexpr float ROUNDER = 12582912.0f;  // 1.5 * 2^23: v + R - R is v rounded to even, |v| < 2^22
 
 #if defined(__AVX2__) && defined(__FMA__) && !defined(__AVX512F__)
 struct lanes {

@@ -9,8 +9,11 @@ test:
 	bash scripts/setup.sh dev
 	.venv/bin/python -m pytest -q -p no:cacheprovider tests
 
+# ruff for Python; scripts/lint_tree.py for every tracked text file (JSON, YAML, shell, Markdown):
+# no machine paths, no words about how the project was made, JSON that parses.
 lint:
-	.venv/bin/ruff check sglang_d3d server benchmarks tests
+	.venv/bin/ruff check sglang_d3d server benchmarks tests scripts
+	.venv/bin/python scripts/lint_tree.py
 
 # Side-by-side with llama.cpp and Hugging Face (benchmarks/bench_peers.py). llama.cpp builds
 # from source for this CPU (about 10 minutes on two cores; benchmarks/llama_cmake_args.py says

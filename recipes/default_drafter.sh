@@ -27,8 +27,8 @@ fi
 #    anchors per sequence, each with a block of 4 to 16 (so the engine can verify any block
 #    size in that range); KL to the target's distribution, draft d in the loss with
 #    probability exp(-(d-1)/7); AdamW 6e-4, cosine over 600 steps of 4 sequences; fp32.
-#    Its drafter and trainer_meta.json are committed: this resumes from them, at its end.
-$PY -m sglang_d3d.training.train --out-dir data/train_v2 --block-size 16 \
+#    Training runs go to runs/ (not kept in git); rerunning resumes from their checkpoints.
+$PY -m sglang_d3d.training.train --out-dir runs/default_drafter/s1 --block-size 16 \
   --min-block-size 4 --num-anchors 32 --rank 32 --alpha 32 --loss kl --gamma 7 --batch-size 4 \
   --lr 6e-4 --warmup-steps 20 --max-steps 600 --eval-every 50 --eval-samples 40 \
   --ckpt-minutes 5 --threads 1
@@ -36,28 +36,27 @@ $PY -m sglang_d3d.training.train --out-dir data/train_v2 --block-size 16 \
 # 2b. A second schedule from it: a warm restart at 3e-4, cosine over 400 steps, a new data
 #     order (seed 1). The first schedule's held-out accepted length had flattened at 2.94-2.98
 #     over its last 200 steps. Then its deltas in int4, the start of step 2d.
-$PY -m sglang_d3d.training.train --init-from data/train_v2/drafter \
-  --out-dir data/train_v3 --block-size 16 --min-block-size 4 --num-anchors 32 --rank 32 \
+$PY -m sglang_d3d.training.train --init-from runs/default_drafter/s1/drafter \
+  --out-dir runs/default_drafter/s2 --block-size 16 --min-block-size 4 --num-anchors 32 --rank 32 \
   --alpha 32 --loss kl --gamma 7 --batch-size 4 --lr 3e-4 --warmup-steps 10 --max-steps 400 \
   --eval-every 100 --eval-samples 40 --ckpt-minutes 10 --no-initial-eval --threads 1 --seed 1
-$PY -m sglang_d3d.cli compact --src data/train_v3 --dst data/train_v3/drafter_int4 --store int4
+$PY -m sglang_d3d.cli compact --src runs/default_drafter/s2 --dst runs/default_drafter/s2/drafter_int4 --store int4
 
 # (A schedule from step 2b at 2e-4 was level at its first evaluation and stopped; it is left out.)
 # 2d. A third schedule from step 2b's int4 drafter: 3e-4, cosine over 360 steps, data order
 #     seed 3. Held-out accepted length at block 16 (40 samples x 8 blocks): 3.103 (step 120),
 #     3.197 (240), 3.209 (360), against 3.078 for step 2b. (It ran while datagen was still
-#     adding shards: over the first 5,351 answers.) Its int4 deltas are committed
-#     (data/train_v5/drafter_int4).
-$PY -m sglang_d3d.training.train --init-from data/train_v3/drafter_int4 \
-  --out-dir data/train_v5 --block-size 16 --min-block-size 4 --num-anchors 32 --rank 32 \
+#     adding shards: over the first 5,351 answers.)
+$PY -m sglang_d3d.training.train --init-from runs/default_drafter/s2/drafter_int4 \
+  --out-dir runs/default_drafter/s3 --block-size 16 --min-block-size 4 --num-anchors 32 --rank 32 \
   --alpha 32 --loss kl --gamma 7 --batch-size 4 --lr 3e-4 --warmup-steps 10 --max-steps 360 \
   --eval-every 120 --eval-samples 40 --ckpt-minutes 10 --no-initial-eval --threads 1 --seed 3
 
 # 2e. The fourth schedule, the one shipped, from step 2d's bf16 drafter, over all 1.58M tokens
 #     in a new order (seed 4): 3e-4, cosine over 300 steps. Held-out accepted length at block
 #     16: 3.156 / 3.216 / 3.269 at steps 100 / 200 / 300 (the shipped acceptance.json).
-$PY -m sglang_d3d.training.train --init-from data/train_v5/drafter \
-  --out-dir data/train_v6 --block-size 16 --min-block-size 4 --num-anchors 32 --rank 32 \
+$PY -m sglang_d3d.training.train --init-from runs/default_drafter/s3/drafter \
+  --out-dir runs/default_drafter/s4 --block-size 16 --min-block-size 4 --num-anchors 32 --rank 32 \
   --alpha 32 --loss kl --gamma 7 --batch-size 4 --lr 3e-4 --warmup-steps 10 --max-steps 300 \
   --eval-every 100 --eval-samples 40 --ckpt-minutes 10 --no-initial-eval --threads 1 --seed 4
 
@@ -66,11 +65,11 @@ $PY -m sglang_d3d.training.train --init-from data/train_v5/drafter \
 #    tokens/s per depth) goes to benchmarks/results/prune/. Run on the first schedule's
 #    drafter, it found full depth the fastest end to end, so the later schedules keep all 30
 #    layers. The second command re-times every depth on an otherwise idle machine.
-$PY -m sglang_d3d.training.prune --drafter-path data/train_v2/drafter \
+$PY -m sglang_d3d.training.prune --drafter-path runs/default_drafter/s1/drafter \
   --out-dir runs/prune600 --results-dir benchmarks/results/prune --per-round 4 \
   --min-layers 22 --eval-samples 24 --score-samples 6 --recover-steps 20 --e2e-prompts 4 \
   --e2e-max-new-tokens 64 --e2e-block 8 --threads 1
-$PY -m sglang_d3d.training.prune --drafter-path data/train_v2/drafter --out-dir runs/prune600 \
+$PY -m sglang_d3d.training.prune --drafter-path runs/default_drafter/s1/drafter --out-dir runs/prune600 \
   --results-dir benchmarks/results/prune --e2e-prompts 4 --e2e-max-new-tokens 64 \
   --e2e-block 8 --remeasure
 
@@ -79,7 +78,7 @@ $PY -m sglang_d3d.training.prune --drafter-path data/train_v2/drafter --out-dir 
 #    Offline accepted length at blocks 16 / 8 (benchmarks/bench_accept.py): GSM8K 3.38 / 3.35,
 #    MT-Bench 2.66 / 2.53, MBPP 2.89 / 2.69, ahead of step 2d's rank-32 drafter on all six;
 #    end to end (`d3d bench --alt-drafter`) ahead or level in six runs on the three sets.
-$PY -m sglang_d3d.cli compact --src data/train_v6 --dst sglang_d3d/assets/drafter --store int4 \
+$PY -m sglang_d3d.cli compact --src runs/default_drafter/s4 --dst sglang_d3d/assets/drafter --store int4 \
   --rank 4
 
 # 5. The target's own answers beside the drafter, for copies where a request's text has none

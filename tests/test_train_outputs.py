@@ -68,10 +68,6 @@ def test_the_shipped_configs_read(name):
     assert (cfg.device == "cuda") == name.endswith("8gpu")
 
 
-def test_the_earlier_time_budget_flag_still_reads():
-    assert _parse(["--session-minutes", "3"]).max_minutes == 3.0
-
-
 def test_a_sequence_length_beyond_the_targets_context_is_refused(tiny):
     with pytest.raises(ValueError, match="beyond the target's context"):
         Trainer(_cfg(tiny, "long", max_seq_len=100_000))

@@ -1,7 +1,7 @@
 """Write a trained drafter in a compact delta store (int8 or int4) for shipping.
 
-    d3d compact --src data/train_v3 --dst sglang_d3d/assets/drafter --store int4
-    d3d compact --src data/train_v5 --dst /tmp/rank16 --store int4 --rank 16
+    d3d compact --src runs/mine --dst sglang_d3d/assets/drafter --store int4
+    d3d compact --src runs/mine --dst runs/mine_rank16 --store int4 --rank 16
 
 `--rank K` also cuts every delta to its K largest singular directions (models/delta_rank.py):
 a checkpoint about K/r the size, whose cost in accepted length is measured, not assumed.

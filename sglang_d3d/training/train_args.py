@@ -65,9 +65,6 @@ def add_train_args(p: argparse.ArgumentParser) -> None:
             names = (flag, *(f"--{a}" for a, n in ALIASES.items() if n == f.name))
             p.add_argument(*names, action=Store, type=_kind(f.name, default), default=default,
                            help=HELP[f.name])
-    # the earlier name of --max-minutes, still accepted
-    p.add_argument("--session-minutes", dest="max_minutes", action=Store, type=float,
-                   help=argparse.SUPPRESS)
 
 
 def _from_file(name: str, value):

@@ -30,7 +30,10 @@ from sglang_d3d.speculative.stats import kind_summary
 def add_bench_args(p: argparse.ArgumentParser) -> None:
     add_engine_args(p, modes=True)
     p.set_defaults(calibrate=True)  # adaptive modes start calibrated, as the server's does
-    p.add_argument("--dataset", default="gsm8k", help="gsm8k | mt_bench | mbpp (code, bundled) | FILE.jsonl")
+    p.add_argument("--dataset", default="gsm8k",
+                   help="gsm8k | mt_bench | mbpp (code, bundled) | FILE.jsonl in any shape "
+                   "`d3d datagen --prompts` reads (ShareGPT `conversations`, OpenAI `messages`, "
+                   "`turns`, `prompt`): each conversation's first user turn")
     p.add_argument("--num-prompts", type=int, default=20, help="the first N prompts of the set")
     p.add_argument("--modes", type=mode_list, default="ar,sync,async",
                    help="comma-separated: ar, sync, async, fused; an '@B' suffix sets the block "
@@ -83,7 +86,8 @@ def run_bench(args: argparse.Namespace) -> int:
             runs[m].append(_timed(engines[m], ids, params))
         print(f"prompt {i + 1}/{len(prompts)}: " + "  ".join(
             f"{m} {r[-1]['tokens'] / r[-1]['seconds']:.1f} tok/s" for m, r in runs.items()))
-    report = _report(args, runs, params.greedy) | {"calibration": calibration}
+    report = _report(args, runs, params.greedy) | {"calibration": calibration,
+                                                    "prompts_run": len(prompts)}
     _print(report)
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)

@@ -1,4 +1,10 @@
-"""Evaluation prompt sets: GSM8K test, MT-Bench first turns, MBPP code tasks, or any JSONL file."""
+"""Evaluation prompt sets: GSM8K test, MT-Bench first turns, MBPP code tasks, or any JSONL file.
+
+A FILE.jsonl may hold any shape `d3d datagen --prompts` reads (training/prompt_files.py):
+ShareGPT `conversations`, OpenAI `messages`, MT-Bench `turns`, or a plain `prompt` /
+`question`. A benchmark asks each conversation's first user turn, after its system turn if it
+has one; lines with no user turn, or that are not JSON, are skipped and counted.
+"""
 
 from __future__ import annotations
 
@@ -24,8 +30,15 @@ def datasets_dir() -> Path | None:
     return Path(env) if env else None
 
 
-def load_questions(dataset: str, limit: int | None = None) -> list[str]:
+# One benchmark prompt: the user's text, or a chat (a system turn, then the user turn).
+Prompt = str | tuple[dict, ...]
+
+
+def load_questions(dataset: str, limit: int | None = None) -> list[Prompt]:
+    """The first `limit` prompts of a named set or a FILE.jsonl (see the module's note)."""
     path = dataset_path(dataset)
+    if dataset.endswith(".jsonl"):
+        return _file_prompts(path, limit)
     out = []
     with open(path) as f:
         for line in f:
@@ -34,6 +47,19 @@ def load_questions(dataset: str, limit: int | None = None) -> list[str]:
             if limit and len(out) >= limit:
                 break
     return out
+
+
+def _file_prompts(path: Path, limit: int | None) -> list[Prompt]:
+    from sglang_d3d.training.prompt_files import read_prompt_file
+
+    pf = read_prompt_file(path)  # PromptFileError (a ValueError) names the file
+    convs = pf.conversations[:limit] if limit else pf.conversations
+    multi = sum(len(c.user_turns) > 1 for c in convs)
+    print(f"{path}: {len(convs)} prompt(s), each a conversation's first user turn"
+          + (f" ({multi} with later turns not asked)" if multi else "")
+          + (f"; {pf.num_skipped} line(s) skipped: not JSON or no user turn"
+             if pf.num_skipped else ""))
+    return [c.user_turns[0] if c.system is None else tuple(c.messages([])) for c in convs]
 
 
 def dataset_path(dataset: str) -> Path:
@@ -52,18 +78,21 @@ def dataset_path(dataset: str) -> Path:
 
 
 def question_text(row: dict) -> str:
-    for key in ("question", "prompt"):
-        if isinstance(row.get(key), str):
-            return row[key]
-    if isinstance(row.get("turns"), list) and row["turns"]:
-        return row["turns"][0]
-    raise ValueError(f"row has no question, prompt or turns field: {sorted(row)}")
+    """A row's first user turn, in any shape datagen reads."""
+    from sglang_d3d.training.prompt_files import conversation_of
+
+    conv = conversation_of(row)
+    if conv is None:
+        raise ValueError(
+            f"row has no user turn: {sorted(row) if isinstance(row, dict) else type(row).__name__}"
+            " (expected `conversations`, `messages`, `turns`, `prompt` or `question`)")
+    return conv.user_turns[0]
 
 
-def chat_ids(tokenizer, text: str) -> list[int]:
+def chat_ids(tokenizer, prompt: Prompt) -> list[int]:
     """The prompt as the target's chat template renders it."""
-    msgs = [{"role": "user", "content": text}]
+    msgs = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
     if getattr(tokenizer, "chat_template", None):
         text = tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
         return tokenizer.encode(text, add_special_tokens=False)
-    return tokenizer.encode(text)
+    return tokenizer.encode("\n\n".join(m["content"] for m in msgs))

@@ -149,12 +149,53 @@ def test_parse_mode():
 
 
 def test_bad_dataset_row_is_reported(tmp_path):
-    from sglang_d3d.prompts import load_questions
+    from sglang_d3d.prompts import load_questions, question_text
 
     bad = tmp_path / "bad.jsonl"
     bad.write_text(json.dumps({"text": "no known field"}) + "\n")
-    with pytest.raises(ValueError, match="no question, prompt or turns"):
+    with pytest.raises(ValueError, match="no usable turn in 1 line"):
         load_questions(str(bad))
+    with pytest.raises(ValueError, match="row has no user turn: \\['text'\\]"):
+        question_text({"text": "no known field"})
+
+
+CHATS = [  # every shape `d3d datagen --prompts` reads, a multi-turn one, and two broken lines
+    {"conversations": [{"from": "human", "value": "w5 w6"}, {"from": "gpt", "value": "w7"},
+                       {"from": "human", "value": "w8"}]},
+    {"messages": [{"role": "system", "content": "w1"}, {"role": "user", "content": "w9 w10"}]},
+    {"prompt": "w11 w12"},
+    {"turns": ["w13", "w14"]},
+    {"messages": [{"role": "assistant", "content": "no user turn"}]},
+]
+
+
+def _chat_file(tmp_path):
+    f = tmp_path / "chats.jsonl"
+    f.write_text("\n".join(json.dumps(r) for r in CHATS) + "\n{not json\n")
+    return f
+
+
+def test_a_chat_file_in_datagens_shapes_reads_as_first_user_turns(tmp_path, capsys):
+    from sglang_d3d.prompts import load_questions, question_text
+
+    f = _chat_file(tmp_path)
+    assert load_questions(str(f)) == [
+        "w5 w6", ({"role": "system", "content": "w1"}, {"role": "user", "content": "w9 w10"}),
+        "w11 w12", "w13"]
+    printed = capsys.readouterr().out
+    assert "4 prompt(s)" in printed and "2 with later turns not asked" in printed
+    assert "2 line(s) skipped: not JSON or no user turn" in printed
+    assert [question_text(r) for r in CHATS[:4]] == ["w5 w6", "w9 w10", "w11 w12", "w13"]
+
+
+def test_bench_runs_on_a_sharegpt_and_messages_file(tiny_pair_dir, tmp_path):
+    out = tmp_path / "bench.json"
+    rc = main(["bench", "--dataset", str(_chat_file(tmp_path)), "--num-prompts", "3",
+               "--max-new-tokens", "6", "--modes", "ar,sync@4", "--out", str(out),
+               *_engine_flags(tiny_pair_dir)])
+    report = json.loads(out.read_text())
+    assert rc == 0 and report["greedy_identical"] is True
+    assert report["prompts_run"] == 3 and report["modes"]["ar"]["tokens"] >= 3
 
 
 def test_the_code_prompt_kind_ships_with_the_package_and_unknown_sets_are_named():

@@ -4,6 +4,7 @@ a 16-token forward pass), built in seconds, never downloaded."""
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,8 @@ import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+# calibration results (engine/calibration_cache.py) go to a folder of this run, not the user's
+os.environ.setdefault("D3D_CACHE_DIR", tempfile.mkdtemp(prefix="d3d-test-cache-"))
 torch.set_num_threads(1)
 
 

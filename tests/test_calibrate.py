@@ -87,10 +87,8 @@ def test_a_plan_is_timed_by_its_fastest_cycle_after_the_switch():
     for seconds in (0.9, 0.5, 0.2, 0.4):  # 0.9: the switching cycle, not recorded
         script.observe(2, Plan(4), seconds, [(3, 3), (3, 3)])
     assert script.recorded(2, Plan(4)) == 3 and real.times == {}  # nothing handed over yet
-    script.hand_over()
     # noise only adds time; a plan timed too slow would be re-measured too rarely to recover
-    assert real.times == {(2, Plan(4)): 0.2} and real.samples == {(2, Plan(4)): 3}
-    assert real.reached == []
+    assert script.fastest() == [(2, Plan(4), 0.2, 3)]
 
 
 def test_the_controller_plans_for_requests_still_prefilling(tiny_models):
@@ -129,3 +127,58 @@ def test_each_row_brings_its_own_acceptance_to_the_controller(tiny_models):
     tested = [(g, n) for g, n in cycles if g > 0]
     assert tested and counts.reached[0] == len(tested)
     assert counts.accepted[0] == sum(n > 0 for _, n in tested)
+
+
+def test_a_stopped_calibration_hands_the_engine_back_and_goes_on_later(tiny_models):
+    from sglang_d3d.engine.calibrate import Calibration
+
+    engine = make_engine(tiny_models, Mode.SYNC, block=4, batch=4, adaptive=True)
+    done = []
+    run = Calibration(engine, CalibrationConfig(cycles=2, prompt_len=8), on_done=done.append)
+    assert run.todo == [1, 2, 4]
+    steps = []
+    step = engine.step
+    engine.step = lambda: (steps.append(1), step())[1]
+    # a request arrives after 3 steps of batch 1: the run stops and the engine is idle
+    assert run.run(stop=lambda: len(steps) >= 3) is False
+    assert not engine.has_work() and run.todo == [1, 2, 4] and done == []
+    served = {k for k in engine.controller.times}
+    assert served == set()  # batch 1 was not finished: nothing half-measured is handed over
+    assert run.run() is True and run.todo == [] and len(done) == 1
+    assert {b for b, *_ in done[0]} == {1, 2, 4} and run.table.keys() == {1, 2, 4}
+
+
+def test_calibration_stops_at_its_time_limit_and_leaves_the_rest_to_traffic(tiny_models, caplog):
+    from sglang_d3d.engine.calibrate import Calibration
+
+    engine = make_engine(tiny_models, Mode.SYNC, block=4, batch=4, adaptive=True)
+    run = Calibration(engine, CalibrationConfig(cycles=2, prompt_len=8, time_limit_s=0.0))
+    with caplog.at_level("INFO"):
+        assert run.run() is True  # given up, not pending
+    assert engine.controller.times == {} and not engine.has_work()
+    assert "stopped at its time limit" in caplog.text
+
+
+def test_calibration_logs_each_batch_size_as_it_starts(tiny_models, caplog):
+    engine = make_engine(tiny_models, Mode.SYNC, block=4, batch=2, adaptive=True)
+    with caplog.at_level("INFO"):
+        calibrate(engine, CalibrationConfig(cycles=2, prompt_len=8))
+    assert "batch 1 (1 of 2 sizes)" in caplog.text and "batch 2 (2 of 2 sizes)" in caplog.text
+    assert "calibrated the controller in" in caplog.text
+
+
+def test_a_measured_calibration_is_reused_at_the_next_start_on_the_same_key(tmp_path):
+    from sglang_d3d.config import EngineConfig
+    from sglang_d3d.engine import calibration_cache as cc
+    from sglang_d3d.engine.adaptive import Plan
+
+    key = cc.cache_key(EngineConfig(), None, None)
+    times = [(1, Plan(1), 0.01, 3), (1, Plan(4, True), 0.02, 3)]
+    assert cc.load(key, tmp_path) == []
+    cc.save(key, times, tmp_path)
+    assert cc.load(key, tmp_path) == times
+    other = cc.cache_key(EngineConfig(max_batch_size=3), None, None)  # another setting
+    assert cc.key_name(other) != cc.key_name(key) and cc.load(other, tmp_path) == []
+    assert "cpu" in key and "torch" in key
+    (tmp_path / f"{cc.key_name(key)}.json").write_text("{broken")
+    assert cc.load(key, tmp_path) == []  # unreadable: measured again

@@ -5,9 +5,16 @@ Without it the controller learns each (batch bucket, plan) pair's cycle time fro
 traffic, and a losing plan's warm-up cycles land on real requests: on this 2-core CPU a
 speculative cycle at batch 4 costs 4-11 plain steps, which kept the server 2-7% behind plain
 decoding at concurrency 4 and 16 (`benchmarks/bench_controller.py`). Calibrating moves that
-cost to start-up, where the server still answers /health with "loading" (the warm-up a GPU
-server spends capturing CUDA graphs). Only times are taken: acceptance rates on synthetic text
-say nothing about real prompts, so the controller still learns those from traffic.
+cost to idle time. Only times are taken: acceptance rates on synthetic text say nothing about
+real prompts, so the controller still learns those from traffic.
+
+Bounded and visible: each batch size logs a line as it starts, and the whole run stops at
+`time_limit_s` (the sizes left are learnt from traffic, as without calibration). `d3d serve`
+does not wait for it: the server is ready as soon as the models load, and calibrates while
+idle, handing the engine back between two steps when a request arrives (engine/loop.py); each
+batch size's times reach the controller as soon as that size is measured. What a run measured
+is kept (engine/calibration_cache.py) and reused at the next start on the same CPU, weights and
+settings.
 """
 
 from __future__ import annotations
@@ -16,6 +23,7 @@ import itertools
 import logging
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -25,6 +33,7 @@ from sglang_d3d.config import SamplingParams
 from sglang_d3d.engine.adaptive import BlockController, bucket
 from sglang_d3d.engine.engine import SpecEngine
 from sglang_d3d.speculative.cycle import Plan
+from sglang_d3d.speculative.listeners import Listeners
 from sglang_d3d.speculative.timeline import Timeline
 
 log = logging.getLogger(__name__)
@@ -45,6 +54,9 @@ class CalibrationConfig:
     # 86 and 300 ms.
     stagger: int = 16
     max_steps_per_plan: int = 64  # a bucket whose cycles cannot be had gives up, not hangs
+    # The whole run, over every start-up and idle spell; past it the sizes left are learnt from
+    # traffic. A 2-core CPU under load took about 9 minutes for batch 1 to 32 in one go.
+    time_limit_s: float = 120.0
 
 
 class _Scripted:
@@ -52,7 +64,7 @@ class _Scripted:
     hands the measured times (not the acceptance) to the real controller. The first cycle
     after a switch is not recorded: it carries the switch (the drafter catching up on tokens
     it did not see), which the controller's own re-measurement also pays, not the plan.
-    The times reach the controller at the end (`hand_over`)."""
+    The times reach the controller when the batch size is done (`Calibration._hand_over`)."""
 
     def __init__(self, real: BlockController) -> None:
         self.real, self.plan, self.skip = real, Plan(1), 0
@@ -76,45 +88,114 @@ class _Scripted:
     def recorded(self, batch: int, plan: Plan) -> int:
         return len(self.seen.get((batch, plan), ()))
 
-    def hand_over(self) -> None:
-        """Each plan's fastest recorded cycle becomes the controller's time for it. Noise on
-        a CPU only ever adds time, and the errors are not alike: a plan timed too fast is
-        chosen, measured every cycle and corrected at once, while one timed too slow is only
-        re-measured now and then (measured: a plain step at batch 4 calibrated at 58 ms
-        against 38 ms kept a server speculating at a loss for about 40 requests)."""
-        for (b, plan), times in self.seen.items():
-            self.real.seed_time(b, plan, min(times), len(times))
+    def fastest(self) -> list[tuple[int, Plan, float, int]]:
+        """(bucket, plan, its fastest recorded cycle, cycles recorded), by plan name."""
+        return [(b, plan, min(times), len(times))
+                for (b, plan), times in sorted(self.seen.items(), key=lambda kv: kv[0][1].name)]
 
 
 def calibrate(engine: SpecEngine, cfg: CalibrationConfig = CalibrationConfig()) -> dict:
     """Measure every plan the controller may choose at each power-of-two batch size up to the
-    engine's slots. The engine must be idle; it is idle again afterwards. Returns
-    {bucket: {plan name: seconds}} of what was recorded, for the log and the benchmarks."""
-    real = engine.controller
-    if real is None or engine.has_work():
-        raise ValueError("calibration needs an idle engine with the adaptive controller")
-    script, t0 = _Scripted(real), time.perf_counter()
-    torch.set_num_threads(engine.cfg.target_threads)  # this thread runs the target
-    engine.controller = script
-    served, engine.proposals = engine.proposals, engine.proposals.for_calibration()
-    text, engine.shared_text = engine.shared_text, None  # synthetic text is nobody's guess
-    try:
-        for batch in _buckets(min(engine.cfg.max_batch_size, cfg.max_batch or 1 << 30)):
-            plans = real.allowed(engine.cfg.verify_token_budget // batch)
-            if len(plans) > 1:  # one candidate needs no measuring
-                _measure_bucket(engine, script, batch, plans, cfg)
-    finally:
-        engine.controller, engine.proposals, engine.shared_text = real, served, text
-        engine.timeline = Timeline()  # synthetic cycles are not the served ones
-    script.hand_over()
-    table = _table(real, script)
-    log.info("calibrated the controller in %.1f s: %s", time.perf_counter() - t0, table)
-    return table
+    engine's slots, in one go (or until `cfg.time_limit_s`). The engine must be idle; it is
+    idle again afterwards. Returns {bucket: {plan name: seconds}} of what was recorded, for the
+    log and the benchmarks."""
+    run = Calibration(engine, cfg)
+    run.run()
+    return run.table
+
+
+class Calibration:
+    """A calibration that may pause: `run(stop)` hands the engine back between two steps once
+    `stop()` is true, and a later `run` goes on with the batch sizes not yet measured (the one
+    it stopped in starts again). Times already known to the controller (from the cache, or
+    measured on traffic while paused) are not overwritten."""
+
+    def __init__(self, engine: SpecEngine, cfg: CalibrationConfig = CalibrationConfig(),
+                 known: tuple[int, ...] = (),
+                 on_done: Callable[[list[tuple[int, Plan, float, int]]], object] | None = None,
+                 ) -> None:
+        real = engine.controller
+        if real is None:
+            raise ValueError("calibration needs the adaptive controller")
+        self.engine, self.cfg, self.spent = engine, cfg, 0.0
+        sizes = _buckets(min(engine.cfg.max_batch_size, cfg.max_batch or 1 << 30))
+        plans = {b: real.allowed(engine.cfg.verify_token_budget // b) for b in sizes}
+        # one candidate needs no measuring; sizes in `known` came from the cache
+        self.todo = [b for b in sizes if len(plans[b]) > 1 and b not in known]
+        self.plans, self.total = plans, len(self.todo)
+        self.times: list[tuple[int, Plan, float, int]] = []  # what this run measured
+        self.on_done = on_done  # called once with `times` when nothing is left
+        self.table: dict[int, dict[str, float]] = {}
+
+    @property
+    def done(self) -> bool:
+        return not self.todo
+
+    def run(self, stop: Callable[[], bool] = lambda: False) -> bool:
+        """Measure the sizes left until all are done (True), `stop()` (False) or the time
+        limit (True: the rest is given up and learnt from traffic)."""
+        engine, real = self.engine, self.engine.controller
+        if engine.has_work():
+            raise ValueError("calibration needs an idle engine")
+        t0 = time.perf_counter()
+        out_of_time = lambda: self.spent + time.perf_counter() - t0 > self.cfg.time_limit_s  # noqa: E731
+        torch.set_num_threads(engine.cfg.target_threads)  # this thread runs the target
+        served, engine.proposals = engine.proposals, engine.proposals.for_calibration()
+        text, engine.shared_text = engine.shared_text, None  # synthetic text is nobody's guess
+        # synthetic cycles are not served ones: the metrics' listeners do not hear them
+        listeners = engine.cycle_listeners, engine.plan_listeners
+        engine.cycle_listeners, engine.plan_listeners = Listeners(), Listeners()
+        try:
+            while self.todo and not stop() and not out_of_time():
+                batch = self.todo[0]
+                log.info("calibrating the controller: batch %d (%d of %d sizes), %.0f s so far "
+                         "of at most %.0f s", batch, self.total - len(self.todo) + 1, self.total,
+                         self.spent + time.perf_counter() - t0, self.cfg.time_limit_s)
+                script = _Scripted(real)
+                engine.controller = script
+                try:
+                    measured = _measure_bucket(engine, script, batch, self.plans[batch], self.cfg,
+                                               lambda: stop() or out_of_time())
+                finally:
+                    engine.controller = real
+                if not measured:
+                    break
+                self._hand_over(script, real)
+                self.todo.pop(0)
+        finally:
+            engine.proposals, engine.shared_text = served, text
+            engine.cycle_listeners, engine.plan_listeners = listeners
+            engine.timeline = Timeline()  # synthetic cycles are not the served ones
+            self.spent += time.perf_counter() - t0
+        if self.todo and out_of_time():
+            log.warning("calibration stopped at its time limit (%.0f s): batch sizes %s are "
+                        "learnt from traffic", self.cfg.time_limit_s, self.todo)
+            self.todo = []
+        elif not self.todo:
+            log.info("calibrated the controller in %.1f s: %s", self.spent, self.table)
+        if self.done and self.on_done is not None:
+            self.on_done(self.times)
+            self.on_done = None
+        return self.done
+
+    def _hand_over(self, script: _Scripted, real: BlockController) -> None:
+        """Each plan's fastest recorded cycle becomes the controller's time for it, unless
+        traffic has measured it already. Noise on a CPU only ever adds time, and the errors are
+        not alike: a plan timed too fast is chosen, measured every cycle and corrected at once,
+        while one timed too slow is only re-measured now and then (measured: a plain step at
+        batch 4 calibrated at 58 ms against 38 ms kept a server speculating at a loss for about
+        40 requests)."""
+        for b, plan, seconds, samples in script.fastest():
+            self.times.append((b, plan, seconds, samples))
+            if (b, plan) not in real.times:
+                real.seed_time(b, plan, seconds, samples)
+            self.table.setdefault(b, {})[plan.name] = round(real.times[(b, plan)], 4)
 
 
 def _measure_bucket(engine: SpecEngine, script: _Scripted, batch: int, plans: list[Plan],
-                    cfg: CalibrationConfig) -> None:
-    """Keep `batch` synthetic requests running and give each plan its cycles in turn."""
+                    cfg: CalibrationConfig, stop: Callable[[], bool] = lambda: False) -> bool:
+    """Keep `batch` synthetic requests running and give each plan its cycles in turn. False if
+    `stop()` came first; the engine is idle again either way."""
     ids = itertools.count()
     live: set[str] = set()
     try:
@@ -123,8 +204,11 @@ def _measure_bucket(engine: SpecEngine, script: _Scripted, batch: int, plans: li
             for _ in range(cfg.max_steps_per_plan):
                 if script.recorded(batch, plan) >= cfg.cycles:
                     break
+                if stop():
+                    return False
                 _top_up(engine, live, ids, batch, cfg)
                 live -= {ev.request_id for ev in engine.step() if ev.finished}
+        return True
     finally:
         for rid in live:
             engine.abort(rid)
@@ -154,10 +238,3 @@ def synthetic_prompt(vocab_size: int, length: int) -> list[int]:
 
 def _buckets(max_batch: int) -> list[int]:
     return [1 << k for k in range(max(1, max_batch).bit_length()) if 1 << k <= max_batch]
-
-
-def _table(real: BlockController, script: _Scripted) -> dict:
-    table: dict[int, dict[str, float]] = {}
-    for b, plan in sorted(script.seen):
-        table.setdefault(b, {})[plan.name] = round(real.times[(b, plan)], 4)
-    return table

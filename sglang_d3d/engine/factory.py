@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import logging
+
 import torch
 
 from sglang_d3d.config import EngineConfig, Mode
-from sglang_d3d.engine.calibrate import calibrate
+from sglang_d3d.engine import calibration_cache
+from sglang_d3d.engine.calibrate import Calibration
 from sglang_d3d.engine.engine import SpecEngine
 from sglang_d3d.engine.loop import EngineLoop
 from sglang_d3d.models.decoder import Decoder
@@ -19,6 +22,8 @@ from sglang_d3d.models.loading import (
 )
 from sglang_d3d.models.q4_target import apply_target_weights
 from sglang_d3d.speculative.grammar import tokenizer_grammars
+
+log = logging.getLogger(__name__)
 
 
 def engine_dtype(name: str, device: str) -> str:
@@ -64,16 +69,46 @@ def eos_token_ids(target: Decoder, tokenizer) -> tuple[int, ...]:
     return tuple(sorted(ids))
 
 
-def build_engine(cfg: EngineConfig) -> tuple[SpecEngine, object]:
-    target, drafter, tokenizer = load_models(cfg)
-    eos = eos_token_ids(target, tokenizer)
-    grammars = tokenizer_grammars(tokenizer, target.arch.vocab_size, eos)
-    engine = SpecEngine(cfg, target, drafter, eos, grammars)
-    if cfg.adaptive and cfg.calibrate:
-        calibrate(engine)
+def build_engine(cfg: EngineConfig, calibrate_now: bool = True) -> tuple[SpecEngine, object]:
+    """The engine and its tokenizer; with `calibrate_now` its calibration has run (or come from
+    the cache) before it returns."""
+    engine, tokenizer, calibration = _build(cfg)
+    if calibrate_now and calibration is not None:
+        calibration.run()
     return engine, tokenizer
 
 
 def build_engine_loop(cfg: EngineConfig) -> EngineLoop:
-    engine, tokenizer = build_engine(cfg)
-    return EngineLoop(engine, tokenizer)
+    """The engine on its loop, ready to serve at once: its calibration (where one is due) runs
+    on the loop thread while no request is in, and pauses for any that arrives."""
+    engine, tokenizer, calibration = _build(cfg)
+    return EngineLoop(engine, tokenizer, calibration)
+
+
+def _build(cfg: EngineConfig) -> tuple[SpecEngine, object, Calibration | None]:
+    target, drafter, tokenizer = load_models(cfg)
+    eos = eos_token_ids(target, tokenizer)
+    grammars = tokenizer_grammars(tokenizer, target.arch.vocab_size, eos)
+    engine = SpecEngine(cfg, target, drafter, eos, grammars)
+    calibration = (start_calibration(engine, cfg, drafter is not None)
+                   if cfg.adaptive and cfg.calibrate else None)
+    return engine, tokenizer, calibration
+
+
+def start_calibration(engine: SpecEngine, cfg: EngineConfig,
+                      has_drafter: bool = True) -> Calibration | None:
+    """The controller seeded with the times an earlier start measured on this CPU, these weights
+    and these settings (engine/calibration_cache.py), and a Calibration of the batch sizes still
+    unmeasured, which stores its times when done; None when nothing is left to measure."""
+    drafter_dir = str(resolve_drafter_path(cfg.drafter_path)) if has_drafter else None
+    key = calibration_cache.cache_key(cfg, str(resolve_target_path(cfg.target_path)), drafter_dir)
+    cached = calibration_cache.load(key)
+    for b, plan, seconds, samples in cached:
+        engine.controller.seed_time(b, plan, seconds, samples)
+    known = tuple(sorted({b for b, *_ in cached}))
+    if cached:
+        log.info("calibration: reusing the times measured at an earlier start for batch sizes "
+                 "%s (%s)", list(known), calibration_cache.cache_dir())
+    run = Calibration(engine, known=known,
+                      on_done=lambda times: calibration_cache.save(key, cached + times))
+    return None if run.done else run

@@ -1,7 +1,9 @@
 """EngineLoop: runs `SpecEngine.step()` on a thread of its own.
 
 Callers (the HTTP server) submit and abort from any thread; events come back through each
-request's callback, called on the loop thread.
+request's callback, called on the loop thread. A calibration handed in (engine/calibrate.py)
+runs on the loop thread while no request is in; a submit stops it after its current step and
+waits for the engine to be idle again, which takes one cycle of the batch being timed.
 """
 
 from __future__ import annotations
@@ -9,11 +11,14 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import torch
 
 from sglang_d3d.api import EventCallback, GenerationRequest, TokenEvent
 from sglang_d3d.config import GrammarSpec
+from sglang_d3d.engine.calibrate import Calibration
 from sglang_d3d.engine.engine import SpecEngine
 from sglang_d3d.speculative.grammar import GrammarError
 
@@ -28,8 +33,13 @@ class EngineLoop:
          "min_tokens"}
     )
 
-    def __init__(self, engine: SpecEngine, tokenizer=None) -> None:
+    def __init__(self, engine: SpecEngine, tokenizer=None,
+                 calibration: Calibration | None = None) -> None:
         self.engine = engine
+        self._calibration = calibration  # None once done (or never due)
+        self._calibrating = threading.Lock()  # held while a calibration run has the engine
+        self._waiting = 0  # submits waiting for the engine: a calibration run stops
+        self._waiting_lock = threading.Lock()
         self.tokenizer = tokenizer
         self.config = engine.cfg
         self._callbacks: dict[str, EventCallback] = {}
@@ -54,7 +64,8 @@ class EngineLoop:
             raise RuntimeError("the engine is shutting down")
         self._callbacks[req.request_id] = on_event
         try:
-            self.engine.submit(req)
+            with self._engine_free():
+                self.engine.submit(req)
         except Exception:
             self._callbacks.pop(req.request_id, None)
             raise
@@ -68,13 +79,31 @@ class EngineLoop:
         for req, cb in items:
             self._callbacks[req.request_id] = cb
         try:
-            self.engine.submit_all([req for req, _ in items])
+            with self._engine_free():
+                self.engine.submit_all([req for req, _ in items])
         except Exception:
             for req, _ in items:
                 self._callbacks.pop(req.request_id, None)
             raise
         with self._wake:
             self._wake.notify()
+
+    @property
+    def calibrating(self) -> bool:
+        """Whether a calibration is still due (it runs while no request is in)."""
+        return self._calibration is not None
+
+    @contextmanager
+    def _engine_free(self) -> Iterator[None]:
+        """The engine without a calibration run on it: one running stops after its step."""
+        with self._waiting_lock:
+            self._waiting += 1
+        try:
+            with self._calibrating:
+                yield
+        finally:
+            with self._waiting_lock:
+                self._waiting -= 1
 
     def abort(self, request_id: str) -> None:
         self.engine.abort(request_id)
@@ -129,11 +158,31 @@ class EngineLoop:
         torch.set_num_threads(self.engine.cfg.target_threads)  # this thread runs the target
         while True:
             with self._wake:
-                while not self._stop and not self.engine.has_work():
+                while not self._stop and not self.engine.has_work() and not self.calibrating:
                     self._wake.wait(timeout=0.5)
                 if self._stop and not self.engine.has_work():
                     return
-            self._dispatch(self._safe_step())
+            if self.engine.has_work():
+                self._dispatch(self._safe_step())
+            else:
+                self._calibrate_while_idle()
+
+    def _calibrate_while_idle(self) -> None:
+        """Go on with the calibration until done or a request arrives; a failed one is given
+        up (the controller learns from traffic, as without calibration)."""
+        if self._stop or self._draining:
+            self._calibration = None
+            return
+        stop = lambda: self._waiting > 0 or self._stop or self._draining  # noqa: E731
+        with self._calibrating:
+            if self.engine.has_work() or stop():
+                return
+            try:
+                if self._calibration.run(stop):
+                    self._calibration = None
+            except Exception:  # noqa: BLE001 - serving goes on without it
+                log.exception("calibration failed; the controller learns from traffic")
+                self._calibration = None
 
     def _safe_step(self) -> list[TokenEvent]:
         try:

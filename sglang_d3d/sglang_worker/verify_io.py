@@ -57,7 +57,8 @@ def build_verify_forward_batch(batch, target_worker, tokens: torch.Tensor, block
     """Turn the decode ScheduleBatch into SGLang's TARGET_VERIFY ForwardBatch for `tokens`
     [bs, block]. -> (forward_batch, can_run_cuda_graph). Mutates `batch` the way SGLang's own
     linear-block verifier (DFlash) does; the scheduler runs us inside its forward isolation,
-    which restores the batch afterwards."""
+    which restores the batch afterwards. Attention metadata is left to the model runner's
+    forward, which plans it once (`defer_metadata_init`: planning here too would plan twice)."""
     from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode
     from sglang.srt.speculative.dflash_info import DFlashVerifyInput
 
@@ -79,7 +80,7 @@ def build_verify_forward_batch(batch, target_worker, tokens: torch.Tensor, block
         # Host-side bound for the backends' planning: committed prefix + one block.
         batch.seq_lens_cpu = batch.seq_lens_cpu + block
         batch.seq_lens_sum = int(batch.seq_lens_cpu.sum())
-    fb, can_graph = verify.prepare_for_verify(batch, target_worker)
+    fb, can_graph = verify.prepare_for_verify(batch, target_worker, defer_metadata_init=True)
     batch.seq_lens_cpu, batch.seq_lens_sum = saved
     if _is_torch_native(runner.attn_backend):
         _as_extend_for_torch_native(fb, seq_lens, block)

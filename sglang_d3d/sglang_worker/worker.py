@@ -32,8 +32,11 @@ from sglang_d3d.config import Mode
 from sglang_d3d.sglang_worker.accept import unsupported_reason
 from sglang_d3d.sglang_worker.cycle_step import check_width, from_rank0, verdicts_of, worker_cycle
 from sglang_d3d.sglang_worker.draft_input import D3DDraftInput
+from sglang_d3d.sglang_worker.counters import Counters, count_calls, layer_copies
 from sglang_d3d.sglang_worker.drafter_loading import (
     build_drafter,
+    build_shared_drafter,
+    is_full_depth,
     placement,
     shared_target_weights,
 )
@@ -46,7 +49,9 @@ from sglang_d3d.sglang_worker.memory import (
     pool_budget,
 )
 from sglang_d3d.sglang_worker.options import PluginOptions
+from sglang_d3d.sglang_worker.pool_draft import PoolDrafter, own_bytes
 from sglang_d3d.sglang_worker.requests import RequestRow, RequestTable
+from sglang_d3d.sglang_worker.shared_cycle import SharedCycle
 from sglang_d3d.sglang_worker.validation import DEFAULT_MAX_RUNNING_REQUESTS, check_vocab
 from sglang_d3d.sglang_worker.verify_io import build_verify_forward_batch, commit_rows
 from sglang_d3d.speculative.corpus_lookup import corpus_index
@@ -78,6 +83,41 @@ class D3DWorker(BaseSpecWorker):
         self.plan = Plan(self.block, self.options.mode is Mode.ASYNC)
         parallel = get_parallel()
         self.tp_group = parallel.tp_group if parallel.tp_size > 1 else None
+        self.counters = Counters()
+        self._raw = Counters()  # every call of the wrapped SGLang methods, cycles or not
+        self._wrapped = False
+        drafter_path = get_spec().speculative_draft_model_path
+        self.shared = (is_full_depth(drafter_path, get_model().model_path)
+                       and self.draft_device == self.device and parallel.tp_size == 1)
+        if self.shared:
+            self._init_shared(runner, drafter_path)
+        else:
+            self._init_own(runner)
+
+    def _init_shared(self, runner, drafter_path: str) -> None:
+        """A full-depth drafter on the target's device: SGLang's weights and KV pool
+        (pool_draft.py, shared_cycle.py). The pool is made after this worker, so the cycle
+        is built on the first decode batch."""
+        embed, head = shared_target_weights(runner.model, self.vocab_size, 1, self.device,
+                                            self.draft_device)
+        if embed is None:
+            raise ValueError("SGLang's embedding and LM head cannot be shared (quantised or "
+                             "padded below the vocabulary); serve an unquantised target")
+        self.drafter = build_shared_drafter(drafter_path, get_model().model_path, runner.model,
+                                            self.device, embed, head)
+        self.counters.drafter_bytes = own_bytes(self.drafter)
+        self.counters.drafter_shares_target = True
+        self.counters.target_layer_copies = layer_copies(self.drafter.layers, runner.model)
+        self.shared_cycle: SharedCycle | None = None
+        log.info(
+            "D3D worker: block %d, full-depth drafter on SGLang's own layers and KV pool "
+            "(no drafter cache, no drafter prefill); its own tensors %.1f MB",
+            self.block, self.counters.drafter_bytes / 1e6,
+        )
+
+    def _init_own(self, runner) -> None:
+        """A drafter that is not full depth (or on another device, or under tensor
+        parallelism) runs its own layers' copy and cache (speculative/drafting.py)."""
         self.drafting = self._drafting(runner)
         # The drafter's corpus of the target's answers, for greedy batches' copies (or None).
         corpus = (corpus_index(self.drafting.runner.model, self.options.corpus_tokens)
@@ -90,14 +130,22 @@ class D3DWorker(BaseSpecWorker):
         self._steps = 0  # cycles run; the timeline keeps only the last 10,000
         self.cycle_listeners = Listeners()  # fn(request_id, CycleStats), like SpecEngine's
         cache = self.drafting.runner.cache
-        log.info(
-            "D3D worker: block %d, mode %s, drafter on %s, %d slots (cache %.2f GB)",
-            self.block,
-            self.options.mode.value,
-            self.draft_device,
-            num_slots,
-            2 * cache.k.numel() * cache.k.element_size() / 1e9,  # K and V
-        )
+        model = self.drafting.runner.model
+        cache_bytes = 2 * cache.k.numel() * cache.k.element_size()  # K and V
+        layer_bytes = sum(p.numel() * p.element_size() for layer in model.layers
+                          for p in layer.parameters())
+        self.counters.drafter_bytes = cache_bytes + layer_bytes
+        self.counters.target_layer_copies = layer_copies(model.layers, runner.model)
+        why = ("it is not full depth" if self.draft_device == self.device
+               else f"it runs on {self.draft_device}")
+        log.warning(
+            "D3D worker: block %d, mode %s, drafter on %s with its own copy of %d target layers "
+            "(%.2f GB) and its own cache for %d slots (%.2f GB), because %s; it prefills every "
+            "prompt again",
+            self.block, self.options.mode.value, self.draft_device, model.num_layers,
+            layer_bytes / 1e9, num_slots, cache_bytes / 1e9,
+            why if self.tp_group is None else "tensor parallelism shards the target",
+        )  # fmt: skip
 
     def _drafting(self, runner) -> Drafting:
         dtype = _dtype(self.options.draft_dtype) or runner.dtype
@@ -137,17 +185,24 @@ class D3DWorker(BaseSpecWorker):
     def forward_batch_generation(
         self, batch, on_publish=None, grammar_barrier=None, pp_proxy_tensors=None
     ):
+        self._wrap_sglang()
         if batch.forward_mode.is_extend() or batch.is_extend_in_batch:
             result = self._prefill(batch)
         elif batch.forward_mode.is_idle():
             result = self._idle()
         else:
-            result = self._cycle(batch)
+            before = (self._raw.target_passes, self._raw.metadata_plans)
+            result = self._shared_cycle(batch) if self.shared else self._cycle(batch)
+            self._count_cycle(batch, before)
         if on_publish is not None:
             on_publish(result.new_seq_lens)
         return result
 
     def note_request_finished(self, *, rid: str, natural_stop: bool) -> None:
+        if self.shared:
+            if self.shared_cycle is not None:
+                self.shared_cycle.release(rid)
+            return
         row = self.table.rows.get(rid)
         if row is not None and row.stats.num_cycles:
             st = row.stats
@@ -187,7 +242,10 @@ class D3DWorker(BaseSpecWorker):
     def _cycle(self, batch) -> GenerationBatchResult:
         rows = self.table.rows_for(batch.reqs)
         for row, req in zip(rows, batch.reqs, strict=True):
+            known = len(row.state.tokens)
             self.table.sync(row, req)
+            # What the drafter has not read yet, it prefills in this cycle's draft.
+            self.counters.drafter_prefill_tokens += max(len(row.state.tokens) - known, 0)
         self._steps += 1
         target = {}  # SGLang's verify result, for the batch result
 
@@ -201,6 +259,7 @@ class D3DWorker(BaseSpecWorker):
             [o.tokens for o in outcomes], batch.seq_lens, self.block, self.device
         )
         self.timeline.add(outcomes[0].times)
+        self.counters.tokens_emitted += sum(len(o.tokens) for o in outcomes)
         for row, o in zip(rows, outcomes, strict=True):
             record(row.rid, row.stats, o, self.cycle_listeners)
         return GenerationBatchResult(
@@ -212,6 +271,43 @@ class D3DWorker(BaseSpecWorker):
             speculative_num_draft_tokens=self.block,
             new_seq_lens=new_seq_lens,
         )
+
+    def _shared_cycle(self, batch) -> GenerationBatchResult:
+        if self.shared_cycle is None:
+            runner = self.target_worker.model_runner
+            pool = PoolDrafter(self.drafter, runner.token_to_kv_pool,
+                               runner.req_to_token_pool.req_to_token, self.block)
+            self.shared_cycle = SharedCycle(pool, self.target_worker, self.vocab_size,
+                                            self.counters)
+        out, run, accept_lens = self.shared_cycle.run(batch, self.device)
+        return GenerationBatchResult(
+            logits_output=out.logits_output,
+            next_token_ids=run.reshape(-1),
+            accept_lens=accept_lens,
+            next_draft_input=D3DDraftInput(),
+            can_run_cuda_graph=False,
+            speculative_num_draft_tokens=self.block,
+            new_seq_lens=batch.seq_lens + accept_lens.to(batch.seq_lens.dtype),
+        )
+
+    # ---- counters ------------------------------------------------------------------------
+    def _wrap_sglang(self) -> None:
+        """Count SGLang's target passes and attention-metadata plans (counters.py). Done at
+        the first batch: the attention backend is made after this worker."""
+        if self._wrapped:
+            return
+        runner = self.target_worker.model_runner
+        count_calls(runner, "forward", self._raw, "target_passes")
+        count_calls(runner.attn_backend, "init_forward_metadata", self._raw, "metadata_plans")
+        self._wrapped = True
+
+    def _count_cycle(self, batch, before: tuple[int, int]) -> None:
+        c = self.counters
+        c.cycles += 1
+        c.requests_cycled += len(batch.reqs)
+        c.target_passes += self._raw.target_passes - before[0]
+        c.metadata_plans += self._raw.metadata_plans - before[1]
+        c.write()
 
     def _verify(self, batch, rows: list[RequestRow], tokens: torch.Tensor, proposals: list):
         """SGLang's target worker scores the block [bs, B]; acceptance runs on its device.
@@ -237,7 +333,8 @@ class D3DWorker(BaseSpecWorker):
         return out, can_graph, verdicts_of(tokens, decided, self.tp_group is not None)
 
     def shutdown(self) -> None:
-        self.executor.shutdown()
+        if not self.shared:
+            self.executor.shutdown()
 
 
 def _abort(req, reason: str) -> None:

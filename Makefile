@@ -3,7 +3,7 @@
 
 serve:
 	bash scripts/setup.sh
-	.venv/bin/d3d serve
+	bash scripts/serve.sh
 
 test:
 	bash scripts/setup.sh dev

@@ -6,12 +6,11 @@ in tests/test_deploy_dashboard.py."""
 from __future__ import annotations
 
 import re
-import shutil
 import subprocess
 from pathlib import Path
 
-import pytest
 import yaml
+from system_tools import require
 
 ROOT = Path(__file__).resolve().parent.parent
 PROMETHEUS = ROOT / "deploy" / "prometheus"
@@ -19,9 +18,7 @@ METRIC = re.compile(r"\bd3d:[a-zA-Z_:0-9]+")
 
 
 def promtool(*args: str) -> subprocess.CompletedProcess:
-    binary = shutil.which("promtool")
-    if binary is None:
-        pytest.fail("promtool missing: scripts/setup.sh dev installs the Debian prometheus package")
+    binary = require("promtool")
     return subprocess.run([binary, *args], capture_output=True, text=True, cwd=PROMETHEUS)
 
 

@@ -16,7 +16,6 @@ import importlib.util
 import json
 import os
 import re
-import shutil
 import socket
 import subprocess
 import sys
@@ -27,6 +26,7 @@ from pathlib import Path
 import pytest
 import requests
 import yaml
+from system_tools import require
 from yamllint import linter
 from yamllint.config import YamlLintConfig
 
@@ -82,9 +82,7 @@ def test_every_metric_named_in_the_dashboard_is_in_the_design():
 
 
 def test_prometheus_config_is_valid(tmp_path):
-    promtool = shutil.which("promtool")
-    if promtool is None:
-        pytest.fail("promtool missing: scripts/setup.sh dev installs the Debian prometheus package")
+    promtool = require("promtool")
     conf = ROOT / "deploy" / "prometheus" / "prometheus.yml"
     out = subprocess.run([promtool, "check", "config", str(conf)], capture_output=True, text=True)
     assert out.returncode == 0, out.stdout + out.stderr
@@ -203,10 +201,14 @@ def servers(tiny_pair, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def prometheus(servers, tmp_path_factory):
-    binary = shutil.which("prometheus")
-    if binary is None:
-        pytest.fail("prometheus missing: scripts/setup.sh dev installs the Debian package")
+def prometheus_binary() -> str:
+    """Checked before the servers start: without it there is nothing to scrape them with."""
+    return require("prometheus")
+
+
+@pytest.fixture(scope="module")
+def prometheus(prometheus_binary, servers, tmp_path_factory):
+    binary = prometheus_binary
     tmp = tmp_path_factory.mktemp("prometheus")
     targets = [url.removeprefix("http://") for url in servers.values()]
     conf = {
@@ -259,8 +261,9 @@ def send_traffic(servers: dict[str, str], seconds: float) -> int:
 
 
 @pytest.fixture(scope="module")
-def run(servers, prometheus):
-    """Traffic on both servers once Prometheus scrapes them, then wait until it has it all."""
+def run(prometheus_binary, servers, prometheus):
+    """Traffic on both servers once Prometheus scrapes them, then wait until it has it all
+    (skipped before the servers start where there is no Prometheus)."""
     up = 'up{job="d3d"} == 1'
     wait_until(lambda: len(panels.prom_get(prometheus, "query", query=up)["result"]) == 2,
                30, "both targets up")  # fmt: skip

@@ -8,6 +8,8 @@ from sglang_d3d.models.drafter import D3DDrafter
 from sglang_d3d.models.kv_cache import KVCache
 from sglang_d3d.models.packing import Pack, branch_token_index, layout
 
+EXACT_ROWS = 12  # inputs up to which an int8 runner's pass takes the 4-bit C++ loop instead
+
 
 class DraftRunner:
     def __init__(self, drafter: D3DDrafter, num_slots: int, max_len: int, fast: bool = True,
@@ -37,13 +39,14 @@ class DraftRunner:
         lens = [self.lengths[s] for s in slots]
         ids, pos, write, mask = layout([p for _, p in rows], lens, t)
         dev = self.device
+        int8 = self.int8 and not self._exact_loop(len(rows) * t)
         h = self.model.hidden(
             ids.to(dev), pos.to(dev), mask.to(dev), self.cache, slots, write.to(dev),
-            fast=self.fast, int8=self.int8,
+            fast=self.fast, int8=int8,
         )
         picks = [torch.tensor(p.blocks, dtype=torch.long).view(-1) for _, p in rows]  # [num_blocks * B] each
         flat = torch.cat([h[r, idx.to(dev)] for r, idx in enumerate(picks)])  # [sum, H]
-        logits = self.model.logits(flat, fast=self.fast, int8=self.int8).float() if flat.shape[0] else flat.new_zeros(0, 1)
+        logits = self.model.logits(flat, fast=self.fast, int8=int8).float() if flat.shape[0] else flat.new_zeros(0, 1)
         out, at = [], 0
         for _, p in rows:
             k, b = len(p.blocks), len(p.blocks[0]) if p.blocks else 0
@@ -52,6 +55,14 @@ class DraftRunner:
         for s, p in rows:
             self.lengths[s] += p.num_commit
         return out
+
+    def _exact_loop(self, rows: int) -> bool:
+        """A pass of `rows` inputs runs on the 4-bit target's C++ loop (models/exact_drafter.py)
+        even where the runner has int8 copies: up to EXACT_ROWS inputs the 4-bit loop was the
+        faster of the two (a block of 4 after one new token: about half the int8 copy's time;
+        4 branches of 4 after 3 drafts, 19 inputs: about 1.3x the int8 copy's; 1 thread,
+        the default target)."""
+        return self.fast and rows <= EXACT_ROWS and self.model.on_exact_loop()
 
     @torch.inference_mode()
     def prefill(self, slot: int, tokens: list[int], chunk: int = 512) -> None:

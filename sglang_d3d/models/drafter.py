@@ -34,6 +34,7 @@ from sglang_d3d.models.adapters import Gate, GatedFused, adapted_layer, delta_mo
 from sglang_d3d.models.corpus import read_corpus
 from sglang_d3d.models.decoder import Batch, Decoder, run_layers
 from sglang_d3d.models.delta_store import FLOAT, STORES, decode_state, encode_state
+from sglang_d3d.models.exact_drafter import exact_base, exact_hidden
 from sglang_d3d.models.int8_deltas import int8_layer
 from sglang_d3d.models.int8_linear import Int8Linear, Int8Setting
 from sglang_d3d.models.kv_cache import KVCache
@@ -252,8 +253,13 @@ class D3DDrafter(nn.Module):
         int8: bool = False,
     ) -> torch.Tensor:
         """-> [N, T, H] final-normed hidden states; deltas apply at mask slots only. `fast`
-        (inference on CPU): the target's fused, packed projections plus the deltas; `int8`:
-        an int8 copy of those projections and of the deltas (models/int8_deltas.py)."""
+        (inference on CPU): the target's fused, packed projections plus the deltas, in one call
+        of the target's C++ layer loop where it has one (a 4-bit target: models/exact_drafter.py);
+        `int8`: an int8 copy of those projections and of the deltas (models/int8_deltas.py)."""
+        if fast and not int8 and cache is not None and past is None and record is None \
+                and not torch.is_grad_enabled() and self.on_exact_loop():
+            return exact_hidden(self, input_ids, positions, attn_mask, cache, slots, write_at,
+                                input_ids == MASK_ID)
         b = Batch(positions, attn_mask, cache, slots, write_at, past=past, record=record)
         self.gate.set(input_ids == MASK_ID, self.mask_embedding.dtype)
         try:
@@ -265,6 +271,10 @@ class D3DDrafter(nn.Module):
         finally:
             self.gate.clear()
         return self._shared["norm"](h)
+
+    def on_exact_loop(self) -> bool:
+        """Its fast passes run on the target's C++ 4-bit layer loop (models/exact_drafter.py)."""
+        return exact_base(self) is not None
 
     def prepare_inference(self, int8: bool = False) -> None:
         """Build the fast path and its delta weights now: the first drafter pass otherwise

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import math
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import List, Optional
 
 import torch
@@ -83,6 +83,17 @@ class ExactWeights:
     cpp: bool  # the block products' operands (the C++ loop reads them), else int4's
     final_norm: Tensor  # the RMSNorm weight after the last layer
     final_eps: float
+
+    def keep(self, layers: tuple[int, ...]) -> ExactWeights:
+        """The same weights for `layers` only, in that order (a pruned drafter's source layers)."""
+        if tuple(layers) == tuple(range(len(self.norms) // 2)):
+            return self
+
+        def pick(xs: list, per: int) -> list:
+            return [xs[per * i + j] for i in layers for j in range(per)]
+
+        return replace(self, operands=tuple(pick(o, 4) for o in self.operands),
+                       biases=pick(self.biases, 4), norms=pick(self.norms, 2))
 
     @classmethod
     def from_layers(cls, layers, heads: tuple[int, int, int], final_norm) -> ExactWeights:
@@ -198,16 +209,24 @@ class ExactPass:
         self._fn = torch.ops.d3d_cpu.exact_layers if weights.cpp else scripted_layers()
 
     def __call__(self, h: Tensor, cos: Tensor, sin: Tensor, cache: KVCache, slots: list[int],
-                 write_at: Tensor, plan: KeyPlan) -> Tensor:
+                 write_at: Tensor, plan: KeyPlan, weights: ExactWeights | None = None,
+                 deltas: list[Tensor] | None = None, masked: list[int] | None = None) -> Tensor:
         """h [N, T, H] embeddings; cos, sin [N, 1, T, D]; write_at [N, T] -> [N, T, H] after
         the model's final norm (in the C++ call: each torch call after a step's weights have
-        streamed through the caches costs several times its isolated time)."""
+        streamed through the caches costs several times its isolated time). A drafter's pass
+        (C++ loop only): `weights` its layers (ExactWeights.keep), `deltas` per layer the a and
+        b of its 4 projections' deltas (8 a layer), `masked` [N * T] 1 at its mask slots, where
+        the deltas apply."""
         n, t, width = h.shape
-        w = self.weights
+        w = weights or self.weights
         rows = [s for s in slots for _ in range(t)]
         cos_r = cos.squeeze(1).reshape(n * t, 1, -1).contiguous()  # [N * T, 1, D]
         sin_r = sin.squeeze(1).reshape(n * t, 1, -1).contiguous()
-        out = self._fn(h.reshape(n * t, width), cos_r, sin_r, rows, write_at.reshape(-1).tolist(),
-                       plan.counts, plan.paths, *w.operands, w.biases, w.norms, w.final_norm,
-                       cache.k, cache.v, w.eps, w.final_eps, *w.heads)
-        return out.view(n, t, width)
+        args = (h.reshape(n * t, width), cos_r, sin_r, rows, write_at.reshape(-1).tolist(),
+                plan.counts, plan.paths, *w.operands, w.biases, w.norms, w.final_norm,
+                cache.k, cache.v, w.eps, w.final_eps, *w.heads)
+        if deltas is not None and not w.cpp:
+            raise ValueError("a drafter's pass with deltas runs on the C++ layer loop only")
+        if w.cpp:
+            args += (deltas or [], masked or [])
+        return self._fn(*args).view(n, t, width)

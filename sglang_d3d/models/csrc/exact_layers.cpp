@@ -1,5 +1,7 @@
-// The 4-bit target's decode and verify layers, and its final norm, as one call (models/exact_pass.py says why each
-// query runs alone). The projections are the block products of block_mm.cpp on the file's own
+// The 4-bit target's decode and verify layers, and its final norm, as one call
+// (models/exact_pass.py says why each query runs alone); with low-rank deltas on the rows it is
+// told are mask slots, the D3D drafter's pass on the same weights (models/exact_drafter.py).
+// The projections are the block products of block_mm.cpp on the file's own
 // Q4_1 weights; what lies between them (RMS norms, RoPE, cache writes, one query's attention,
 // the SiLU gate) is a loop here over one row at a time, in a fixed order, so a row's result
 // depends on that row's inputs only.
@@ -82,7 +84,7 @@ struct Rows {
 };
 
 struct Workspace {
-  std::vector<float> x, qkv, att, o, gu, act, down, q, scores;
+  std::vector<float> x, qkv, att, o, gu, act, down, q, scores, delta;
   Q4Scratch scratch;
 
   static Rows take(std::vector<float>& buf, int64_t rows, int64_t width) {
@@ -112,6 +114,64 @@ void project(Rows x, const at::Tensor& qs, const at::Tensor& d, const at::Tensor
     for (int64_t i = 0; i < y.width; ++i) y.p[r * y.width + i] += b[i];
 }
 
+struct Heads {
+  int64_t hq, hkv, d;
+};
+
+// One projection's low-rank delta in its inference form (models/adapters.py StackedDelta):
+// a [R, K] (the stacked A matrices) and bt [R, N] (the B matrices side by side, transposed,
+// scale folded in)
+struct Delta {
+  const float* a;
+  const float* bt;
+  int64_t rank;
+};
+
+// y[r] += bt.T @ (a @ x[r]) for every row r flagged in `masked` (a mask slot of a drafter
+// pass); other rows, and a whole target pass, are left as the projection gave them
+void add_delta(Rows x, const Delta& dl, const std::vector<uint8_t>& masked, Rows y, std::vector<float>& tmp) {
+  if (dl.a == nullptr) return;
+  tmp.resize(y.width + dl.rank);
+  float* t = tmp.data() + y.width;
+  for (int64_t r = 0; r < x.rows; ++r) {
+    if (!masked[r]) continue;
+    const float* xr = x.p + r * x.width;
+    for (int64_t j = 0; j < dl.rank; ++j) t[j] = dot(dl.a + j * x.width, xr, x.width);
+    float* d = tmp.data();
+    for (int64_t i = 0; i < y.width; ++i) d[i] = dl.bt[i] * t[0];
+    for (int64_t j = 1; j < dl.rank; ++j) {
+      const float* b = dl.bt + j * y.width;
+      for (int64_t i = 0; i < y.width; ++i) d[i] = std::fma(b[i], t[j], d[i]);
+    }
+    float* yr = y.p + r * y.width;
+    for (int64_t i = 0; i < y.width; ++i) yr[i] += d[i];
+  }
+}
+
+// Per layer and projection (qkv, o, gate_up, down) its delta, from `deltas` (a and bt of each in
+// that order, 8 a layer; empty: none), each checked against the projection's shape
+std::vector<Delta> checked_deltas(at::TensorList deltas, int64_t layers, int64_t width,
+                                  const std::vector<int64_t>& outputs, Heads hd) {
+  std::vector<Delta> out(4 * layers, Delta{nullptr, nullptr, 0});
+  if (deltas.empty()) return out;
+  TORCH_CHECK(static_cast<int64_t>(deltas.size()) == 8 * layers,
+              "exact_layers: deltas must give a and b for each of a layer's 4 projections");
+  for (int64_t li = 0; li < layers; ++li) {
+    const int64_t n_qkv = outputs[2 * li], n_gu = outputs[2 * li + 1];
+    const int64_t ins[4] = {width, hd.hq * hd.d, width, n_gu / 2}, outs[4] = {n_qkv, width, n_gu, width};
+    for (int j = 0; j < 4; ++j) {
+      const at::Tensor& a = deltas[8 * li + 2 * j];
+      const at::Tensor& b = deltas[8 * li + 2 * j + 1];
+      TORCH_CHECK(a.scalar_type() == at::kFloat && b.scalar_type() == at::kFloat && a.is_contiguous() &&
+                      b.is_contiguous() && a.dim() == 2 && b.dim() == 2 && a.size(1) == ins[j] &&
+                      b.size(1) == outs[j] && b.size(0) == a.size(0) && a.size(0) >= 1,
+                  "exact_layers: a delta's a [R, K] and bt [R, N] must be contiguous fp32 of its projection's shape");
+      out[4 * li + j] = {a.data_ptr<float>(), b.data_ptr<float>(), a.size(0)};
+    }
+  }
+  return out;
+}
+
 // RoPE on one head: out[i] = x[i] cos[i] + x[(i + d/2) % d] sin[i] (sin signed), times scale
 void rope(const float* x, const float* cos, const float* sin, int64_t d, float scale, float* out) {
   const int64_t half = d / 2;
@@ -120,10 +180,6 @@ void rope(const float* x, const float* cos, const float* sin, int64_t d, float s
     out[i] = (xi * cos[i] + xr * sin[i]) * scale;
   }
 }
-
-struct Heads {
-  int64_t hq, hkv, d;
-};
 
 using KeyLists = std::vector<std::vector<int64_t>>;
 
@@ -242,7 +298,8 @@ at::Tensor exact_layers(const at::Tensor& h0, const at::Tensor& cos, const at::T
                         at::TensorList paths, at::TensorList qs, at::TensorList ds, at::TensorList ms,
                         const c10::List<std::optional<at::Tensor>>& biases, at::TensorList norms,
                         const at::Tensor& final_norm, at::Tensor& kc, at::Tensor& vc, double eps,
-                        double final_eps, int64_t hq, int64_t hkv, int64_t d) {
+                        double final_eps, int64_t hq, int64_t hkv, int64_t d, at::TensorList deltas,
+                        c10::IntArrayRef masked) {
   TORCH_CHECK(d % LANES == 0 && d <= MAX_HEAD && h0.size(1) % LANES == 0,
               "exact_layers: head size a multiple of ", LANES, " up to ", MAX_HEAD, ", width a multiple of ", LANES);
   TORCH_CHECK(h0.scalar_type() == at::kFloat && kc.scalar_type() == at::kFloat && kc.is_contiguous() && vc.is_contiguous(),
@@ -254,6 +311,10 @@ at::Tensor exact_layers(const at::Tensor& h0, const at::Tensor& cos, const at::T
   const int64_t rows = h.size(0), width = h.size(1);
   const Rows hr{h.data_ptr<float>(), rows, width};
   const std::vector<int64_t> outputs = checked_widths(qs, ds, ms, kc.size(0), width, hd);
+  const std::vector<Delta> dls = checked_deltas(deltas, kc.size(0), width, outputs, hd);
+  TORCH_CHECK(masked.empty() || static_cast<int64_t>(masked.size()) == rows, "exact_layers: one mask flag a row");
+  std::vector<uint8_t> is_mask(rows, 0);
+  for (size_t r = 0; r < masked.size(); ++r) is_mask[r] = masked[r] != 0;
   Workspace ws;
   const float* down = nullptr;  // the previous layer's MLP output, added at the next norm
   for (int64_t li = 0; li < kc.size(0); ++li) {
@@ -263,19 +324,23 @@ at::Tensor exact_layers(const at::Tensor& h0, const at::Tensor& cos, const at::T
     residual_rms(hr, down, norms[2 * li].data_ptr<float>(), eps, x);
     const Rows qkv = Workspace::take(ws.qkv, rows, n_qkv);
     project(x, qs[p], ds[p], ms[p], biases.get(p), qkv, ws.scratch);
+    add_delta(x, dls[p], is_mask, qkv, ws.delta);
     const LayerCache layer{kc.data_ptr<float>() + li * kc.stride(0), vc.data_ptr<float>() + li * vc.stride(0),
                            kc.stride(1), kc.stride(2)};
     const Rows att = Workspace::take(ws.att, rows, hq * d);
     attend(qkv, c, s, layer, slots, writes, keys, hd, att, ws);
     const Rows o = Workspace::take(ws.o, rows, width);
     project(att, qs[p + 1], ds[p + 1], ms[p + 1], biases.get(p + 1), o, ws.scratch);
+    add_delta(att, dls[p + 1], is_mask, o, ws.delta);
     residual_rms(hr, o.p, norms[2 * li + 1].data_ptr<float>(), eps, x);
     const Rows gu = Workspace::take(ws.gu, rows, n_gu);
     project(x, qs[p + 2], ds[p + 2], ms[p + 2], biases.get(p + 2), gu, ws.scratch);
+    add_delta(x, dls[p + 2], is_mask, gu, ws.delta);
     const Rows act = Workspace::take(ws.act, rows, gu.width / 2);
     silu_gate(gu, act);
     const Rows dn = Workspace::take(ws.down, rows, width);
     project(act, qs[p + 3], ds[p + 3], ms[p + 3], biases.get(p + 3), dn, ws.scratch);
+    add_delta(act, dls[p + 3], is_mask, dn, ws.delta);
     down = dn.p;
   }
   at::Tensor out = at::empty_like(h);
@@ -290,6 +355,6 @@ TORCH_LIBRARY(d3d_cpu, m) {
   m.def("exact_layers(Tensor h, Tensor cos, Tensor sin, int[] slots, int[] writes, int[] counts, "
         "Tensor[] paths, Tensor[] qs, Tensor[] ds, Tensor[] ms, Tensor?[] biases, Tensor[] norms, "
         "Tensor final_norm, Tensor(a!) kc, Tensor(b!) vc, float eps, float final_eps, int hq, int hkv, "
-        "int d) -> Tensor");
+        "int d, Tensor[] deltas, int[] masked) -> Tensor");
   m.impl("exact_layers", c10::DispatchKey::CPU, TORCH_FN(d3d::exact_layers));
 }

@@ -9,7 +9,9 @@ HOST=${D3D_HOST:-127.0.0.1}
 PORT=${D3D_PORT:-8000}
 URL="http://$HOST:$PORT"
 
-.venv/bin/d3d serve --host "$HOST" --port "$PORT" "$@" &
+# The server's own log, without the access lines of this script's polls of /health below.
+.venv/bin/d3d serve --host "$HOST" --port "$PORT" "$@" \
+  > >(grep --line-buffered -v '"GET /health HTTP/1.1" 503') 2>&1 &
 pid=$!
 trap 'kill -TERM "$pid" 2>/dev/null || true; wait "$pid" || true; exit 130' INT TERM
 echo "make serve: loading the models; the server answers at $URL once this prints 'ready'"

@@ -67,7 +67,7 @@ def add_engine_args(
     g.add_argument("--calibrate", action=argparse.BooleanOptionalAction, default=adaptive,
                    help="with --adaptive (embedded engine): time every plan at every batch "
                    "size on synthetic requests; `d3d serve` is ready before it and calibrates "
-                   "while no request is in (at most 120 s in all, progress in the log), and a "
+                   "while no request is in (at most 300 s in all, progress in the log), and a "
                    "result is reused at the next start on the same CPU, weights and settings "
                    f"(default: {'on' if adaptive else 'off'})")
     g.add_argument("--draft-weights", choices=list(DRAFT_WEIGHTS), default="auto",

@@ -6,11 +6,13 @@ weights ("target q4"), beside each one's bandwidth bound: the bytes a plain step
 read bandwidth of a probe timed in turn with the plain steps, so that both meet the same load
 from other processes. Drafter (`DraftRunner`, the shipped drafter, anchor layout): the
 synchronous draft of one block after 1 or 3 newly accepted tokens, the pre-draft pass with 1 and
-4 branches, and its prompt prefill. Median of REPS after a warm-up, and in parentheses the
+4 branches, and its prompt prefill; over the 4-bit target ("q4 base": its C++ layer loop,
+models/exact_drafter.py) and its int8 copy beside it. Median of REPS after a warm-up, and in parentheses the
 fastest run (for the read bandwidth: the rate of its fastest run). The CPU target's goals (an
 AR step <= 60 ms at 1 thread, a 16-token verify <= 1.5 AR steps, prefill >= 300 tok/s at 2
-threads, a 4-bit plain step <= 1.5x its bound at 1 thread, median over median) are printed
-under the table. Run it on an otherwise idle machine:
+threads, a 4-bit plain step <= 1.5x its bound at 1 thread, median over median; a 4-bit verify
+of 4 / 8 tokens <= 1.3x / 1.6x a 4-bit plain step, and with --block 4 the drafter's block on
+the 4-bit target after one new token <= 1.5x) are printed under the table. Run it on an otherwise idle machine:
 
     .venv/bin/python benchmarks/bench_passes.py --threads 2 --block 4 \
         --json benchmarks/results/passes.json
@@ -21,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 import time
 from pathlib import Path
 
@@ -33,6 +36,9 @@ from sglang_d3d.models.drafter import D3DDrafter
 from sglang_d3d.models.packing import branch_pack, extend_pack
 from sglang_d3d.models.q4_target import use_gguf_q4
 from sglang_d3d.models.target import TargetRunner
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # run_info, when run as a script
+from run_info import run_info  # noqa: E402
 
 VERIFY_SIZES = (4, 8, 16)
 BRANCHES = (1, 4)
@@ -68,8 +74,8 @@ def main() -> None:
     for line in goals["lines"]:
         print(line)
     if a.json:
-        out = {"args": vars(a), "torch": torch.__version__, "cpu": cpu_kernels.describe_cpu(), "median": rows,
-               "min": mins, "goals": goals["values"]}
+        out = {**run_info(weights="fp32 and q4_1 (per row)"), "args": vars(a), "torch": torch.__version__,
+               "kernels": cpu_kernels.describe_cpu(), "median": rows, "min": mins, "goals": goals["values"]}
         Path(a.json).write_text(json.dumps(out, indent=1) + "\n")
 
 
@@ -155,8 +161,10 @@ def _drafter_passes(drafter: D3DDrafter, a, q4: D3DDrafter | None = None) -> dic
     runners = {"": DraftRunner(drafter, 1, max(size, a.prefill + 1), int8=int8),
                ", fp32 weights": DraftRunner(drafter, 1, size),
                ", HF modules": DraftRunner(drafter, 1, size, fast=False)}
-    if q4 is not None:
+    if q4 is not None:  # on the 4-bit target's C++ loop (models/exact_drafter.py), and its int8 copy
         runners[", q4 base"] = DraftRunner(q4, 1, size)
+        if int8:
+            runners[", q4 int8 copy"] = DraftRunner(q4, 1, size, int8=True, exact_rows=0)
     if not int8:
         del runners[", fp32 weights"]  # the same as the first
     for r in runners.values():
@@ -255,6 +263,19 @@ def _goals(rows, mins) -> dict:
         values[f"q4_step_over_bound_{t}thread_fastest"] = r_min
         lines.append(f"goal q4 AR step <= 1.5 x its bandwidth bound ({t} thread(s)), medians: {r}x -> "
                      f"{'met' if r <= 1.5 else 'NOT met'} (fastest step over fastest read: {r_min}x)")
+    for b, most in ((4, 1.3), (8, 1.6)):
+        vb = rows.get(f"target q4 verify, B={b}", {})
+        for t in sorted(set(q4) & set(vb)):
+            r = round(vb[t] / q4[t], 2)
+            values[f"q4_verify{b}_over_step_{t}thread"] = r
+            lines.append(f"goal q4 verify B={b} <= {most} x q4 AR step ({t} thread(s)): {r}x -> "
+                         f"{'met' if r <= most else 'NOT met'}")
+    draft = rows.get("drafter sync draft, 1 new token + block 4, q4 base", {})
+    for t in sorted(set(q4) & set(draft)):
+        r = round(draft[t] / q4[t], 2)
+        values[f"q4_draft_block4_over_step_{t}thread"] = r
+        lines.append(f"goal q4 drafter block-4 pass <= 1.5 x q4 AR step ({t} thread(s)): {r}x -> "
+                     f"{'met' if r <= 1.5 else 'NOT met'}")
     pre = next((v for k, v in rows.items() if k.startswith("target prefill") and k.endswith("tok/s")), {})
     if 2 in pre:
         values["prefill_2thread_tok_s"] = pre[2]

@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 import time
 from pathlib import Path
 
@@ -42,6 +43,9 @@ from sglang_d3d.engine.factory import eos_token_ids, load_models
 from sglang_d3d.engine.offline import generate
 from sglang_d3d.models import cpu_kernels, loading
 from sglang_d3d.prompts import chat_ids, load_questions
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # run_info, when run as a script
+from run_info import run_info  # noqa: E402
 
 PEERS = ("hf", "hf-pld", "llama", "llama-pld", "llama-f32", "d3d", "d3d-ar", "d3d-sync",
          "d3d-fp32", "d3d-ar-fp32")
@@ -61,7 +65,8 @@ def main() -> None:
     torch.set_grad_enabled(False)
     torch.set_num_threads(a.threads)
     runners, tok = _build(a)
-    report = {"args": vars(a), "cpu": cpu_kernels.describe_cpu(), "datasets": {}}
+    report = {**run_info(weights="q4_1 (d3d, llama), fp32 (hf, llama-f32, d3d-*fp32)"), "args": vars(a),
+              "kernels": cpu_kernels.describe_cpu(), "datasets": {}}
     for ds, qs in questions.items():
         table, results = _run_dataset(ds, [chat_ids(tok, q) for q in qs], runners, a)
         report["datasets"][ds] = {"table": table, "runs": results}
@@ -241,7 +246,7 @@ def _print_summary(datasets: dict) -> None:
     print("|---|" + "---|" * len(datasets))
     for n in names:
         print(f"| {n} | " + " | ".join(str(d["table"][n]["tokens_per_s"]) for d in datasets.values()) + " |")
-    for ours, peer in (("d3d", "llama"), ("d3d-fp32", "llama-f32")):
+    for ours, peer in (("d3d", "llama"), ("d3d-fp32", "llama-f32"), ("d3d", "d3d-ar"), ("d3d-sync", "d3d-ar")):
         if ours in names and peer in names:
             ratios = [d["table"][ours]["tokens_per_s"] / d["table"][peer]["tokens_per_s"] for d in datasets.values()]
             print(f"{ours} / {peer}: " + ", ".join(f"{ds} {r:.2f}x" for ds, r in zip(datasets, ratios)))

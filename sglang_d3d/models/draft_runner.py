@@ -13,8 +13,11 @@ EXACT_ROWS = 12  # inputs up to which an int8 runner's pass takes the 4-bit C++ 
 
 class DraftRunner:
     def __init__(self, drafter: D3DDrafter, num_slots: int, max_len: int, fast: bool = True,
-                 int8: bool = False) -> None:
+                 int8: bool = False, exact_rows: int | None = None) -> None:
+        """exact_rows: with int8, passes of up to this many inputs take the 4-bit target's C++
+        loop where the drafter has one (default EXACT_ROWS; 0: never)."""
         self.model = drafter
+        self.exact_rows = EXACT_ROWS if exact_rows is None else exact_rows
         self.cache = drafter.make_cache(num_slots, max_len)
         self.lengths = [0] * num_slots
         # The target's fused CPU kernels plus the deltas (models/adapters.py GatedFused);
@@ -62,7 +65,7 @@ class DraftRunner:
         faster of the two (a block of 4 after one new token: about half the int8 copy's time;
         4 branches of 4 after 3 drafts, 19 inputs: about 1.3x the int8 copy's; 1 thread,
         the default target)."""
-        return self.fast and rows <= EXACT_ROWS and self.model.on_exact_loop()
+        return self.fast and rows <= self.exact_rows and self.model.on_exact_loop()
 
     @torch.inference_mode()
     def prefill(self, slot: int, tokens: list[int], chunk: int = 512) -> None:

@@ -14,6 +14,7 @@ from collections.abc import Callable
 
 from fastapi import FastAPI
 from sglang_d3d.server.args import ServerConfig
+from sglang_d3d.server.auth import DocsNeedKey
 from sglang_d3d.server.backends import engine_factory
 from sglang_d3d.server.engine_holder import EngineFactory, EngineHolder
 from sglang_d3d.server.errors import install_error_handlers
@@ -61,6 +62,7 @@ def create_app(
     )
     app.state.d3d = state
     install_error_handlers(app, recorder.on_error)
+    app.add_middleware(DocsNeedKey, keys=cfg.api_keys, on_error=recorder.on_error)
     app.add_middleware(HeaderLimit, limit=cfg.max_header_bytes, on_error=recorder.on_error)
     app.include_router(router)
     add_request_schemas(app, [ChatCompletionRequest, CompletionRequest])

@@ -9,10 +9,12 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import enum
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from sglang_d3d.server.auth import ENV_VAR, keys_from_env
+from sglang_d3d.server.http_layer import ConnectionLimits
 from sglang_d3d.server.limits import GrammarLimits
 
 from sglang_d3d.cli_args import add_engine_args, engine_config
@@ -20,6 +22,15 @@ from sglang_d3d.config import EngineConfig
 from sglang_d3d.models.loading import DEFAULT_TARGET_NAME
 
 REQUEST_TOKENS_PER_CONTEXT = 32  # default --max-request-tokens: 65,536 at --max-context 2048
+FEW_CORES = 4  # up to this many cores, one grammar compile at a time by default
+
+
+def default_grammar_workers(cores: int | None = None) -> int:
+    """Compiles at once by default: 1 on a machine of up to FEW_CORES cores (a compile takes a
+    whole core, at the lowest priority, but a second one would leave decoding little), else 2."""
+    if cores is None:
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return 1 if (cores or 1) <= FEW_CORES else 2
 
 
 class Backend(str, enum.Enum):
@@ -47,7 +58,10 @@ class ServerConfig:
     # n (or best_of) x max_tokens, the tokens one request may generate; None: 32 x max_context
     max_request_tokens: int | None = None
     grammar_timeout: float = 10.0  # seconds one grammar compile may take (then 400)
-    grammar_workers: int = 2  # compile processes: compiles in flight beyond get 503
+    # compile processes: compiles in flight beyond get 503 (default_grammar_workers)
+    grammar_workers: int = field(default_factory=default_grammar_workers)
+    connections: ConnectionLimits = field(default_factory=ConnectionLimits)  # header and idle
+    # timeouts, the cap on open connections
     limits: GrammarLimits = field(default_factory=GrammarLimits)  # sources, JSON nesting
 
     def __post_init__(self) -> None:
@@ -131,15 +145,25 @@ def _add_limit_args(p: argparse.ArgumentParser, d: ServerConfig) -> None:
                    "connection is closed (default: %(default)s)")
     g.add_argument("--max-header-bytes", type=int, default=d.max_header_bytes,
                    help="larger request headers are refused with 431 (default: 64 KiB)")
+    c = d.connections
+    g.add_argument("--header-timeout", type=float, default=c.header_timeout,
+                   help="seconds for a request's line and headers to arrive, from the "
+                   "connection's start or the next request's first byte; then 408 (or, if "
+                   "nothing came, no answer) and the connection is closed (default: %(default)s)")
+    g.add_argument("--keep-alive-timeout", type=float, default=c.keep_alive_timeout,
+                   help="seconds an idle kept-alive connection stays open (default: %(default)s)")
+    g.add_argument("--max-connections", type=int, default=c.max_connections,
+                   help="open connections; more are answered 503 and closed (default: "
+                   "%(default)s)")
     g.add_argument("--max-request-tokens", type=int, default=None,
                    help="most tokens one request may generate, n (or best_of) x max_tokens; "
                    f"more is a 400 (default: {REQUEST_TOKENS_PER_CONTEXT} x --max-context)")
     g.add_argument("--grammar-timeout", type=float, default=d.grammar_timeout,
                    help="seconds one grammar compile may take before its request gets a 400 "
                    "(default: %(default)s)")
-    g.add_argument("--grammar-workers", type=int, default=d.grammar_workers,
-                   help="grammar compile processes; more compiles at once get 503 "
-                   "(default: %(default)s)")
+    g.add_argument("--grammar-workers", type=int, default=None,
+                   help="grammar compile processes, run at the lowest CPU priority; more "
+                   f"compiles at once get 503 (default: 1 on up to {FEW_CORES} cores, else 2)")
     g.add_argument("--max-grammar-bytes", type=int, default=d.limits.max_bytes,
                    help="largest regex, EBNF or JSON schema (default: 64 KiB)")
     g.add_argument("--max-schema-enum", type=int, default=d.limits.max_enum,
@@ -172,7 +196,10 @@ def config_from_args(ns: argparse.Namespace) -> ServerConfig:
         max_header_bytes=ns.max_header_bytes,
         max_request_tokens=ns.max_request_tokens,
         grammar_timeout=ns.grammar_timeout,
-        grammar_workers=ns.grammar_workers,
+        grammar_workers=(ns.grammar_workers if ns.grammar_workers is not None
+                         else default_grammar_workers()),
+        connections=ConnectionLimits(ns.header_timeout, ns.keep_alive_timeout,
+                                     ns.max_connections),
         limits=GrammarLimits(ns.max_grammar_bytes, ns.max_json_depth, ns.max_schema_enum,
                              ns.max_schema_properties),
     )

@@ -39,6 +39,7 @@ from pydantic import BaseModel, Field, TypeAdapter, ValidationError
 from sglang_d3d.server.errors import APIError, bad_request, validation_error
 from sglang_d3d.server.limits import json_depth_over
 from sglang_d3d.server.protocol import ChatMessage
+from starlette.requests import ClientDisconnect
 
 M = TypeVar("M", bound=BaseModel)
 CHUNK = 512  # messages validated per GIL-holding call (about 3 ms each)
@@ -86,11 +87,18 @@ def release(items: list) -> None:
         del items[-RELEASE_SLICE:]
 
 
+class ClientLeft(Exception):
+    """The client closed its connection before its body had all arrived: nobody to answer,
+    and nothing went wrong on this side (no error logged or counted)."""
+
+
 def body_too_large(limit: int) -> APIError:
+    """413, and the connection is closed: the rest of the body is not read."""
     return APIError(
         413,
         f"the request body exceeds this server's limit of {limit} bytes (--max-body-bytes)",
         code="body_too_large",
+        headers={"Connection": "close"},
     )
 
 
@@ -122,6 +130,8 @@ async def read_body(request: Request, limit: int, timeout: float = float("inf"))
                 chunks.append(chunk)
     except TimeoutError:
         raise body_timed_out(timeout) from None
+    except ClientDisconnect:
+        raise ClientLeft from None
     return b"".join(chunks)
 
 

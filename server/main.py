@@ -28,6 +28,7 @@ def run_server(argv: list[str] | None = None) -> int:
     config = uvicorn_config(
         app,
         cfg.max_header_bytes,
+        cfg.connections,
         host=cfg.host,
         port=cfg.port,
         log_level=cfg.log_level,

@@ -108,7 +108,8 @@ async def models(request: Request) -> ModelList:
     return ModelList(data=[ModelCard(id=cfg.model_name, max_model_len=cfg.engine.max_context)])
 
 
-@router.get("/health", response_model=HealthStatus, responses={503: _ERROR})
+@router.api_route("/health", methods=["GET", "HEAD"], response_model=HealthStatus,
+                  responses={503: _ERROR})
 async def health(request: Request):
     holder = _state(request).holder
     if holder.ready:

@@ -18,7 +18,14 @@ from typing import Any, TypeVar
 
 from fastapi import Request
 from sglang_d3d.server.args import ServerConfig
-from sglang_d3d.server.body import PAUSE_ABOVE_BYTES, GcPause, parse_body, read_body, release
+from sglang_d3d.server.body import (
+    PAUSE_ABOVE_BYTES,
+    ClientLeft,
+    GcPause,
+    parse_body,
+    read_body,
+    release,
+)
 from sglang_d3d.server.engine_holder import EngineHolder
 from sglang_d3d.server.errors import APIError, bad_request
 from sglang_d3d.server.generation import Generation, start_all, usage_of
@@ -162,7 +169,10 @@ def choice_params(params: SamplingParams, n: int) -> list[SamplingParams]:
 
 async def serve(state: ServerState, request: Request, ep: Endpoint) -> Any:
     arrival = time.monotonic()
-    raw = await read_body(request, state.cfg.max_body_bytes, state.cfg.body_timeout)
+    try:
+        raw = await read_body(request, state.cfg.max_body_bytes, state.cfg.body_timeout)
+    except ClientLeft:  # mid-body: nobody reads the answer
+        return Response(status_code=CLIENT_CLOSED)
     p = await asyncio.to_thread(prepare, state, ep, raw)
     del raw
     if p.grammar is not None:

@@ -89,7 +89,7 @@ async def compile_grammar(engine, asked: tuple[GrammarSpec, str], pools: Grammar
     try:
         serialized = await pools.get(grammars).compile(spec)
     except GrammarError as e:
-        raise bad_request(f"`{field}`: {e}", field) from None
+        raise bad_request(f"`{field}`: {e}", field, code=e.code) from None
     except CompileTimeout:
         raise bad_request(
             f"`{field}`: the grammar did not compile within this server's limit of "
@@ -110,7 +110,7 @@ def _compile_in_thread(engine, spec: GrammarSpec, field: str) -> None:
     try:
         engine.compile_grammar(spec)
     except GrammarError as e:
-        raise bad_request(f"`{field}`: {e}", field) from e
+        raise bad_request(f"`{field}`: {e}", field, code=getattr(e, "code", None)) from e
 
 
 class GrammarPools:

@@ -50,7 +50,8 @@ class ServerThread:
         self._sock.bind(("127.0.0.1", 0))
         self.port = self._sock.getsockname()[1]
         state = app.state.d3d
-        config = uvicorn_config(app, state.cfg.max_header_bytes, log_level="warning",
+        config = uvicorn_config(app, state.cfg.max_header_bytes, state.cfg.connections,
+                                log_level="warning",
                                 timeout_graceful_shutdown=drain_timeout, lifespan="on")
         self.server = Server(config, on_shutdown=state.pools.close)
         self._thread = threading.Thread(

@@ -46,17 +46,76 @@ def forced_tools(body: ChatCompletionRequest) -> list[Tool] | None:
 
 def call_grammar(tools: list[Tool]) -> GrammarSpec:
     """One call of one of `tools`, as a JSON schema."""
-    calls = [_call_schema(t.function) for t in tools]
-    return GrammarSpec("json_schema", json.dumps(calls[0] if len(calls) == 1 else {"anyOf": calls}))
+    defs: dict = {}
+    calls = [_call_schema(t.function, f"tool{i}", defs) for i, t in enumerate(tools)]
+    schema = calls[0] if len(calls) == 1 else {"anyOf": calls}
+    return GrammarSpec("json_schema", json.dumps({**schema, "$defs": defs} if defs else schema))
 
 
-def _call_schema(f: FunctionDef) -> dict:
+def _call_schema(f: FunctionDef, key: str, defs: dict) -> dict:
+    """The schema of a call of `f`. Parameters with references (pydantic's `$defs` and
+    `"$ref": "#/$defs/..."`) move under the call schema's root `$defs` (as `key`, theirs as
+    `key.NAME`), their references rewritten, since `#` now names the call schema's root."""
+    arguments = f.parameters or NO_ARGUMENTS
+    if _has_ref(arguments):
+        arguments = _hoisted(arguments, key, defs)
     return {
         "type": "object",
-        "properties": {"name": {"const": f.name}, "arguments": f.parameters or NO_ARGUMENTS},
+        "properties": {"name": {"const": f.name}, "arguments": arguments},
         "required": ["name", "arguments"],
         "additionalProperties": False,
     }
+
+
+DEF_KEYS = ("$defs", "definitions")
+
+
+def _has_ref(node) -> bool:
+    stack = [node]
+    while stack:
+        x = stack.pop()
+        if isinstance(x, dict):
+            if isinstance(x.get("$ref"), str):
+                return True
+            stack.extend(x.values())
+        elif isinstance(x, list):
+            stack.extend(x)
+    return False
+
+
+def _hoisted(parameters: dict, key: str, defs: dict) -> dict:
+    """`{"$ref": "#/$defs/KEY"}`, the parameters and their own definitions put into `defs`."""
+    own = {k: v for k, v in parameters.items() if k not in DEF_KEYS}
+    defs[key] = _rebased(own, key)
+    for group in DEF_KEYS:
+        for name, sub in (parameters.get(group) or {}).items():
+            defs[f"{key}.{name}"] = _rebased(sub, key)
+    return {"$ref": f"#/$defs/{key}"}
+
+
+def _rebased(node, key: str):
+    """A copy of `node` whose local references point where their targets now are."""
+    if isinstance(node, list):
+        return [_rebased(x, key) for x in node]
+    if not isinstance(node, dict):
+        return node
+    out = {k: _rebased(v, key) for k, v in node.items()}
+    if isinstance(node.get("$ref"), str):
+        out["$ref"] = _moved(node["$ref"], key)
+    return out
+
+
+def _moved(ref: str, key: str) -> str:
+    """A reference into the parameters -> the same target under `$defs/KEY` (remote ones as
+    they are)."""
+    if ref == "#" or ref == "#/":
+        return f"#/$defs/{key}"
+    if not ref.startswith("#/"):
+        return ref
+    parts = ref[2:].split("/")
+    if parts[0] in DEF_KEYS and len(parts) > 1:
+        return "/".join([f"#/$defs/{key}.{parts[1]}", *parts[2:]])
+    return f"#/$defs/{key}/" + "/".join(parts)
 
 
 def tools_turn(tools: list[Tool]) -> dict:

@@ -3,6 +3,8 @@ mode, where speculation must give exactly what plain constrained decoding gives.
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 import xgrammar
@@ -17,7 +19,16 @@ from sglang_d3d.config import (
 )
 from sglang_d3d.engine.engine import SpecEngine
 from sglang_d3d.engine.offline import generate
-from sglang_d3d.speculative.grammar import GrammarError, Grammars, allowed, constrain
+from sglang_d3d.speculative.grammar import (
+    NEVER_ENDS,
+    UNSUPPORTED,
+    GrammarError,
+    Grammars,
+    allowed,
+    constrain,
+)
+from sglang_d3d.speculative.grammar_finite import can_finish, productive, rules
+from sglang_d3d.speculative.grammar_schema import unsupported
 from sglang_d3d.speculative.sampling import target_probs
 from sglang_d3d.speculative.tree import DraftTree
 from sglang_d3d.testing import tiny_pieces
@@ -112,6 +123,75 @@ def test_a_finished_answer_allows_only_the_end(grammars):
 def test_a_source_that_does_not_compile_is_a_grammar_error(grammars, spec, msg):
     with pytest.raises(GrammarError, match=msg):
         grammars.constraint(spec)
+
+
+# ---- grammars that cannot finish, schemas held inexactly (grammar_finite.py, grammar_schema.py)
+@pytest.mark.parametrize("ebnf, finishes", [
+    ('root ::= "a" root', False),
+    ('root ::= a\na ::= "x" b\nb ::= "y" a', False),
+    ('root ::= x+\nx ::= "a" x', False),
+    ('root ::= "a" | "b" root', True),
+    ('root ::= x*\nx ::= "a" x', True),
+    ('root ::= ("a" | "(") root | "[(]" (= "b")', True),
+    ('root ::= x{2, 3} "y"?\nx ::= [a-z] | "(" x ")"', True),
+    ('root ::= x{2, 3}\nx ::= "(" x ")"', False),
+])  # fmt: skip
+def test_a_grammar_finishes_iff_its_root_derives_a_finite_string(ebnf, finishes):
+    assert can_finish(str(xgrammar.Grammar.from_ebnf(ebnf))) is finishes
+
+
+def test_the_productive_rules_are_a_least_fixed_point():
+    grammar = rules('root ::= ((a) | (b))\na ::= (("x" a))\nb ::= (("y" c{0, -1}))\nc ::= ((c))\n')
+    assert productive(grammar) == {"root", "b"}
+
+
+@pytest.mark.parametrize("spec, code", [
+    (GrammarSpec("ebnf", 'root ::= "a" root'), NEVER_ENDS),
+    (GrammarSpec("json_schema", json.dumps({"type": "object", "required": ["c"], "properties": {
+        "c": {"$ref": "#"}}})), NEVER_ENDS),
+    (GrammarSpec("json_schema", '{"not": {}}'), UNSUPPORTED),
+    (GrammarSpec("json_schema", '{"allOf": [{"type": "string"}, {"type": "integer"}]}'), UNSUPPORTED),
+])  # fmt: skip
+def test_grammars_that_cannot_be_held_exactly_or_finished_are_refused_with_a_code(grammars, spec, code):
+    with pytest.raises(GrammarError) as e:
+        grammars.compile(spec)
+    assert e.value.code == code
+
+
+@pytest.mark.parametrize("schema, keyword", [
+    ({"allOf": [{"type": "string"}, {"type": "integer"}]}, "allOf"),
+    ({"properties": {"a": {"not": {}}}}, "not"),
+    ({"type": "object", "required": ["a"], "additionalProperties": False}, "required"),
+    ({"type": []}, "type"),
+    ({"items": {"oneOf": [{"type": "integer"}, {"type": "number"}]}}, "oneOf"),
+    ({"$defs": {"A": {"uniqueItems": True}}}, "uniqueItems"),
+    ({"const": 1, "type": "string"}, "const"),
+])  # fmt: skip
+def test_keywords_the_converter_would_drop_are_found_with_where_they_are(schema, keyword):
+    found = unsupported(schema)
+    assert found is not None and found.keyword == keyword
+
+
+def test_schemas_held_exactly_pass_pydantics_among_them():
+    import enum
+
+    import pydantic
+
+    class Unit(str, enum.Enum):
+        c = "celsius"
+
+    class Place(pydantic.BaseModel):
+        city: str
+        unit: Unit = Unit.c
+        near: list[Place] | None = None
+
+    assert unsupported(Place.model_json_schema()) is None
+    tagged = {"oneOf": [
+        {"type": "object", "properties": {"t": {"const": "a"}}, "required": ["t"]},
+        {"type": "object", "properties": {"t": {"const": "b"}}, "required": ["t"]}]}
+    for schema in (tagged, {"oneOf": [{"type": "string"}, {"type": "integer"}]},
+                   {"allOf": [{"type": "integer"}], "title": "t"}, {"uniqueItems": False}):
+        assert unsupported(schema) is None, schema
 
 
 def test_a_vocabulary_that_cannot_start_the_answer_is_a_clear_error():

@@ -20,6 +20,7 @@ rows of an 8-token verify row 0.17 ms and applying them 0.19 ms (xgrammar's kern
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 import threading
@@ -30,6 +31,8 @@ from functools import partial
 import torch
 
 from sglang_d3d.config import GrammarSpec
+from sglang_d3d.speculative.grammar_finite import can_finish
+from sglang_d3d.speculative.grammar_schema import unsupported
 from sglang_d3d.speculative.tree import DraftTree
 
 log = logging.getLogger(__name__)
@@ -42,7 +45,15 @@ _WHERE = re.compile(r"^\[[\d:]+\] \S+:\d+: ")  # xgrammar's "[time] file.cc:line
 
 
 class GrammarError(ValueError):
-    """A grammar that does not compile, or an answer it cannot continue."""
+    """A grammar that does not compile, or an answer it cannot continue. `code`: the error
+    code a server sends with it (None: a source that does not compile)."""
+
+    def __init__(self, message: str, code: str | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+UNSUPPORTED, NEVER_ENDS = "schema_unsupported", "grammar_never_ends"  # GrammarError codes
 
 
 def _xgrammar():
@@ -98,7 +109,10 @@ class Grammars:
 
 
 def compile_source(compiler, spec: GrammarSpec):
-    """`spec` compiled by an xgrammar.GrammarCompiler; a GrammarError naming what is wrong."""
+    """`spec` compiled by an xgrammar.GrammarCompiler; a GrammarError naming what is wrong,
+    also for a schema xgrammar would not hold exactly (grammar_schema.py) and a grammar that
+    no finite answer matches (grammar_finite.py)."""
+    check_source(spec)
     # JSON without free whitespace: where any amount is allowed, small models fill answers
     # with blank lines (the tiny test models did, at every prompt). The separators are
     # json.dumps' own, ", " and ": ".
@@ -108,6 +122,32 @@ def compile_source(compiler, spec: GrammarSpec):
         return build(spec.source)
     except (RuntimeError, ValueError, TypeError) as e:
         raise GrammarError(f"invalid {spec.kind}: {_WHERE.sub('', str(e)).strip()}") from e
+
+
+def check_source(spec: GrammarSpec) -> None:
+    """A GrammarError for a schema held inexactly or a grammar that cannot finish; a source
+    that does not parse passes (the compiler then says what is wrong with it)."""
+    if spec.kind == "json_schema":
+        try:
+            schema = json.loads(spec.source)
+        except (ValueError, RecursionError):
+            return
+        if (found := unsupported(schema)) is not None:
+            raise GrammarError(f"the json_schema cannot be held exactly: {found.message()}",
+                               UNSUPPORTED)
+    if spec.kind == "regex":  # no rule can call itself: a regex always has a finite match
+        return
+    xgr = _xgrammar()
+    try:
+        grammar = (xgr.Grammar.from_json_schema(spec.source, any_whitespace=False)
+                   if spec.kind == "json_schema" else xgr.Grammar.from_ebnf(spec.source))
+    except (RuntimeError, ValueError, TypeError):
+        return
+    if not can_finish(str(grammar)):
+        what = ("every object it allows requires another inside it" if spec.kind == "json_schema"
+                else "its `root` rule cannot end: every alternative calls itself again")
+        raise GrammarError(f"the {spec.kind} matches no finite answer ({what}); decoding "
+                           "would never finish", NEVER_ENDS)
 
 
 class _Adopted:

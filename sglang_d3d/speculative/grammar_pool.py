@@ -6,8 +6,9 @@ busy for minutes after its client had left, and threads still compiling held up 
 exit. A process can be killed. Each worker (grammar_worker.py) builds a GrammarCompiler for the
 engine's tokenizer once, then compiles one source at a time, checks that the vocabulary can
 start an answer inside it, and sends back the compiled grammar as xgrammar's JSON, which the
-server adopts (grammar.Grammars.adopt). Workers are plain subprocesses in their own session (a
-terminal's Ctrl-C is for the server, which stops them), at a lower CPU priority.
+server adopts (grammar.Grammars.adopt). Workers are plain subprocesses in the server's session
+and process group, at the lowest CPU priority (grammar_worker.lower_priority says why the
+session matters); they ignore a terminal's Ctrl-C, which is for the server, which stops them.
 
 The pool is driven from one asyncio loop; it is not thread-safe.
 """
@@ -65,7 +66,7 @@ class GrammarPool:
         finally:
             self.in_flight -= 1
         if status != "ok":
-            raise GrammarError(payload)
+            raise GrammarError(payload, error_code(status))
         return payload
 
     async def _run(self, spec: GrammarSpec) -> tuple[str, str]:
@@ -99,8 +100,7 @@ class GrammarPool:
 
     async def _spawn(self) -> asyncio.subprocess.Process:
         worker = await asyncio.create_subprocess_exec(
-            *WORKER, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-            start_new_session=True)
+            *WORKER, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE)
         self._all.add(worker)
         try:
             worker.stdin.write(self._info)
@@ -136,6 +136,12 @@ class GrammarPool:
     @property
     def num_workers(self) -> int:
         return len(self._all)
+
+
+def error_code(status: str) -> str | None:
+    """The code in a worker's "error CODE" status (None for a bare "error")."""
+    _, _, code = status.partition(" ")
+    return code or None
 
 
 async def _read(worker: asyncio.subprocess.Process) -> str:

@@ -3,7 +3,7 @@ grammar_pool.GrammarPool.
 
 On stdin: the tokenizer (xgrammar's TokenizerInfo JSON), then a kind and a source per compile.
 On stdout: "ready" once its compiler is built, then per compile "ok" and the compiled grammar's
-JSON, or "error" and a message. Each is one frame: its length, then its UTF-8 text (`frame`,
+JSON, or "error" (or "error CODE", an error code for the client) and a message. Each is one frame: its length, then its UTF-8 text (`frame`,
 `read`). It exits when stdin closes.
 """
 
@@ -11,15 +11,17 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import struct
 import sys
 from typing import BinaryIO
 
 HEADER = struct.Struct(">Q")  # a message's length in bytes
-NICENESS = 10  # below the server's CPU priority: a compile takes the cores decoding leaves
+NICENESS = 19  # the lowest CPU priority: a compile takes only the time decoding leaves
 # Larger compiled grammars are refused: the server deserializes each one it adopts, about
 # 45 ms per MB on one core (13.5 MB: 0.6 s), and keeps 64 MiB of them.
 MAX_COMPILED_BYTES = 16 << 20
+TOO_LARGE = "grammar_too_large"  # the error code of that refusal (as for sources over limits)
 
 
 def frame(*texts: str) -> bytes:
@@ -53,17 +55,33 @@ def compile_job(compiler, info, kind: str, source: str) -> tuple[str, str]:
         # The engine's own check: some token of the vocabulary must start the answer.
         Constraint(_xgrammar().GrammarMatcher(compiled), info.vocab_size).chain([])
     except GrammarError as e:
-        return "error", str(e)
+        return _error(e.code), str(e)
     out = compiled.serialize_json()
     if len(out) > MAX_COMPILED_BYTES:
-        return "error", (f"the compiled {kind} takes {len(out) >> 20} MiB, over this server's "
-                         f"limit of {MAX_COMPILED_BYTES >> 20} MiB; simplify it")
+        return _error(TOO_LARGE), (f"the compiled {kind} takes {len(out) >> 20} MiB, over this "
+                                   f"server's limit of {MAX_COMPILED_BYTES >> 20} MiB; simplify it")
     return "ok", out
 
 
-def main() -> None:
+def _error(code: str | None) -> str:
+    """An error's status frame: "error", or "error CODE" (grammar_pool.error_code reads it)."""
+    return "error" if code is None else f"error {code}"
+
+
+def lower_priority() -> None:
+    """This process at nice 19, the lowest priority a process may take without privileges.
+    It stays in the server's session (grammar_pool.py starts it so): where Linux groups CPU
+    time by session (kernel.sched_autogroup_enabled), a nice value weighs only inside the
+    session, and a worker in a session of its own took a full session's share whatever its
+    nice value (one compile slowed every chat of a 2-core engine about 45x). Not SCHED_IDLE:
+    a server decoding without pause would then never compile at all."""
     with contextlib.suppress(OSError):
-        os.nice(NICENESS)
+        os.nice(NICENESS - os.nice(0))
+
+
+def main() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a terminal's Ctrl-C: the server stops us
+    lower_priority()
     from sglang_d3d.speculative.grammar import _xgrammar
 
     inp, out = sys.stdin.buffer, sys.stdout.buffer

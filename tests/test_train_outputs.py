@@ -164,3 +164,27 @@ def test_the_cards_commands_name_the_device_it_was_trained_on():
     default = "\n".join(_serve_lines(replace(facts, default_target=True), "D"))
     assert "d3d serve --drafter D" in default and "--model-path T" not in default
     assert "default_target_path()" in default  # SGLang gets the local folder, not a hub id
+
+
+def test_a_run_logs_its_final_evaluation_once_and_says_where_the_drafter_went(tiny, capsys):
+    import json
+    import stat
+
+    out, export = tiny / "once", tiny / "once_export"
+    # the last step is an evaluation step: the final evaluation is that one, not a second
+    argv = ["--data-dir", str(tiny / "data"), "--target", str(tiny / "target"),
+            "--out-dir", str(out), "--export-to", str(export), "--block-size", "4",
+            "--num-anchors", "3", "--rank", "4", "--alpha", "4", "--batch-size", "4",
+            "--max-steps", "2", "--warmup-steps", "1", "--eval-every", "2",
+            "--eval-samples", "4", "--heldout-every", "4", "--no-initial-eval"]
+    assert main(argv) == 0
+    printed = capsys.readouterr()
+    evals = [line for line in printed.out.splitlines() if '"accept_len"' in line]
+    assert len(evals) == 1 and json.loads(evals[0])["step"] == 2
+    history = (out / "history.jsonl").read_text().splitlines()
+    assert sum('"accept_len"' in r for r in history) == 1
+    assert (f"d3d train: step 2: the drafter is in {export} (and in {out / 'drafter'})"
+            in printed.err)
+    for folder in (out / "drafter", export):  # readable by whoever serves it
+        mode = stat.S_IMODE((folder / "model.safetensors").stat().st_mode)
+        assert mode & 0o044 == 0o044, oct(mode)

@@ -28,6 +28,17 @@ META = "trainer_meta.json"
 DRAFTER = "drafter"
 
 
+def readable_files(folder: Path) -> None:
+    """Give the folder's files the mode a new file gets under the umask (0644 under 022):
+    safetensors writes its files 0600, so a drafter written by one user could not be served by
+    another (a service account, a container)."""
+    mask = os.umask(0)
+    os.umask(mask)
+    for f in folder.iterdir():
+        if f.is_file():
+            f.chmod(0o666 & ~mask)
+
+
 def save_drafter_atomic(drafter, folder: Path, eval_row: dict | None = None,
                         card: str | None = None) -> None:
     """eval_row: the latest held-out evaluation, kept beside the weights (acceptance.json);
@@ -39,6 +50,7 @@ def save_drafter_atomic(drafter, folder: Path, eval_row: dict | None = None,
         write_acceptance(tmp, eval_row)
     if card is not None:
         (tmp / CARD).write_text(card)
+    readable_files(tmp)
     old = folder.with_name(folder.name + ".old")
     if folder.exists():
         shutil.rmtree(old, ignore_errors=True)

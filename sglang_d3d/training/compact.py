@@ -28,7 +28,7 @@ from sglang_d3d.models.acceptance import ACCEPTANCE
 from sglang_d3d.models.delta_rank import truncate_state
 from sglang_d3d.models.delta_store import FLOAT, STORES
 from sglang_d3d.models.drafter import DrafterFormatError, read_config, write_checkpoint
-from sglang_d3d.training.checkpoint import DRAFTER, STATE
+from sglang_d3d.training.checkpoint import DRAFTER, STATE, readable_files
 
 
 def add_compact_args(p: argparse.ArgumentParser) -> None:
@@ -70,6 +70,7 @@ def compact(src: Path, dst: Path, store: str, rank: int | None = None) -> dict:
     write_checkpoint(dst, cfg, state, store)
     if (folder / ACCEPTANCE).exists():  # a cut drafter keeps the trained one's as its prior
         shutil.copy2(folder / ACCEPTANCE, dst / ACCEPTANCE)
+    readable_files(dst)
     return out | {"bytes": (dst / "model.safetensors").stat().st_size}
 
 

@@ -96,6 +96,8 @@ class Trainer:
         self.opt = torch.optim.AdamW(self.drafter.trainable_parameters(), lr=cfg.lr,
                                      weight_decay=cfg.weight_decay, betas=(0.9, 0.95))
         self.step, self.history, self.elapsed_before = 0, [], 0.0
+        self.last_eval: dict | None = None  # the latest evaluation (rank 0's row; None elsewhere)
+        self.evaluated_at = -1  # its step, on every rank
         self.pos = DataPosition()
         self.t0 = time.monotonic()
         self.weights = draft_weights(cfg.block_size, cfg.gamma)
@@ -217,6 +219,21 @@ class Trainer:
         self.drafter.train()
         return row
 
+    def _evaluated(self) -> dict | None:
+        """`evaluate()`, remembered with its step on every rank (all ranks agree on it)."""
+        self.last_eval, self.evaluated_at = self.evaluate(), self.step
+        return self.last_eval
+
+    def _say_where(self) -> None:
+        """One line on stderr: where the drafter is, and how to serve it."""
+        if not self.dist.is_main:
+            return
+        where = self.cfg.export_to or str(self.out / DRAFTER)
+        also = f" (and in {self.out / DRAFTER})" if self.cfg.export_to else ""
+        print(f"d3d train: step {self.step}: the drafter is in {where}{also}; its model card "
+              f"({where}/README.md) gives the command that serves it", file=sys.stderr,
+              flush=True)
+
     def elapsed(self) -> float:
         """Training seconds over all invocations of this output folder."""
         return self.elapsed_before + time.monotonic() - self.t0
@@ -276,7 +293,7 @@ class Trainer:
             if self.step % cfg.log_every == 0:
                 self._log(row)
             if self.step % cfg.eval_every == 0:
-                self._log(self.evaluate())
+                self._log(self._evaluated())
             late = bool(cfg.max_minutes and time.monotonic() - start > 60 * cfg.max_minutes)
             late, signalled = dd.agree(self.dist, [late, asked()])
             at_stop = self.step == cfg.stop_at_step
@@ -296,17 +313,24 @@ class Trainer:
         stream = self._micro_batches()
         self.drafter.train()
         if self.step == 0 and cfg.initial_eval:
-            self._log(self.evaluate())
+            self._log(self._evaluated())
         try:
             with stop_requests() as asked:
                 stopped = self._loop(stream, last_ckpt, start, asked)
             if stopped:
+                if self.dist.is_main:
+                    print(f"d3d train: stopped at step {self.step} ({stopped['stopped']}); the "
+                          f"checkpoint is in {self.out}: the same command resumes it",
+                          file=sys.stderr, flush=True)
                 return stopped
-            final = self.evaluate()
-            self._log(final)
+            # the last step's evaluation is the final one where the loop has just run it
+            if self.evaluated_at != self.step:
+                self._log(self._evaluated())
+            final = self.last_eval
             self.save()
             if cfg.export_to and self.dist.is_main:
                 export(self.out / DRAFTER, Path(cfg.export_to), self.card(Path(cfg.export_to)))
+            self._say_where()
             return final if final is not None else {"step": self.step}
         finally:
             self.log.close()
@@ -329,7 +353,7 @@ def run_train(args: argparse.Namespace) -> int:
         dd.finish(dist)
     finally:
         dd.shutdown(dist)
-    if dist.is_main:
+    if dist.is_main and "accept_len" not in final:  # an evaluation is printed as it is logged
         print(json.dumps(final))
     return 0
 

@@ -188,3 +188,14 @@ def test_a_run_logs_its_final_evaluation_once_and_says_where_the_drafter_went(ti
     for folder in (out / "drafter", export):  # readable by whoever serves it
         mode = stat.S_IMODE((folder / "model.safetensors").stat().st_mode)
         assert mode & 0o044 == 0o044, oct(mode)
+
+
+def test_under_torchrun_only_the_first_process_prints_a_refusal(tmp_path, capsys, monkeypatch):
+    f = tmp_path / "run.yaml"
+    f.write_text("max-stepz: 3\n")
+    monkeypatch.setenv("RANK", "1")
+    assert main(["--config", str(f)]) == 2
+    assert capsys.readouterr().err == ""  # rank 0 says it, once
+    monkeypatch.setenv("RANK", "0")
+    assert main(["--config", str(f)]) == 2
+    assert "unknown key 'max-stepz'" in capsys.readouterr().err

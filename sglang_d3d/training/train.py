@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from dataclasses import asdict, replace
@@ -336,19 +337,25 @@ class Trainer:
             self.log.close()
 
 
+def _refuse(e: Exception) -> int:
+    """Settings that cannot work: one line, from the first process only (under torchrun every
+    rank meets the same error; torchrun then reports the failed workers itself)."""
+    if os.environ.get("RANK", "0") == "0":
+        print(f"d3d train: {e}", file=sys.stderr, flush=True)
+    return 2
+
+
 def run_train(args: argparse.Namespace) -> int:
     try:
         cfg = config_from_args(args)
     except (ConfigError, ValueError) as e:
-        print(f"d3d train: {e}", file=sys.stderr)
-        return 2
+        return _refuse(e)
     dist = dd.init(cfg.device)
     try:
         try:  # settings that cannot work are one line, before any step
             trainer = Trainer(cfg, dist)
         except (ValueError, FileNotFoundError, FSDPUnavailable) as e:
-            print(f"d3d train: {e}", file=sys.stderr)
-            return 2
+            return _refuse(e)
         final = trainer.run()
         dd.finish(dist)
     finally:

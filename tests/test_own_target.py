@@ -301,13 +301,17 @@ def test_d3d_serve_returns_token_ids_only_when_asked(served):
 
 
 @pytest.mark.slow
-def test_manifest_reports_the_server_and_token_id_mode(served, chats, tmp_path):
+def test_manifest_reports_the_server_and_token_id_mode(served, chats, tmp_path, capsys):
     out = tmp_path / "d"
-    rc, _ = _datagen(_server_args(served, chats, out, "--max-prompts", "2"))
+    rc, err = _datagen(_server_args(served, chats, out, "--max-prompts", "2"), capsys)
     m = read_manifest(out)
     assert rc == 0 and m["server"]["token_ids"] == "completions"
     assert m["server"]["model"] == "tiny" and m["num_records"] == 2
     assert m["prompt_lines_skipped"] == {"chats.jsonl": 1}  # the answer with no question
+    assert "d3d datagen: chats.jsonl: 1 line(s) skipped" in err  # said, not only recorded
+    # the server's run records the server's settings, not the embedded engine's
+    assert m["generation"]["concurrency"] == 4 and "batch_size" not in m["generation"]
+    assert "dtype" not in m["generation"] and "threads" not in m["generation"]
     assert m["retokenized"] == {"turns": 0, "round_trip_mismatches": 0}
     assert not list(out.glob("*.partial.jsonl"))
 

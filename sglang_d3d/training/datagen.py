@@ -97,10 +97,15 @@ class DatagenConfig:
 CONTENT_KEYS = ("target_path", "gsm8k_per_mix", "shard_size", "max_new_tokens", "temperature",
                 "seed")
 PRIVATE_KEYS = ("out_dir", "max_shards", "api_key")
+# Settings of one generator only: a run records those of the one it used (a server run's
+# engine settings are the server's own, in the manifest's "server").
+EMBEDDED_KEYS = ("batch_size", "threads", "device", "dtype")
+SERVER_KEYS = ("server", "server_model", "concurrency", "token_ids", "retries", "request_timeout")
 
 
 def base_manifest(cfg: DatagenConfig, target: Path, prompts: PromptList) -> dict:
-    generation = {k: v for k, v in asdict(cfg).items() if k not in PRIVATE_KEYS}
+    other = EMBEDDED_KEYS if cfg.server else SERVER_KEYS
+    generation = {k: v for k, v in asdict(cfg).items() if k not in PRIVATE_KEYS + other}
     generation.update(max_new_tokens=cfg.resolved_max_new, prompt_files=list(cfg.prompt_files),
                       prompts_sha256=prompts.fingerprint())
     return {
@@ -156,6 +161,10 @@ def run_datagen_config(cfg: DatagenConfig) -> dict:
     check_config_file(target)  # an unsupported family is refused before anything is written
     prompts = build_prompt_list(cfg.prompt_files, cfg.gsm8k_path, cfg.gsm8k_per_mix, cfg.seed,
                                 cfg.max_prompts)
+    for name, n in prompts.skipped.items():
+        if n:
+            print(f"d3d datagen: {name}: {n} line(s) skipped (not JSON, no user turn, or roles "
+                  "a chat template may not take: tools, functions)", file=sys.stderr, flush=True)
     out = Path(cfg.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     manifest = open_manifest(cfg, target, prompts)

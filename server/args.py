@@ -98,9 +98,16 @@ class ServerConfig:
         if self.served_model_name:
             return self.served_model_name
         target = self.engine.target_path
-        if target is None or target == "default":
-            return DEFAULT_TARGET_NAME
+        if target is None or target == "default" or is_default_target_folder(target):
+            return DEFAULT_TARGET_NAME  # one name however the default target is named
         return Path(target).resolve().name
+
+
+def is_default_target_folder(path: str) -> bool:
+    """Whether `path` is the folder the default target is converted into (models/loading.py)."""
+    from sglang_d3d.models.loading import cache_dir
+
+    return Path(path).resolve() == (cache_dir() / "smollm2-135m-instruct").resolve()
 
 
 def build_parser() -> argparse.ArgumentParser:

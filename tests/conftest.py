@@ -13,7 +13,7 @@ import torch
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 # calibration results (engine/calibration_cache.py) go to a folder of this run, not the user's
-os.environ.setdefault("D3D_CACHE_DIR", tempfile.mkdtemp(prefix="d3d-test-cache-"))
+os.environ.setdefault("D3D_CALIBRATION_CACHE", tempfile.mkdtemp(prefix="d3d-test-calibration-"))
 torch.set_num_threads(1)
 
 

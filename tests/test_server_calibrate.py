@@ -36,7 +36,7 @@ def _calibrated(srv, timeout: float = 60.0):
 
 def test_a_calibrated_server_times_every_plan_while_idle_and_serves_exactly(
         tiny_pair_dir, tmp_path, monkeypatch):
-    monkeypatch.setenv("D3D_CACHE_DIR", str(tmp_path))  # nothing measured before
+    monkeypatch.setenv("D3D_CALIBRATION_CACHE", str(tmp_path))  # nothing measured before
     prompts = ["w5 w6 w7", "w40 w41", "w9 w9 w9 w9"]
     plain = tiny_server_config(tiny_pair_dir, mode=Mode.AR, max_batch_size=4)
     with ServerThread(create_app(plain)) as srv:
@@ -74,7 +74,7 @@ def _check_controller_metrics(text: str, ctl) -> None:
 def test_a_server_serves_while_it_calibrates(tiny_pair_dir, tmp_path, monkeypatch):
     """A calibration that would run for ever: /health is ready, a request is answered (the
     calibration hands the engine back between two steps), and calibrating goes on after."""
-    monkeypatch.setenv("D3D_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("D3D_CALIBRATION_CACHE", str(tmp_path))
     import sglang_d3d.engine.calibrate as calibrate
 
     paused = []
@@ -106,7 +106,7 @@ def test_d3d_serve_with_calibration_is_ready_within_60_s_and_the_next_start_reus
     assert ready_s < 60, first
     assert "calibrating the controller: batch 1 (1 of 3 sizes)" in first
     assert "calibrated the controller in" in first
-    assert len(list((cache / "calibration").glob("*.json"))) == 1
+    assert len(list(cache.glob("*.json"))) == 1
     second, _ = _serve_until_calibrated(tiny_pair_dir, cache, tmp_path / "second.log")
     assert "reusing the times measured at an earlier start for batch sizes [1, 2, 4]" in second
     assert "calibrating the controller" not in second
@@ -126,7 +126,7 @@ def _serve_until_calibrated(pair, cache, log_path) -> tuple[str, float]:
     cmd = [sys.executable, "-m", "sglang_d3d", "serve", "--target", pair[0], "--drafter", pair[1],
            "--port", str(port), "--max-batch-size", "4", "--max-context", "256",
            "--block-size", "4", "--dtype", "float32", "--calibrate", "--threads", "1"]
-    env = {**os.environ, "D3D_CACHE_DIR": str(cache)}
+    env = {**os.environ, "D3D_CALIBRATION_CACHE": str(cache)}
     t0 = time.monotonic()
     with open(log_path, "w") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)

@@ -48,6 +48,15 @@ def test_flags_map_onto_engine_config():
     assert cfg.model_name == "qwen3-0.6b"  # the target folder's name unless --served-model-name
 
 
+def test_the_default_target_has_one_name_however_it_is_given(tmp_path, monkeypatch):
+    monkeypatch.setenv("D3D_CACHE_DIR", str(tmp_path))
+    folder = tmp_path / "smollm2-135m-instruct"  # where the default target is converted
+    for given in ([], ["--target", "default"], ["--target", str(folder)],
+                  ["--target", str(folder) + "/"]):
+        assert parse_args(given).model_name == "SmolLM2-135M-Instruct", given
+    assert parse_args(["--target", str(tmp_path / "mine")]).model_name == "mine"
+
+
 @pytest.mark.parametrize(
     "argv", [["--block-size", "1"], ["--mode", "fast"], ["--max-concurrency", "0"], ["--port", "x"],
              ["--draft-weights", "int4"]]

@@ -5,7 +5,8 @@ the times the last start measured (engine/calibrate.py) instead of measuring the
 change in one of those makes a new key, so a stale file is never read; a file that does not
 parse is ignored and measured over.
 
-    $D3D_CACHE_DIR/calibration/<key>.json   (default: $XDG_CACHE_HOME/sglang-d3d, ~/.cache/sglang-d3d)
+    $D3D_CALIBRATION_CACHE/<key>.json   (default: $D3D_CACHE_DIR/calibration, where
+                                         $D3D_CACHE_DIR defaults to ~/.cache/sglang-d3d)
 """
 
 from __future__ import annotations
@@ -30,10 +31,10 @@ Time = tuple[int, Plan, float, int]
 
 def cache_dir() -> Path:
     """Where the calibration files live (see the module's note)."""
-    if os.environ.get("D3D_CACHE_DIR"):
-        return Path(os.environ["D3D_CACHE_DIR"]) / "calibration"
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "sglang-d3d" / "calibration"
+    from sglang_d3d.models.loading import cache_dir as models_cache
+
+    own = os.environ.get("D3D_CALIBRATION_CACHE")
+    return Path(own) if own else models_cache() / "calibration"
 
 
 def cpu_name() -> str:

@@ -488,3 +488,26 @@ def test_ids_outside_the_targets_vocabulary_are_refused(tmp_path):
     check_vocabulary([0, n - 1], n)
     with pytest.raises(ServerError, match=f"token id {n}, outside the target's vocabulary of {n}"):
         check_vocabulary([3, n, 4], n)
+
+
+def test_chat_template_kwargs_reach_the_template_and_bad_ones_are_one_line(tmp_path, capsys):
+    """--chat-template-kwargs '{"enable_thinking": false}' (Qwen3 with thinking off) goes to
+    every chat template datagen renders."""
+    from sglang_d3d.training.datagen_async import encode_chat
+
+    class Tok:
+        def apply_chat_template(self, messages, **kw):
+            self.kw = kw
+            return "text"
+
+        def __call__(self, text, add_special_tokens):
+            return {"input_ids": [1, 2]}
+
+    tok = Tok()
+    assert encode_chat(tok, [{"role": "user", "content": "w5"}], '{"enable_thinking": false}')
+    assert tok.kw["enable_thinking"] is False and tok.kw["add_generation_prompt"] is True
+    encode_chat(tok, [{"role": "user", "content": "w5"}])
+    assert "enable_thinking" not in tok.kw  # the template's own default
+    for bad in ("[1]", "{thinking"):
+        rc, err = _datagen(["--chat-template-kwargs", bad, "--out-dir", str(tmp_path)], capsys)
+        assert rc == 2 and len(err.strip().splitlines()) == 1 and "--chat-template-kwargs" in err

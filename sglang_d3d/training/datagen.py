@@ -22,7 +22,12 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from sglang_d3d.models.architectures import UnsupportedArchitectureError
-from sglang_d3d.training.datagen_async import ServerRun, resume_state, run_server_datagen
+from sglang_d3d.training.datagen_async import (
+    ServerRun,
+    resume_state,
+    run_server_datagen,
+    template_kwargs,
+)
 from sglang_d3d.training.datagen_embedded import eos_ids_of, run_embedded
 from sglang_d3d.training.datagen_prompts import (  # noqa: F401 - interleave: re-exported
     PromptList,
@@ -55,6 +60,9 @@ class DatagenConfig:
     temperature: float = 0.0  # 0: greedy
     seed: int = 0
     max_shards: int | None = None  # stop after writing this many new shards (None: all)
+    # JSON object passed to the target's chat template, e.g. '{"enable_thinking": false}' for
+    # Qwen3 with thinking off; None: the template's own defaults
+    chat_template_kwargs: str | None = None
     # the embedded engine
     batch_size: int = 32  # concurrent sequences (cache slots) of continuous batching
     threads: int = 1
@@ -75,6 +83,7 @@ class DatagenConfig:
         if self.max_new_tokens is not None and self.max_new_tokens < 1:
             raise ValueError("max_new_tokens must be >= 1")
         TokenIdMode(self.token_ids)
+        template_kwargs(self.chat_template_kwargs)  # a bad one fails before anything runs
 
     @property
     def resolved_max_new(self) -> int:
@@ -88,14 +97,14 @@ class DatagenConfig:
         return ServerRun(self.server, self.server_model, self.api_key, TokenIdMode(self.token_ids),
                          self.concurrency, self.retries, self.request_timeout,
                          self.resolved_max_new, self.temperature, self.seed, self.shard_size,
-                         self.max_shards)
+                         self.max_shards, template_kwargs=self.chat_template_kwargs)
 
 
 # ---- manifest ---------------------------------------------------------------------------------
 # Settings that change which sample lands in which shard; the others (batch size, concurrency,
 # server address, caps) may differ between a run and its resumption.
 CONTENT_KEYS = ("target_path", "gsm8k_per_mix", "shard_size", "max_new_tokens", "temperature",
-                "seed")
+                "seed", "chat_template_kwargs")
 PRIVATE_KEYS = ("out_dir", "max_shards", "api_key")
 # Settings of one generator only: a run records those of the one it used (a server run's
 # engine settings are the server's own, in the manifest's "server").
@@ -228,6 +237,10 @@ def add_datagen_args(p: argparse.ArgumentParser) -> None:
                    help="order of the built-in mix; sampling seed of record i is seed + i")
     p.add_argument("--max-shards", type=int, default=None,
                    help="stop after this many new shards (default: all)")
+    p.add_argument("--chat-template-kwargs", default=None, metavar="JSON",
+                   help="a JSON object for the target's chat template, as the server applies "
+                        "it when serving: '{\"enable_thinking\": false}' answers Qwen3 with "
+                        "thinking off (default: the template's own, thinking on for Qwen3)")
     e = p.add_argument_group("embedded engine (no --server)")
     e.add_argument("--batch-size", type=int, default=d.batch_size,
                    help="sequences in flight (cache slots of continuous batching)")
@@ -257,7 +270,11 @@ def run_datagen(args: argparse.Namespace) -> int:
     fields = DatagenConfig.__dataclass_fields__
     values = {k: v for k, v in vars(args).items() if k in fields}
     values["prompt_files"] = tuple(values.get("prompt_files") or ())
-    cfg = DatagenConfig(**values)
+    try:
+        cfg = DatagenConfig(**values)
+    except ValueError as e:
+        print(f"d3d datagen: {e}", file=sys.stderr)
+        return 2
     try:
         m = run_datagen_config(cfg)
     except USER_ERRORS as e:

@@ -11,6 +11,7 @@ the in-flight ones are dropped, and the same command resumes.
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -47,6 +48,7 @@ class ServerRun:
     shard_size: int
     max_shards: int | None
     vocab_size: int | None = None  # the target's; a returned id at or above it is refused
+    template_kwargs: str | None = None  # JSON for the chat template (DatagenConfig)
 
 
 @dataclass
@@ -125,9 +127,25 @@ def todo_indices(prog: Progress, max_shards: int | None) -> list[int]:
     return out
 
 
-def encode_chat(tok, messages: list[dict]) -> list[int]:
-    """The target's chat template with the assistant turn opened, as the engine's clients use it."""
-    text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+def template_kwargs(raw: str | None) -> dict:
+    """--chat-template-kwargs as a dict; ValueError unless it is a JSON object."""
+    if raw is None:
+        return {}
+    try:
+        value = json.loads(raw)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"--chat-template-kwargs is not JSON: {e}") from None
+    if not isinstance(value, dict):
+        raise ValueError("--chat-template-kwargs must be a JSON object, such as "
+                         '\'{"enable_thinking": false}\'')
+    return value
+
+
+def encode_chat(tok, messages: list[dict], kwargs: str | None = None) -> list[int]:
+    """The target's chat template with the assistant turn opened, as the engine's clients use
+    it; `kwargs`: --chat-template-kwargs (Qwen3's enable_thinking, for one)."""
+    text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True,
+                                   **template_kwargs(kwargs))
     return tok(text, add_special_tokens=False)["input_ids"]
 
 
@@ -162,7 +180,7 @@ async def answer_record(client: ServerClient, tok, run: ServerRun, eos_ids: list
     answers: list[str] = []
     turns, retok, mismatches = [], 0, 0
     for _ in conv.user_turns:
-        prompt = encode_chat(tok, conv.messages(answers))
+        prompt = encode_chat(tok, conv.messages(answers), run.template_kwargs)
         budget = run.max_new_tokens
         if client.max_model_len:
             budget = min(budget, client.max_model_len - len(prompt))

@@ -29,7 +29,8 @@ def generate_shard(target, tok, items, first_index: int, cfg: DatagenConfig, eos
     turns: list[list[Turn]] = [[] for _ in items]
     for t in range(max(len(c.user_turns) for _, c in items)):
         active = [j for j, (_, c) in enumerate(items) if t < len(c.user_turns)]
-        prompts = [encode_chat(tok, items[j][1].messages(answers[j])) for j in active]
+        prompts = [encode_chat(tok, items[j][1].messages(answers[j]), cfg.chat_template_kwargs)
+                   for j in active]
         results = generate_continuous(
             target, prompts, cfg.resolved_max_new, eos_ids, num_slots=cfg.batch_size,
             temperature=cfg.temperature, seed=cfg.seed + first_index + t * 1_000_003,

@@ -135,12 +135,22 @@ def _serve_lines(f: CardFacts, folder: str) -> list[str]:
         f"d3d serve{target} --drafter {folder}{device} --block-size {block}",
         f"d3d bench{target} --drafter {folder}{device}  # ar / sync / async",
         "```", "",
-        "SGLang on a GPU (the plugin registers `--speculative-algorithm D3D`; docs/sglang.md). "
-        "This folder's config.json already carries the target's `model_type`, which SGLang "
-        "needs to parse the draft path, so no `mark_for_sglang` step is needed:", "", "```bash",
+        "`d3d serve` answers `/health` once the models load (on a CPU the first start also "
+        "builds its C++ kernels: a minute or more). It then times its plans (calibration) "
+        "while no request is in: a log line per batch size, at most 5 minutes in all, a "
+        "request arriving meanwhile served at once; what it measured is reused at the next "
+        "start on the same CPU, weights and settings (`--no-calibrate` skips it).", "",
+        "SGLang on a GPU (the plugin registers `--speculative-algorithm D3D`; docs/sglang.md "
+        "gives the memory each deployment needs and the flags that fit it). This folder's "
+        "config.json already carries the target's `model_type`, which SGLang needs to parse "
+        "the draft path, so no `mark_for_sglang` step is needed. Either SGLang's own server:",
+        "", "```bash",
         f"python -m sglang.launch_server --model-path {model_path} \\",
         f"  --speculative-algorithm D3D --speculative-draft-model-path {folder} \\",
         f"  --speculative-num-draft-tokens {block} --attention-backend flashinfer",
+        "```", "",
+        "or, instead of it (each loads the target), this project's server on SGLang's "
+        "in-process engine:", "", "```bash",
         f"d3d serve --backend sglang{target} --drafter {folder} --device cuda",
         "```",
     ]

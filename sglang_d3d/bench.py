@@ -86,8 +86,8 @@ def run_bench(args: argparse.Namespace) -> int:
             runs[m].append(_timed(engines[m], ids, params))
         print(f"prompt {i + 1}/{len(prompts)}: " + "  ".join(
             f"{m} {r[-1]['tokens'] / r[-1]['seconds']:.1f} tok/s" for m, r in runs.items()))
-    report = _report(args, runs, params.greedy) | {"calibration": calibration,
-                                                    "prompts_run": len(prompts)}
+    report = _run_fields(args) | _report(args, runs, params.greedy) | {
+        "calibration": calibration, "prompts_run": len(prompts)}
     _print(report)
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
@@ -283,6 +283,27 @@ def _report(args, runs: dict, greedy: bool) -> dict:
         "drafter": args.drafter or "default", "alt_drafter": args.alt_drafter,
         "greedy_identical": identical, "modes": modes,
     }
+
+
+def _run_fields(args) -> dict:
+    """cpu, weights, commit and command, as every results JSON records them: through
+    benchmarks/run_info.py in a clone, else the CPU and weights with an unknown commit."""
+    import importlib.util
+    import sys
+
+    from sglang_d3d.engine.calibration_cache import cpu_name
+
+    weights = f"target {args.target_weights}"
+    argv = ["d3d", *sys.argv[1:]]
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "run_info.py"
+    if path.is_file():
+        spec = importlib.util.spec_from_file_location("d3d_run_info", path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module.run_info(weights, argv)
+    import shlex
+
+    return {"cpu": cpu_name(), "weights": weights, "commit": "unknown", "command": shlex.join(argv)}
 
 
 def _recorded(fields: dict) -> dict:

@@ -56,6 +56,9 @@ def test_bench_saves_a_report(tiny_pair_dir, tmp_path, capsys):
     report = json.loads(out.read_text())
     assert report["greedy_identical"] is True
     assert set(report["modes"]) == {"ar", "sync", "async", "async-adaptive"}
+    # the run it came from, as every results JSON records it
+    assert report["weights"].startswith("target ") and report["cpu"] and report["commit"]
+    assert report["command"].startswith("d3d ")
     # the adaptive mode timed its plans at batch 1 (the only batch here) before the prompts
     assert set(report["calibration"]) == {"async-adaptive"}
     assert set(report["calibration"]["async-adaptive"]) == {"1"}  # JSON keys

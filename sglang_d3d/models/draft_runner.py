@@ -8,7 +8,7 @@ from sglang_d3d.models.drafter import D3DDrafter
 from sglang_d3d.models.kv_cache import KVCache
 from sglang_d3d.models.packing import Pack, branch_token_index, layout
 
-EXACT_ROWS = 12  # inputs up to which an int8 runner's pass takes the 4-bit C++ loop instead
+EXACT_ROWS = 16  # inputs up to which an int8 runner's pass takes the 4-bit C++ loop instead
 
 
 class DraftRunner:
@@ -62,9 +62,9 @@ class DraftRunner:
     def _exact_loop(self, rows: int) -> bool:
         """A pass of `rows` inputs runs on the 4-bit target's C++ loop (models/exact_drafter.py)
         even where the runner has int8 copies: up to EXACT_ROWS inputs the 4-bit loop was the
-        faster of the two (a block of 4 after one new token: about half the int8 copy's time;
-        4 branches of 4 after 3 drafts, 19 inputs: about 1.3x the int8 copy's; 1 thread,
-        the default target)."""
+        faster of the two (default target, 200-token context, 1 thread, thread CPU time,
+        medians of 9 in turn: a block of 4 after one new token 34 ms against 79; 3 drafts and
+        3 branches of 4, 15 inputs, 95 against 110; 4 branches, 19 inputs, 135 against 116)."""
         return self.fast and rows <= self.exact_rows and self.model.on_exact_loop()
 
     @torch.inference_mode()

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from sglang_d3d.models.adapters import delta_versions
+from sglang_d3d.models.adapters import delta_modules
 from sglang_d3d.models.exact_pass import ExactPass, ExactWeights, key_plan
 from sglang_d3d.models.kv_cache import KVCache
 
@@ -41,14 +41,14 @@ def delta_operands(fused_layers) -> list[torch.Tensor]:
 
 def _deltas(drafter) -> list[torch.Tensor]:
     """delta_operands of the drafter, kept until training changes a delta."""
-    fused = drafter.fused_layers(False)
-    key = [v for layer in fused for p in (layer.qkv, layer.o, layer.gate_up, layer.down)
-           for v in delta_versions(p.deltas.deltas)]
     kept = getattr(drafter, "_exact_deltas", None)
-    if kept is None or kept[0] != key:
-        kept = (key, delta_operands(fused))
-        drafter._exact_deltas = kept
-    return kept[1]
+    if kept is None:  # the delta tensors, once: their version counters are the key
+        tensors = [t for _, m in delta_modules(drafter.layers) for t in (m.delta_a, m.delta_b)]
+        kept = drafter._exact_deltas = [tensors, None, None]
+    key = [t._version for t in kept[0]]
+    if key != kept[1]:
+        kept[1:] = [key, delta_operands(drafter.fused_layers(False))]
+    return kept[2]
 
 
 def exact_hidden(drafter, input_ids: torch.Tensor, positions: torch.Tensor, attn_mask: torch.Tensor,

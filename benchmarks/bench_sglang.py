@@ -47,11 +47,18 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--drafter", default="default", help="D3D drafter folder")
     p.add_argument("--block", type=int, default=0,
                    help="--speculative-num-draft-tokens (0: the plugin's default)")
-    p.add_argument("--mode", default="", help="SGLANG_D3D_MODE (empty: the plugin's default)")
+    p.add_argument("--mode", default="", choices=("", "sync", "async"),
+                   help="SGLANG_D3D_MODE: sync (always speculate), async or empty (the plan "
+                        "per load for a drafter that shares the target)")
     p.add_argument("--dtype", default="float32", help="both runs' weights (fp32 on CPU)")
     p.add_argument("--rounds", type=int, default=1,
                    help="alternating runs of each side per cell (medians kept)")
     p.add_argument("--context-length", type=int, default=2048)
+    p.add_argument("--threads", type=int, default=1,
+                   help="CPU: torch threads of SGLang's scheduler, both sides (OMP_NUM_THREADS; "
+                        "0: PyTorch's default). One thread keeps a shared machine's load from "
+                        "stalling every parallel region")
+    p.add_argument("--sides", default="sglang,d3d", help=argparse.SUPPRESS)  # debugging
     p.add_argument("--baseline-overlap", type=int, default=1, choices=(0, 1),
                    help="SGLang alone with its overlap scheduler (1, its default) or without")
     return p.parse_args(argv)
@@ -60,7 +67,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 def main(argv=None) -> None:
     a = parse_args(argv)
     if a.device == "cpu" and os.environ.get("SGLANG_USE_CPU_ENGINE") != "1":
-        _reexec_under_cpu_harness()
+        _reexec_under_cpu_harness(a.threads)
     if a.device == "cpu":
         from sglang_d3d.sglang_worker.cpu_harness import install
 
@@ -68,14 +75,12 @@ def main(argv=None) -> None:
     prompts = load_prompts(a)
     counters_file = Path(tempfile.mkdtemp(prefix="bench-sglang-")) / "counters.json"
     os.environ[COUNTERS_ENV] = str(counters_file)  # read by the scheduler subprocess
-    if a.mode:
-        os.environ["SGLANG_D3D_MODE"] = a.mode
     concs = [int(x) for x in a.concurrency.split(",")]
     # One engine at a time (two sglang.Engines in one process share SGLang's global server
     # arguments): each side runs every cell, the sides alternate for --rounds.
     runs: dict = {}
     for _ in range(a.rounds):
-        for side in ("sglang", "d3d"):
+        for side in a.sides.split(","):
             loop = start_loop(a, speculative=side == "d3d")
             try:
                 for ds, ids in prompts.items():
@@ -86,6 +91,9 @@ def main(argv=None) -> None:
                 loop.shutdown(5)
     cells: dict = {}
     for (ds, c), sides in runs.items():
+        if len(sides) < 2:
+            print(ds, c, {k: [round(r["tokens_per_s"], 2) for r in v] for k, v in sides.items()})
+            continue
         cells.setdefault(ds, {})[str(c)] = cell(sides)
         print(ds, c, json.dumps(_summary(cells[ds][str(c)])), flush=True)
     out = {**run_info(weights=a.dtype), "device": a.device, "args": vars(a),
@@ -95,10 +103,13 @@ def main(argv=None) -> None:
     print_table(cells)
 
 
-def _reexec_under_cpu_harness() -> None:
+def _reexec_under_cpu_harness(threads: int) -> None:
     from sglang_d3d.sglang_worker.cpu_harness import subprocess_env
 
-    os.execve(sys.executable, [sys.executable, *sys.argv], subprocess_env())
+    env = subprocess_env()
+    if threads:
+        env["OMP_NUM_THREADS"] = str(threads)
+    os.execve(sys.executable, [sys.executable, *sys.argv], env)
 
 
 def load_prompts(a) -> dict[str, list[list[int]]]:
@@ -116,7 +127,9 @@ def start_loop(a, speculative: bool):
     from sglang_d3d.sglang_worker.backend import build_engine_loop
 
     conc = max(int(x) for x in a.concurrency.split(","))
-    mode = Mode.ASYNC if speculative else Mode.AR
+    # SGLANG_D3D_MODE follows the config's mode (backend_convert.plugin_env); a full-depth
+    # drafter that shares the target runs `async` as the plan per load (options.py).
+    mode = Mode(a.mode or "async") if speculative else Mode.AR
     spec = SpecConfig(block_size=a.block) if a.block else SpecConfig()
     cfg = EngineConfig(mode=mode, spec=spec, target_path=None if a.target == "default" else a.target,
                        drafter_path=None if a.drafter == "default" else a.drafter,
@@ -141,8 +154,10 @@ def measure(loop, prompts: list[list[int]], max_new: int, concurrency: int,
     generate(loop, [p[:16] for p in prompts[:concurrency]], 8, concurrency)
     before = _read(counters_file)
     ids, tokens, secs = generate(loop, prompts, max_new, concurrency)
-    return {"tokens_per_s": tokens / secs, "ids": ids,
-            "counters": _delta(before, _read(counters_file))}
+    counters = _delta(before, _read(counters_file))
+    # Each request's first token comes from its prefill; the rest from the cycles.
+    counters["tokens_from_cycles"] = tokens - len(prompts)
+    return {"tokens_per_s": tokens / secs, "ids": ids, "counters": counters}
 
 
 def cell(sides: dict) -> dict:
@@ -205,7 +220,8 @@ def _read(path) -> dict:
 
 def _delta(before: dict, after: dict) -> dict:
     return {k: after[k] - before.get(k, 0) for k, v in after.items()
-            if isinstance(v, (int, float)) and k != "drafter_bytes"}
+            if isinstance(v, (int, float)) and not isinstance(v, bool)
+            and k not in ("drafter_bytes", "target_layer_copies")}
 
 
 def per_cycle(counters: dict | None) -> dict | None:
@@ -213,8 +229,17 @@ def per_cycle(counters: dict | None) -> dict | None:
     if not counters or not counters.get("cycles"):
         return None
     n = counters["cycles"]
-    out = {k: round(v / n, 3) for k, v in counters.items() if k != "cycles"}
+    keep = ("target_passes", "host_copies", "metadata_plans", "drafter_passes",
+            "drafter_prefill_tokens")
+    out = {k: round(counters[k] / n, 3) for k in keep if k in counters}
+    for k in ("draft_s", "verify_s", "target_s", "cycle_s"):  # the cycle's parts, host time
+        if k in counters:
+            out[k.replace("_s", "_ms")] = round(1000 * counters[k] / n, 2)
     out["cycles"] = n
+    out["plain_share"] = round(counters.get("plain_steps", 0) / n, 3)
+    # tokens per request and cycle: accepted drafts + the target's own token
+    out["accepted_length"] = round(counters["tokens_from_cycles"]
+                                   / max(counters.get("requests_cycled", 1), 1), 3)
     return out
 
 

@@ -27,6 +27,10 @@ class Counters:
     host_copies: int = 0
     drafter_passes: int = 0
     drafter_prefill_tokens: int = 0  # clean tokens a drafter pass computed (0: it reads the pool)
+    draft_s: float = 0.0  # host time in draft passes (on a GPU: launch time, not kernels)
+    verify_s: float = 0.0  # host time in the verify pass and acceptance
+    target_s: float = 0.0  # ... of which SGLang's forward (its input built before)
+    cycle_s: float = 0.0  # host time in whole cycles
     tokens_emitted: int = 0  # tokens committed by the cycles (accepted drafts + target's token)
     drafter_bytes: int = 0  # the drafter's own tensors on the target's device
     drafter_shares_target: bool = False

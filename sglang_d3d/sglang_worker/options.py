@@ -2,7 +2,11 @@
 few it needs from SGLANG_D3D_* environment variables (one typed place, like SGLang's `envs`);
 everything SGLang already has a flag for (draft model path, block size) comes from ServerArgs.
 
-    SGLANG_D3D_MODE            async (default: pre-draft branches while the target verifies) | sync
+    SGLANG_D3D_MODE            auto (default: per batch size, draft + verify or plain decoding,
+                               whichever measures faster) | sync (always draft + verify) |
+                               async (pre-draft branches while the target verifies: a drafter
+                               with its own cache; a full-depth drafter that shares the target
+                               runs auto)
     SGLANG_D3D_DRAFT_DEVICE    "" (default: the target's device, own CUDA stream) | cuda:1 | cpu
     SGLANG_D3D_BRANCH_POLICY   topk (default) | all
     SGLANG_D3D_BRANCH_BUDGET   branches pre-drafted under topk (default 4)
@@ -26,7 +30,8 @@ ENV_PREFIX = "SGLANG_D3D_"
 
 @dataclass(frozen=True)
 class PluginOptions:
-    mode: Mode = Mode.ASYNC
+    mode: Mode = Mode.SYNC
+    plan_per_load: bool = True  # MODE=auto: speculate or decode plainly, per batch size
     draft_device: str = ""  # "" = the target's device
     branch_policy: BranchPolicy = BranchPolicy.TOPK
     branch_budget: int = 4
@@ -58,9 +63,11 @@ class PluginOptions:
         def get(name: str, default: str) -> str:
             return env.get(ENV_PREFIX + name, default).strip()
 
+        mode = get("MODE", "auto").lower()
         try:
             return cls(
-                mode=Mode(get("MODE", "async").lower()),
+                mode=Mode.SYNC if mode == "auto" else Mode(mode),
+                plan_per_load=mode == "auto",
                 draft_device=get("DRAFT_DEVICE", ""),
                 branch_policy=BranchPolicy(get("BRANCH_POLICY", "topk").lower()),
                 branch_budget=int(get("BRANCH_BUDGET", "4")),

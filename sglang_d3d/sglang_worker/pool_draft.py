@@ -124,6 +124,22 @@ def prefix_slots(req_to_token: torch.Tensor, req_pool_indices: torch.Tensor,
     return req_to_token[req_pool_indices.to(torch.int64)[:, None], cols[None, :]].to(torch.int64)
 
 
+# The most bytes one draft pass gathers from the KV pool for one layer (K and V, before and
+# after the cast and transpose): rows beyond it go in further passes (memory.py counts it).
+GATHER_BYTES = 512 << 20
+
+
+def gather_bytes_per_token(drafter: D3DDrafter, pool_dtype_bytes: int) -> int:
+    """Bytes one prefix position of one row costs in a layer's gather (PoolPrefix)."""
+    a = drafter.arch
+    return 2 * a.num_kv_heads * a.head_dim * (pool_dtype_bytes + drafter.mask_embedding.element_size())
+
+
+def rows_per_pass(max_len: int, per_token: int, budget: int = GATHER_BYTES) -> int:
+    """How many rows of a batch one draft pass takes, so its prefix gather stays in `budget`."""
+    return max(1, budget // max(1, max_len * per_token))
+
+
 class PoolDrafter:
     """Draft passes of a full-depth drafter tied to SGLang's target (see module doc)."""
 
@@ -134,12 +150,25 @@ class PoolDrafter:
         self.req_to_token = req_to_token
         self.block = block
         self.pack = drafter.cfg.pack_block(block)  # drafted at a trained size at least
+        self.per_token = gather_bytes_per_token(drafter, kv_pool.get_key_buffer(0).element_size())
+        self.passes = 0
 
-    @torch.inference_mode()
     def draft(self, last: torch.Tensor, req_pool_indices: torch.Tensor, lens: torch.Tensor,
               max_len: int) -> torch.Tensor:
         """last [N] x_last, lens [N] committed KV lengths (device), max_len = max(lens) (host,
-        from SGLang's seq_lens_cpu: no sync) -> drafts [N, block-1] (greedy, on device)."""
+        from SGLang's seq_lens_cpu: no sync) -> drafts [N, block-1] (greedy, on device). One
+        pass for the batch where its prefix gather fits GATHER_BYTES, else row groups."""
+        step = rows_per_pass(max_len, self.per_token)
+        if step >= last.shape[0]:
+            return self._pass(last, req_pool_indices, lens, max_len)
+        return torch.cat([self._pass(last[i : i + step], req_pool_indices[i : i + step],
+                                     lens[i : i + step], max_len)
+                          for i in range(0, last.shape[0], step)])
+
+    @torch.inference_mode()
+    def _pass(self, last: torch.Tensor, req_pool_indices: torch.Tensor, lens: torch.Tensor,
+              max_len: int) -> torch.Tensor:
+        self.passes += 1
         d, b = self.drafter, self.pack
         n, dev = last.shape[0], last.device
         ids = torch.full((n, b), MASK_ID, dtype=torch.int64, device=dev)

@@ -15,6 +15,7 @@ whose rules need the drafts on the host (speculative/penalties.py).
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import torch
@@ -57,13 +58,14 @@ class RequestBooks:
 
 
 def accepted_run(drafts: torch.Tensor, accepted: torch.Tensor, token: torch.Tensor,
-                 block: int) -> torch.Tensor:
-    """drafts [N, block-1], accepted [N], token [N] -> [N, block]: row i is d1 .. d_a, the
-    target's token, then zeros (SGLang reads accepted + 1 tokens of each row)."""
-    n = drafts.shape[0]
-    cols = torch.arange(block - 1, device=drafts.device)
+                 block: int, width: int | None = None) -> torch.Tensor:
+    """drafts [N, width-1], accepted [N], token [N] -> [N, block]: row i is d1 .. d_a, the
+    target's token, then zeros (SGLang reads accepted + 1 tokens of each row, rows `block`
+    apart whatever width was verified)."""
+    n, g = drafts.shape[0], (block if width is None else width) - 1
+    cols = torch.arange(g, device=drafts.device)
     out = torch.zeros(n, block, dtype=torch.int64, device=drafts.device)
-    out[:, : block - 1] = torch.where(cols[None, :] < accepted[:, None], drafts, 0)
+    out[:, :g] = torch.where(cols[None, :] < accepted[:, None], drafts, 0)
     out.scatter_(1, accepted[:, None].to(torch.int64), token[:, None].to(torch.int64))
     return out
 
@@ -93,21 +95,32 @@ class SharedCycle:
             out.append(b)
         return out
 
-    def run(self, batch, device: torch.device):
-        """-> (SGLang's verify output, run [N, block] on device, accept_lens [N] int32)."""
+    def run(self, batch, device: torch.device, plain: bool = False):
+        """-> (SGLang's verify output, run [N, block] on device, accept_lens [N] int32).
+        `plain`: no drafts, a verify of the last token alone (one token per request; only
+        where the attention backend verifies any width, see `torch_native_verify`)."""
         reqs, block = batch.reqs, self.pool.block
         last = torch.tensor([r.output_ids[-1] for r in reqs], dtype=torch.int64, device=device)
         lens = batch.seq_lens
-        longest = (int(batch.seq_lens_cpu.max()) if batch.seq_lens_cpu is not None
-                   else self._host(lens.max()))
-        drafts = self.pool.draft(last, batch.req_pool_indices, lens, longest)  # [N, block-1]
-        self.counters.drafter_passes += 1
-        tokens = torch.cat([last[:, None], drafts], 1)  # [N, block]
-        fb, _ = build_verify_forward_batch(batch, self.target_worker, tokens, block)
+        t0 = time.perf_counter()
+        if plain:
+            drafts = last.new_zeros(len(reqs), 0)
+        else:
+            longest = (int(batch.seq_lens_cpu.max()) if batch.seq_lens_cpu is not None
+                       else self._host(lens.max()))
+            passes = self.pool.passes
+            drafts = self.pool.draft(last, batch.req_pool_indices, lens, longest)  # [N, B-1]
+            self.counters.drafter_passes += self.pool.passes - passes
+        t1 = time.perf_counter()
+        tokens = torch.cat([last[:, None], drafts], 1)  # [N, width]
+        width = tokens.shape[1]
+        fb, _ = build_verify_forward_batch(batch, self.target_worker, tokens, width)
+        t2 = time.perf_counter()
         out = self.target_worker.forward_batch_generation(batch=None, forward_batch=fb,
                                                           is_verify=True)
+        self.counters.target_s += time.perf_counter() - t2
         logits = out.logits_output.next_token_logits[:, : self.vocab_size]
-        logits = logits.view(len(reqs), block, -1)  # [N, B, V]
+        logits = logits.view(len(reqs), width, -1)  # [N, width, V]
         books = self._books(reqs)
         params = [b.params for b in books]
         if any(p.reshapes_logits for p in params):
@@ -115,7 +128,10 @@ class SharedCycle:
             logits = reshape_rows(logits, drafts, [Written(r) for r in reqs], params)
         accepted, token = verify_batch(drafts, logits, params, [None] * len(reqs),
                                        [b.random for b in books])
-        return out, accepted_run(drafts, accepted, token, block), (accepted + 1).to(torch.int32)
+        run = accepted_run(drafts, accepted, token, block, width)
+        self.counters.draft_s += t1 - t0
+        self.counters.verify_s += time.perf_counter() - t1
+        return out, run, (accepted + 1).to(torch.int32)
 
     def _host(self, t: torch.Tensor) -> int:
         self.counters.host_copies += 1

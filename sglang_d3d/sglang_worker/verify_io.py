@@ -82,18 +82,20 @@ def build_verify_forward_batch(batch, target_worker, tokens: torch.Tensor, block
         batch.seq_lens_sum = int(batch.seq_lens_cpu.sum())
     fb, can_graph = verify.prepare_for_verify(batch, target_worker, defer_metadata_init=True)
     batch.seq_lens_cpu, batch.seq_lens_sum = saved
-    if _is_torch_native(runner.attn_backend):
-        _as_extend_for_torch_native(fb, seq_lens, block)
+    if is_torch_native(runner.attn_backend):
+        committed = saved[0].tolist() if saved[0] is not None else seq_lens.tolist()
+        _as_extend_for_torch_native(fb, seq_lens, block, committed)
     return fb, can_graph
 
 
-def _is_torch_native(backend) -> bool:
+def is_torch_native(backend) -> bool:
     from sglang.srt.layers.attention.torch_native_backend import TorchNativeAttnBackend
 
     return isinstance(backend, TorchNativeAttnBackend)
 
 
-def _as_extend_for_torch_native(fb, seq_lens: torch.Tensor, block: int) -> None:
+def _as_extend_for_torch_native(fb, seq_lens: torch.Tensor, block: int,
+                                committed: list[int]) -> None:
     """torch_native has no TARGET_VERIFY path: it runs every non-decode mode through its
     extend kernel, which reads extend_prefix_lens / extend_seq_lens and wants seq_lens to
     include the new tokens. A causal extend of `block` tokens on the committed prefix is
@@ -102,5 +104,5 @@ def _as_extend_for_torch_native(fb, seq_lens: torch.Tensor, block: int) -> None:
     fb.extend_prefix_lens = seq_lens.to(torch.int32)
     fb.extend_seq_lens = torch.full((bs,), block, dtype=torch.int32, device=seq_lens.device)
     fb.seq_lens = seq_lens + block
-    fb.extend_prefix_lens_cpu = seq_lens.tolist()
+    fb.extend_prefix_lens_cpu = committed  # host values: SGLang's seq_lens_cpu
     fb.extend_seq_lens_cpu = [block] * bs

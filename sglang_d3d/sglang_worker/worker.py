@@ -22,6 +22,7 @@ hidden states; drafting and branch policy are the embedded engine's own code
 from __future__ import annotations
 
 import logging
+import time
 
 import torch
 from sglang.srt.managers.utils import GenerationBatchResult
@@ -48,12 +49,18 @@ from sglang_d3d.sglang_worker.memory import (
     check_cache,
     pool_budget,
 )
+from sglang_d3d.sglang_worker.load_plan import PLAIN, SPEC, LoadPlan
 from sglang_d3d.sglang_worker.options import PluginOptions
 from sglang_d3d.sglang_worker.pool_draft import PoolDrafter, own_bytes
 from sglang_d3d.sglang_worker.requests import RequestRow, RequestTable
 from sglang_d3d.sglang_worker.shared_cycle import SharedCycle
 from sglang_d3d.sglang_worker.validation import DEFAULT_MAX_RUNNING_REQUESTS, check_vocab
-from sglang_d3d.sglang_worker.verify_io import build_verify_forward_batch, commit_rows
+from sglang_d3d.sglang_worker import torch_native_verify
+from sglang_d3d.sglang_worker.verify_io import (
+    is_torch_native,
+    build_verify_forward_batch,
+    commit_rows,
+)
 from sglang_d3d.speculative.corpus_lookup import corpus_index
 from sglang_d3d.speculative.cycle import Plan, record
 from sglang_d3d.speculative.drafting import Drafting
@@ -109,6 +116,12 @@ class D3DWorker(BaseSpecWorker):
         self.counters.drafter_shares_target = True
         self.counters.target_layer_copies = layer_copies(self.drafter.layers, runner.model)
         self.shared_cycle: SharedCycle | None = None
+        self.load_plan = LoadPlan()
+        # auto, and async (whose pre-drafting needs a drafter with its own cache): the plan
+        # per load; sync: every cycle speculates. Narrowed at the first cycle.
+        self.plan_per_load = self.options.mode is not Mode.SYNC or self.options.plan_per_load
+        self._last_cycle = None
+        self._prefill_since = False
         log.info(
             "D3D worker: block %d, full-depth drafter on SGLang's own layers and KV pool "
             "(no drafter cache, no drafter prefill); its own tensors %.1f MB",
@@ -191,7 +204,7 @@ class D3DWorker(BaseSpecWorker):
         elif batch.forward_mode.is_idle():
             result = self._idle()
         else:
-            before = (self._raw.target_passes, self._raw.metadata_plans)
+            before = (self._raw.target_passes, self._raw.metadata_plans, time.perf_counter())
             result = self._shared_cycle(batch) if self.shared else self._cycle(batch)
             self._count_cycle(batch, before)
         if on_publish is not None:
@@ -223,6 +236,7 @@ class D3DWorker(BaseSpecWorker):
             if reason is not None:
                 _abort(req, reason)
         result = self.target_worker.forward_batch_generation(batch)
+        self._prefill_since = True  # the next cycle's rate would count this prefill's time
         result.next_draft_input = D3DDraftInput()
         result.new_seq_lens = batch.seq_lens
         return result
@@ -279,7 +293,15 @@ class D3DWorker(BaseSpecWorker):
                                runner.req_to_token_pool.req_to_token, self.block)
             self.shared_cycle = SharedCycle(pool, self.target_worker, self.vocab_size,
                                             self.counters)
-        out, run, accept_lens = self.shared_cycle.run(batch, self.device)
+            # A plain cycle verifies one token: only a backend whose verify takes any width.
+            if self.plan_per_load and not is_torch_native(runner.attn_backend):
+                log.info("D3D plan per load: every cycle speculates (plain cycles need a verify "
+                         "of any width, which this attention backend does not take)")
+                self.plan_per_load = False
+        kind = self._plan_cycle(batch)
+        if kind == PLAIN:
+            self.counters.plain_steps += 1
+        out, run, accept_lens = self.shared_cycle.run(batch, self.device, plain=kind == PLAIN)
         return GenerationBatchResult(
             logits_output=out.logits_output,
             next_token_ids=run.reshape(-1),
@@ -290,6 +312,21 @@ class D3DWorker(BaseSpecWorker):
             new_seq_lens=batch.seq_lens + accept_lens.to(batch.seq_lens.dtype),
         )
 
+    # ---- the plan per load (load_plan.py) -------------------------------------------------
+    def _plan_cycle(self, batch) -> str:
+        """Settle the previous cycle's rate (tokens SGLang committed since, over the time
+        between the two cycles' starts, scheduler included), then choose this one's kind."""
+        now, reqs = time.perf_counter(), batch.reqs
+        last = self._last_cycle
+        if last is not None and not self._prefill_since:
+            kind, size, start, lens = last
+            tokens = sum(len(r.output_ids) - lens[r.rid] for r in reqs if r.rid in lens)
+            self.load_plan.record(size, kind, tokens, now - start)
+        kind = self.load_plan.choose(len(reqs)) if self.plan_per_load else SPEC
+        self._last_cycle = (kind, len(reqs), now, {r.rid: len(r.output_ids) for r in reqs})
+        self._prefill_since = False
+        return kind
+
     # ---- counters ------------------------------------------------------------------------
     def _wrap_sglang(self) -> None:
         """Count SGLang's target passes and attention-metadata plans (counters.py). Done at
@@ -297,12 +334,15 @@ class D3DWorker(BaseSpecWorker):
         if self._wrapped:
             return
         runner = self.target_worker.model_runner
+        if is_torch_native(runner.attn_backend):
+            torch_native_verify.install(runner.attn_backend)
         count_calls(runner, "forward", self._raw, "target_passes")
         count_calls(runner.attn_backend, "init_forward_metadata", self._raw, "metadata_plans")
         self._wrapped = True
 
-    def _count_cycle(self, batch, before: tuple[int, int]) -> None:
+    def _count_cycle(self, batch, before: tuple[int, int, float]) -> None:
         c = self.counters
+        c.cycle_s += time.perf_counter() - before[2]
         c.cycles += 1
         c.requests_cycled += len(batch.reqs)
         c.target_passes += self._raw.target_passes - before[0]

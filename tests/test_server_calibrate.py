@@ -93,6 +93,7 @@ def test_a_server_serves_while_it_calibrates(tiny_pair_dir, tmp_path, monkeypatc
     with ServerThread(create_app(cfg)) as srv:
         loop = srv.app.state.d3d.holder.get()
         assert loop.calibrating and httpx.get(f"{srv.url}/health").status_code == 200
+        assert loop.num_running == 0  # the calibration's requests are nobody's
         assert _complete(srv.url, "w5 w6 w7") == want
         assert paused == [1] and loop.calibrating  # stopped for the request, due again
 

@@ -134,11 +134,12 @@ class EngineLoop:
 
     @property
     def num_running(self) -> int:
-        return self.engine.num_running
+        """Requests decoding; a calibration's synthetic ones are nobody's and not counted."""
+        return 0 if self._calibrating.locked() else self.engine.num_running
 
     @property
     def num_waiting(self) -> int:
-        return self.engine.num_waiting
+        return 0 if self._calibrating.locked() else self.engine.num_waiting
 
     def shutdown(self, drain_timeout: float = 30.0) -> None:
         """Stop taking requests, let the running ones finish up to the timeout, abort the rest."""

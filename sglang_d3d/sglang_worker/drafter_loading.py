@@ -184,17 +184,15 @@ def _frozen_head(weight: torch.Tensor) -> nn.Linear:
     return head
 
 
-def is_full_depth(drafter_path: str | Path, target_path: str | Path) -> bool:
+def is_full_depth(drafter_path: str | Path, num_target_layers: int) -> bool:
     """The drafter runs every target layer in order (models/drafter.py `is_full_depth`)."""
-    from transformers import AutoConfig
-
     layers = json.loads((Path(drafter_path) / "config.json").read_text())["source_layers"]
-    return list(layers) == list(range(AutoConfig.from_pretrained(str(target_path)).num_hidden_layers))
+    return list(layers) == list(range(num_target_layers))
 
 
 def build_shared_drafter(
     drafter_path: str | Path,
-    target_path: str | Path,
+    hf_cfg,  # the target's Hugging Face config, as SGLang loaded it
     sglang_model,  # SGLang's loaded target (tensor parallel size 1)
     device: torch.device | str,
     embed: torch.Tensor,  # [V, H] SGLang's embedding
@@ -202,12 +200,12 @@ def build_shared_drafter(
 ) -> D3DDrafter:
     """A full-depth drafter whose layers, final norm, embedding and head are SGLang's own
     tensors (views, no copy; sglang_worker/pool_draft.py): it holds only its deltas and mask
-    embedding. Raises ValueError where SGLang's tensors cannot be shared (quantised, repacked)."""
-    from transformers import AutoConfig, AutoModelForCausalLM
+    embedding. Raises ValueError where SGLang's tensors cannot be shared (quantised, repacked).
+    Nothing is read from the target's files: a hub id serves as well as a local folder."""
+    from transformers import AutoModelForCausalLM
 
     from sglang_d3d.sglang_worker.pool_draft import LayerViews, tie_to_sglang
 
-    hf_cfg = AutoConfig.from_pretrained(str(target_path))
     check_architecture(hf_cfg)
     heads, kv_heads = hf_cfg.num_attention_heads, hf_cfg.num_key_value_heads
     head_dim = getattr(hf_cfg, "head_dim", None) or hf_cfg.hidden_size // heads
@@ -215,8 +213,7 @@ def build_shared_drafter(
     with torch.device("meta"):
         hf = AutoModelForCausalLM.from_config(hf_cfg, dtype=embed.dtype)
     tie_to_sglang(hf, sglang_model, range(hf_cfg.num_hidden_layers), views)
-    file_embed = read_tensors(target_path, lambda k: k == EMBED_KEY)[EMBED_KEY]
-    target_print = fingerprint(hf_cfg.model_type, hf_cfg.num_hidden_layers, file_embed,
+    target_print = fingerprint(hf_cfg.model_type, hf_cfg.num_hidden_layers, embed,
                                hf.model.norm.weight)
     hf.model.rotary_emb = type(hf.model.rotary_emb)(config=hf_cfg).to(device)
     hf.model.embed_tokens = _frozen_embedding(embed)

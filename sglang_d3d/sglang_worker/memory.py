@@ -96,6 +96,13 @@ class TargetShape:
     params: int  # parameter count
     dtype_bytes: int = 2  # bf16
 
+    @classmethod
+    def from_hf(cls, cfg, params: int, dtype_bytes: int) -> TargetShape:
+        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        return cls(cfg.num_hidden_layers, cfg.hidden_size, cfg.num_attention_heads,
+                   cfg.num_key_value_heads, head_dim, cfg.intermediate_size, cfg.vocab_size,
+                   params, dtype_bytes)
+
     @property
     def kv_bytes_per_token(self) -> int:
         return 2 * self.layers * self.kv_heads * self.head_dim * self.dtype_bytes

@@ -30,10 +30,11 @@ from sglang.srt.runtime_context import get_model, get_parallel, get_schedule, ge
 from sglang.srt.speculative.base_spec_worker import BaseSpecWorker
 
 from sglang_d3d.config import Mode
+from sglang_d3d.sglang_worker import torch_native_verify
 from sglang_d3d.sglang_worker.accept import unsupported_reason
+from sglang_d3d.sglang_worker.counters import Counters, count_calls, layer_copies
 from sglang_d3d.sglang_worker.cycle_step import check_width, from_rank0, verdicts_of, worker_cycle
 from sglang_d3d.sglang_worker.draft_input import D3DDraftInput
-from sglang_d3d.sglang_worker.counters import Counters, count_calls, layer_copies
 from sglang_d3d.sglang_worker.drafter_loading import (
     build_drafter,
     build_shared_drafter,
@@ -41,25 +42,26 @@ from sglang_d3d.sglang_worker.drafter_loading import (
     placement,
     shared_target_weights,
 )
+from sglang_d3d.sglang_worker.load_plan import PLAIN, SPEC, LoadPlan
 from sglang_d3d.sglang_worker.memory import (
     MAX_FREE_SHARE,
     MAX_POOL_SHARE,
     CacheShape,
+    TargetShape,
     cache_shape,
     check_cache,
     pool_budget,
+    shared_plan,
 )
-from sglang_d3d.sglang_worker.load_plan import PLAIN, SPEC, LoadPlan
 from sglang_d3d.sglang_worker.options import PluginOptions
-from sglang_d3d.sglang_worker.pool_draft import PoolDrafter, own_bytes
+from sglang_d3d.sglang_worker.pool_draft import GATHER_BYTES, PoolDrafter, own_bytes
 from sglang_d3d.sglang_worker.requests import RequestRow, RequestTable
 from sglang_d3d.sglang_worker.shared_cycle import SharedCycle
 from sglang_d3d.sglang_worker.validation import DEFAULT_MAX_RUNNING_REQUESTS, check_vocab
-from sglang_d3d.sglang_worker import torch_native_verify
 from sglang_d3d.sglang_worker.verify_io import (
-    is_torch_native,
     build_verify_forward_batch,
     commit_rows,
+    is_torch_native,
 )
 from sglang_d3d.speculative.corpus_lookup import corpus_index
 from sglang_d3d.speculative.cycle import Plan, record
@@ -94,7 +96,8 @@ class D3DWorker(BaseSpecWorker):
         self._raw = Counters()  # every call of the wrapped SGLang methods, cycles or not
         self._wrapped = False
         drafter_path = get_spec().speculative_draft_model_path
-        self.shared = (is_full_depth(drafter_path, get_model().model_path)
+        hf_cfg = runner.model_config.hf_config
+        self.shared = (is_full_depth(drafter_path, hf_cfg.num_hidden_layers)
                        and self.draft_device == self.device and parallel.tp_size == 1)
         if self.shared:
             self._init_shared(runner, drafter_path)
@@ -110,9 +113,10 @@ class D3DWorker(BaseSpecWorker):
         if embed is None:
             raise ValueError("SGLang's embedding and LM head cannot be shared (quantised or "
                              "padded below the vocabulary); serve an unquantised target")
-        self.drafter = build_shared_drafter(drafter_path, get_model().model_path, runner.model,
-                                            self.device, embed, head)
+        self.drafter = build_shared_drafter(drafter_path, runner.model_config.hf_config,
+                                            runner.model, self.device, embed, head)
         self.counters.drafter_bytes = own_bytes(self.drafter)
+        self._check_shared_plan(runner, embed.element_size())
         self.counters.drafter_shares_target = True
         self.counters.target_layer_copies = layer_copies(self.drafter.layers, runner.model)
         self.shared_cycle: SharedCycle | None = None
@@ -127,6 +131,24 @@ class D3DWorker(BaseSpecWorker):
             "(no drafter cache, no drafter prefill); its own tensors %.1f MB",
             self.block, self.counters.drafter_bytes / 1e6,
         )
+
+    def _check_shared_plan(self, runner, dtype_bytes: int) -> None:
+        """On a GPU: refuse, naming the flag, a plan (memory.shared_plan) that does not fit."""
+        if self.device.type != "cuda":
+            return
+        cfg = runner.model_config.hf_config
+        params = sum(p.numel() for p in runner.model.parameters())
+        slots = int(get_schedule().max_running_requests or DEFAULT_MAX_RUNNING_REQUESTS)
+        plan = shared_plan(TargetShape.from_hf(cfg, params, dtype_bytes),
+                           torch.cuda.get_device_properties(self.device).total_memory,
+                           float(get_schedule().mem_fraction_static),
+                           int(runner.model_config.context_len), slots, self.block,
+                           self.drafter.cfg.adapter_rank, GATHER_BYTES)
+        if not plan.fits:
+            raise MemoryError(plan.problem)
+        log.info("D3D memory plan: drafter's own %.2f GB, draft scratch %.2f GB, verify buffers "
+                 "%.2f GB, KV pool about %d tokens", plan.drafter_own / 2**30,
+                 plan.draft_scratch / 2**30, plan.verify_buffers / 2**30, plan.kv_tokens)
 
     def _init_own(self, runner) -> None:
         """A drafter that is not full depth (or on another device, or under tensor

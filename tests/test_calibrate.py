@@ -182,3 +182,24 @@ def test_a_measured_calibration_is_reused_at_the_next_start_on_the_same_key(tmp_
     assert "cpu" in key and "torch" in key
     (tmp_path / f"{cc.key_name(key)}.json").write_text("{broken")
     assert cc.load(key, tmp_path) == []  # unreadable: measured again
+
+
+def test_at_the_time_limit_the_plans_finished_serve_but_are_not_kept(tiny_models, monkeypatch):
+    """Out of time inside a batch size: the plans that got all their cycles go to the
+    controller; none is kept for the cache, so the next start measures that size whole."""
+    import sglang_d3d.engine.calibrate as cal
+    from sglang_d3d.engine.calibrate import Calibration
+
+    engine = make_engine(tiny_models, Mode.SYNC, block=4, batch=2, adaptive=True)
+    from types import SimpleNamespace
+
+    clock = iter(range(10_000))  # calibration's own clock: one second a reading (a step)
+    monkeypatch.setattr(cal, "time", SimpleNamespace(perf_counter=lambda: float(next(clock))))
+    kept = []
+    run = Calibration(engine, CalibrationConfig(cycles=2, prompt_len=8, time_limit_s=7),
+                      on_done=kept.append)
+    assert run.run() is True and run.todo == []
+    served = engine.controller.times
+    assert served and all(b == 1 for b, _ in served)  # some of batch 1's plans, timed whole
+    assert len(served) < len(run.plans[1]) and kept == [[]]
+    assert not engine.has_work()

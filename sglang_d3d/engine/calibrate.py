@@ -171,7 +171,7 @@ class Calibration:
             engine.cycle_listeners, engine.plan_listeners = listeners
             engine.timeline = Timeline()  # synthetic cycles are not the served ones
             self.spent += time.perf_counter() - t0
-        if self.todo and out_of_time():
+        if self.todo and self.spent > self.cfg.time_limit_s:
             log.warning("calibration stopped at its time limit (%.0f s): the plans of batch "
                         "sizes %s not yet timed are learnt from traffic (measured: %s)",
                         self.cfg.time_limit_s, self.todo, self.table)

@@ -237,9 +237,13 @@ def per_cycle(counters: dict | None) -> dict | None:
             out[k.replace("_s", "_ms")] = round(1000 * counters[k] / n, 2)
     out["cycles"] = n
     out["plain_share"] = round(counters.get("plain_steps", 0) / n, 3)
-    # tokens per request and cycle: accepted drafts + the target's own token
-    out["accepted_length"] = round(counters["tokens_from_cycles"]
-                                   / max(counters.get("requests_cycled", 1), 1), 3)
+    # tokens per request and cycle: accepted drafts + the target's own token; of speculative
+    # cycles alone (a plain cycle gives each request one token)
+    rows, plain = counters.get("requests_cycled", 0), counters.get("plain_requests", 0)
+    out["accepted_length"] = round(counters["tokens_from_cycles"] / max(rows, 1), 3)
+    if "plain_requests" in counters and rows > plain:
+        out["spec_accepted_length"] = round((counters["tokens_from_cycles"] - plain)
+                                            / (rows - plain), 3)
     return out
 
 

@@ -20,6 +20,12 @@ synchronous draft when any row's branches missed.
 
     .venv/bin/python benchmarks/project_gpu.py
     .venv/bin/python benchmarks/project_gpu.py --measured benchmarks/results/gpu_check.json
+
+The SGLang worker's own table takes the tokens a speculative cycle from bench_sglang.py's CPU
+run (benchmarks/results/sglang_cpu.json: chains drafted by the shared full-depth drafter) and
+compares, per batch, SGLang alone (graphed, and eager), the worker's cycle as built (an eager
+draft pass and an eager verify) and a one-pass cycle (the next block's mask rows for every
+outcome inside one graphed verify). Eager passes add an assumed launch cost per kernel.
 """
 
 from __future__ import annotations
@@ -239,6 +245,64 @@ def error_pct(predicted: float, measured: float) -> float:
     return 100.0 * (predicted - measured) / measured
 
 
+# ---- the SGLang worker's cycle ------------------------------------------------------------------
+SGLANG_RUN = RESULTS / "sglang_cpu.json"  # benchmarks/bench_sglang.py on CPU
+LAUNCH_US = 4.0  # assumed host cost of one kernel launch in an eager pass
+KERNELS_PER_LAYER = 12  # assumed kernels a decoder layer launches (norms, projections, rope, ...)
+
+
+def eager_ms(s: Shape, launch_us: float = LAUNCH_US) -> float:
+    """What an eager pass adds to its graphed time: every kernel's launch (an assumption)."""
+    return s.layers * KERNELS_PER_LAYER * launch_us / 1e3
+
+
+def worker_acceptance(path: Path) -> list[tuple[str, int, float]]:
+    """(dataset, block, tokens a speculative cycle) from bench_sglang.py's CPU run at one
+    request at a time: chains drafted by the shared drafter, as the worker verifies them."""
+    run = json.loads(path.read_text())
+    block = int(run["args"]["block"] or 16)
+    out = []
+    for ds, by_c in run["results"].items():
+        cycle = (by_c.get("1") or {}).get("per_cycle") or {}
+        tokens = cycle.get("spec_accepted_length") or cycle.get("accepted_length")
+        if tokens:
+            out.append((ds, block, float(tokens)))
+    return out
+
+
+def worker_cycles(s: Shape, hw: Hardware, block: int, batch: int, context: int,
+                  launch_us: float = LAUNCH_US) -> dict[str, float]:
+    """ms of: SGLang alone's step (graphed, eager), the worker's cycle as built (eager draft
+    pass + eager verify), and a one-pass cycle (the next block's mask rows for every outcome,
+    block x (block - 1), inside a graphed verify)."""
+    step = roofline_ms(forward_pass(s, batch, 1, context), hw)
+    verify = roofline_ms(forward_pass(s, batch, block, context), hw)
+    draft = roofline_ms(forward_pass(s, batch, block, context), hw)
+    one_pass = roofline_ms(forward_pass(s, batch, block + block * (block - 1), context), hw)
+    eager = eager_ms(s, launch_us)
+    return {"step": step, "step_eager": step + eager, "worker": draft + verify + 2 * eager,
+            "one_pass": one_pass}
+
+
+def worker_table(s: Shape, hw: Hardware, rows: list[tuple[str, int, float]], context: int,
+                 launch_us: float = LAUNCH_US) -> list[str]:
+    lines = [f"SGLang worker, acceptance from {SGLANG_RUN.name} (tokens a speculative cycle at "
+             f"one request); eager passes add {eager_ms(s, launch_us):.2f} ms of launches "
+             f"({KERNELS_PER_LAYER} kernels a layer x {launch_us:g} us, an assumption). Speedup "
+             "over SGLang alone, graphed:"]
+    for ds, block, tokens in rows:
+        lines.append(f"{ds}: block {block}, {tokens:.2f} tokens a cycle")
+        head = (f"{'batch':>5} {'SGLang ms':>10} {'SGLang eager':>13} {'worker (eager, 2 passes)':>25}"
+                f" {'one pass (graphed)':>19}")
+        lines += [head, "-" * len(head)]
+        for b in BATCHES:
+            c = worker_cycles(s, hw, block, b, context, launch_us)
+            lines.append(f"{b:>5} {c['step']:>10.2f} {c['step'] / c['step_eager']:>12.2f}x "
+                         f"{tokens * c['step'] / c['worker']:>24.2f}x "
+                         f"{tokens * c['step'] / c['one_pass']:>18.2f}x")
+    return lines
+
+
 # ---- the table ----------------------------------------------------------------------------------
 def table(s: Shape, hw: Hardware, rows: list[Acceptance], context: int, scale: Scale) -> list[str]:
     lines = []
@@ -267,6 +331,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--context", type=int, default=512, help="cached tokens a row (gpu_scale's)")
     p.add_argument("--accepted", nargs="*", default=None, help="CPU `d3d bench` JSON files")
     p.add_argument("--measured", default=str(MEASURED), help="gpu_check.sh / gpu_scale.py JSON")
+    p.add_argument("--sglang", default=str(SGLANG_RUN), help="bench_sglang.py JSON (CPU run)")
+    p.add_argument("--launch-us", type=float, default=LAUNCH_US,
+                   help="assumed host cost of a kernel launch in an eager pass")
     return p.parse_args(argv)
 
 
@@ -296,6 +363,11 @@ def main(argv=None) -> list[str]:
         line = per_position_line(RESULTS / offline.get(f.name, ""), rows[0].block) if rows else None
         out += [line] if line else []
         out += table(s, hw, [r for r in rows if r.source.startswith(f.name + ":")], a.context, scale)
+    sglang = Path(a.sglang)
+    if sglang.is_file() and worker_acceptance(sglang):
+        out += worker_table(s, hw, worker_acceptance(sglang), a.context, a.launch_us)
+    else:
+        out.append(f"SGLang worker: {sglang.name} not found (benchmarks/bench_sglang.py writes it)")
     out.append("speedup = tokens/s over ar's at the same batch; a projection, not measured.")
     print("\n".join(out))
     return out

@@ -116,3 +116,19 @@ def test_accepted_length_within_a_width_counts_its_drafts_and_the_emitted_token(
     assert pg.tokens_within(pos, 5) == pytest.approx(3.2)
     assert pg.tokens_within(pos, 3) == pytest.approx(2.7)
     assert pg.tokens_within(pos, 1) == 1.0
+
+
+def test_the_worker_table_reads_bench_sglang_and_models_eager_and_one_pass(tmp_path):
+    run = {"args": {"block": 4}, "results": {
+        "gsm8k": {"1": {"per_cycle": {"spec_accepted_length": 2.5, "accepted_length": 1.7}}},
+        "mbpp": {"8": {"per_cycle": {"accepted_length": 2.0}}}}}
+    path = tmp_path / "sglang_cpu.json"
+    path.write_text(json.dumps(run))
+    assert pg.worker_acceptance(path) == [("gsm8k", 4, 2.5)]  # concurrency 1 only
+    c = pg.worker_cycles(QWEN, pg.H200, 4, 1, 512)
+    # at batch 1 every pass reads the weights once: the worker's two eager passes cost about
+    # two steps plus launches, the one-pass cycle about one step
+    assert c["worker"] == pytest.approx(2 * c["step"] + 2 * pg.eager_ms(QWEN), rel=0.05)
+    assert c["one_pass"] < 1.2 * c["step"]
+    lines = pg.worker_table(QWEN, pg.H200, pg.worker_acceptance(path), 512)
+    assert any(line.startswith("    1 ") for line in lines)

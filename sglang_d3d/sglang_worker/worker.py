@@ -323,6 +323,7 @@ class D3DWorker(BaseSpecWorker):
         kind = self._plan_cycle(batch)
         if kind == PLAIN:
             self.counters.plain_steps += 1
+            self.counters.plain_requests += len(batch.reqs)
         out, run, accept_lens = self.shared_cycle.run(batch, self.device, plain=kind == PLAIN)
         return GenerationBatchResult(
             logits_output=out.logits_output,

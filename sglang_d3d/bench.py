@@ -293,7 +293,7 @@ def _run_fields(args) -> dict:
 
     from sglang_d3d.engine.calibration_cache import cpu_name
 
-    weights = f"target {args.target_weights}"
+    weights = f"target {_resolved_weights(args)} (--target-weights {args.target_weights})"
     argv = ["d3d", *sys.argv[1:]]
     path = Path(__file__).resolve().parents[1] / "benchmarks" / "run_info.py"
     if path.is_file():
@@ -304,6 +304,21 @@ def _run_fields(args) -> dict:
     import shlex
 
     return {"cpu": cpu_name(), "weights": weights, "commit": "unknown", "command": shlex.join(argv)}
+
+
+def _resolved_weights(args) -> str:
+    """What --target-weights resolved to on this machine: 'q4' or 'fp32'."""
+    import torch
+
+    from sglang_d3d.engine.factory import engine_dtype
+    from sglang_d3d.models.q4_target import resolve_target_weights, source_gguf
+
+    dtype = getattr(torch, engine_dtype(args.dtype, args.device))
+    try:
+        return resolve_target_weights(args.target_weights, source_gguf(args.target), args.device,
+                                      dtype)
+    except Exception:  # noqa: BLE001 - a record must not stop the benchmark
+        return "unknown"
 
 
 def _recorded(fields: dict) -> dict:

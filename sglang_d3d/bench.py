@@ -25,6 +25,7 @@ from sglang_d3d.models.loading import resolve_drafter_path
 from sglang_d3d.prompts import chat_ids, load_questions
 from sglang_d3d.speculative.grammar import tokenizer_grammars
 from sglang_d3d.speculative.stats import kind_summary
+from sglang_d3d.training.datagen_async import template_kwargs
 
 
 def add_bench_args(p: argparse.ArgumentParser) -> None:
@@ -35,6 +36,9 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
                    "`d3d datagen --prompts` reads (ShareGPT `conversations`, OpenAI `messages`, "
                    "`turns`, `prompt`): each conversation's first user turn")
     p.add_argument("--num-prompts", type=int, default=20, help="the first N prompts of the set")
+    p.add_argument("--chat-template-kwargs", default=None, metavar="JSON",
+                   help="a JSON object for the target's chat template, as in `d3d datagen`: "
+                   "'{\"enable_thinking\": false}' asks Qwen3 with thinking off")
     p.add_argument("--modes", type=mode_list, default="ar,sync,async",
                    help="comma-separated: ar, sync, async, fused; an '@B' suffix sets the block "
                    "size of that mode (fused@4); a '-adaptive' suffix (sync-adaptive, "
@@ -64,6 +68,7 @@ def run_bench(args: argparse.Namespace) -> int:
         resolve_drafter_path(args.alt_drafter)
     cfgs = {m: mode_config(args, m) for m in modes}
     questions = load_questions(args.dataset, args.num_prompts)  # a bad --dataset fails before loading
+    template = template_kwargs(args.chat_template_kwargs)  # so does a bad --chat-template-kwargs
     target, drafter, tok = load_models(cfgs[modes[-1]])
     if alt:  # the '-alt' modes' drafter, on the same target
         alt_drafter = load_drafter(args.alt_drafter, target, cfgs[alt[0]])
@@ -73,7 +78,7 @@ def run_bench(args: argparse.Namespace) -> int:
     engines = {m: SpecEngine(c, target, None if c.mode is Mode.AR
                              else alt_drafter if m in alt else drafter, (), grammars)
                for m, c in cfgs.items()}
-    prompts = [chat_ids(tok, q) for q in questions]
+    prompts = [chat_ids(tok, q, template) for q in questions]
     params = SamplingParams(
         temperature=args.temperature, max_new_tokens=args.max_new_tokens,
         stop_token_ids=eos, seed=0, **rules,

@@ -89,10 +89,12 @@ def question_text(row: dict) -> str:
     return conv.user_turns[0]
 
 
-def chat_ids(tokenizer, prompt: Prompt) -> list[int]:
-    """The prompt as the target's chat template renders it."""
+def chat_ids(tokenizer, prompt: Prompt, template_kwargs: dict | None = None) -> list[int]:
+    """The prompt as the target's chat template renders it; `template_kwargs`: options for the
+    template (Qwen3's enable_thinking, for one)."""
     msgs = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
     if getattr(tokenizer, "chat_template", None):
-        text = tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
+        text = tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False,
+                                             **(template_kwargs or {}))
         return tokenizer.encode(text, add_special_tokens=False)
     return tokenizer.encode("\n\n".join(m["content"] for m in msgs))

@@ -222,6 +222,36 @@ def test_bench_bad_dataset_fails_before_the_models_load(tiny_pair_dir, monkeypat
         main(["bench", "--dataset", "humaneval", *_engine_flags(tiny_pair_dir)])
 
 
+def test_bench_refuses_bad_chat_template_kwargs_before_the_models_load(tiny_pair_dir,
+                                                                        monkeypatch):
+    import sglang_d3d.bench as bench
+
+    def no_load(cfg):
+        raise AssertionError("models loaded before --chat-template-kwargs was checked")
+
+    monkeypatch.setattr(bench, "load_models", no_load)
+    with pytest.raises(ValueError, match="must be a JSON object"):
+        main(["bench", "--chat-template-kwargs", "[1]", *_engine_flags(tiny_pair_dir)])
+
+
+def test_chat_ids_pass_template_options_to_the_template():
+    from sglang_d3d.prompts import chat_ids
+
+    class Tok:
+        chat_template = "{{ messages }}"
+
+        def apply_chat_template(self, msgs, **kw):
+            self.kw = kw
+            return "x"
+
+        def encode(self, text, add_special_tokens=True):
+            return [1]
+
+    tok = Tok()
+    assert chat_ids(tok, "w5", {"enable_thinking": False}) == [1]
+    assert tok.kw["enable_thinking"] is False
+
+
 def test_bench_runs_a_second_drafter_side_by_side(tiny_pair_dir, tmp_path, monkeypatch):
     import shutil
 

@@ -308,7 +308,7 @@ def test_manifest_reports_the_server_and_token_id_mode(served, chats, tmp_path, 
     assert rc == 0 and m["server"]["token_ids"] == "completions"
     assert m["server"]["model"] == "tiny" and m["num_records"] == 2
     assert m["prompt_lines_skipped"] == {"chats.jsonl": 1}  # the answer with no question
-    assert "d3d datagen: chats.jsonl: 1 line(s) skipped" in err  # said, not only recorded
+    assert "chats.jsonl: 1 line(s) skipped (not JSON" in err  # said, not only recorded
     # the server's run records the server's settings, not the embedded engine's
     assert m["generation"]["concurrency"] == 4 and "batch_size" not in m["generation"]
     assert "dtype" not in m["generation"] and "threads" not in m["generation"]

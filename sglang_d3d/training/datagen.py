@@ -172,7 +172,7 @@ def run_datagen_config(cfg: DatagenConfig) -> dict:
                                 cfg.max_prompts)
     for name, n in prompts.skipped.items():
         if n:
-            print(f"d3d datagen: {name}: {n} line(s) skipped (not JSON, no user turn, or roles "
+            print(f"{name}: {n} line(s) skipped (not JSON, no user turn, or roles "
                   "a chat template may not take: tools, functions)", file=sys.stderr, flush=True)
     out = Path(cfg.out_dir)
     out.mkdir(parents=True, exist_ok=True)

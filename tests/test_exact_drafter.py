@@ -146,3 +146,19 @@ def test_a_delta_of_the_wrong_shape_is_refused(models):
 
     with pytest.raises(RuntimeError, match="delta"):
         exact(h, cos, sin, cache, [0], torch.tensor([[0]]), chain_plan([0], 1), weights, deltas, [1])
+
+
+def test_a_fused_pass_on_the_4bit_loop_verifies_as_the_target(models):
+    """Verify and draft in one pass over the target's own cache (models/fused_runner.py): the
+    verify block's logits are the target's own verify pass's, bitwise, beside the masks."""
+    from sglang_d3d.models.fused_runner import FusedRunner
+    from sglang_d3d.models.packing import fused_pack
+
+    q4, drafter, _ = models
+    target = TargetRunner(q4, 1, 160)
+    target.prefill(0, PROMPT)
+    verify = [11, 12, 13, 14]
+    want = target.forward_block([0], torch.tensor([verify]))[0]  # [4, V]
+    logits, branches = FusedRunner(drafter, target).run([(0, fused_pack(verify, [1, 3], 4))])[0]
+    assert torch.equal(logits, want)
+    assert branches.shape[:2] == (2, 3)

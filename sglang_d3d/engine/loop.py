@@ -119,8 +119,10 @@ class EngineLoop:
 
     @property
     def controller(self):
-        """The adaptive controller (engine/adaptive.py), or None without one."""
-        return self.engine.controller
+        """The adaptive controller (engine/adaptive.py), or None without one; the real one
+        while a calibration run stands in for it on the engine."""
+        calibration = self._calibration
+        return calibration.real if calibration is not None else self.engine.controller
 
     @property
     def shared_text(self):

@@ -34,7 +34,7 @@ from sglang_d3d.models.adapters import Gate, GatedFused, adapted_layer, delta_mo
 from sglang_d3d.models.corpus import read_corpus
 from sglang_d3d.models.decoder import Batch, Decoder, run_layers
 from sglang_d3d.models.delta_store import FLOAT, STORES, decode_state, encode_state
-from sglang_d3d.models.exact_drafter import exact_base, exact_hidden
+from sglang_d3d.models.exact_drafter import exact_base, exact_hidden, prepare_exact
 from sglang_d3d.models.int8_deltas import int8_layer
 from sglang_d3d.models.int8_linear import Int8Linear, Int8Setting
 from sglang_d3d.models.kv_cache import KVCache
@@ -284,6 +284,8 @@ class D3DDrafter(nn.Module):
             layer.prepare()
         if int8:
             self._int8_head()
+        if self.on_exact_loop():  # the passes an int8 runner takes there too (DraftRunner)
+            prepare_exact(self)
 
     def _refresh(self, fused: tuple[GatedFused, ...]) -> None:
         """Rebuild the int8 copies of deltas that changed since they were built (training

@@ -39,6 +39,13 @@ def delta_operands(fused_layers) -> list[torch.Tensor]:
     return out
 
 
+def prepare_exact(drafter) -> None:
+    """Build the deltas' operands for the C++ loop now, not in the first pass."""
+    for layer in drafter.fused_layers(False):
+        layer.prepare()
+    _deltas(drafter)
+
+
 def _deltas(drafter) -> list[torch.Tensor]:
     """delta_operands of the drafter, kept until training changes a delta."""
     kept = getattr(drafter, "_exact_deltas", None)

@@ -16,6 +16,7 @@ from sglang_d3d.sglang_worker.contract import FakePool, sglang_like
 from sglang_d3d.sglang_worker.counters import layer_copies
 from sglang_d3d.sglang_worker.drafter_loading import build_shared_drafter
 from sglang_d3d.sglang_worker.pool_draft import PoolDrafter, block_mask, own_bytes, rows_per_pass
+from sglang_d3d.sglang_worker.shared_layers import fused_layers
 from sglang_d3d.testing import tiny_hf_model
 
 
@@ -74,13 +75,18 @@ def pool_for(hf, prompts: list[list[int]], dev, total: int = 64):
     return FakePool(k, v), table, torch.arange(1, len(prompts) + 1, device=dev), lens
 
 
-def test_drafts_from_the_pool_are_the_drafters_own(setup):
-    dev, hf, own, shared, _ = setup
+@pytest.mark.parametrize("fused", [False, True], ids=["views", "fused"])
+def test_drafts_from_the_pool_are_the_drafters_own(setup, fused):
+    dev, hf, own, shared, sg = setup
     prompts = [[1, 5, 36, 77, 8, 12], [1, 9, 50, 11, 62, 13, 24, 30, 2], [1, 40, 41]]
     pool, table, rows, lens = pool_for(hf, prompts, dev)
-    last = torch.tensor([p[-1] for p in prompts], device=dev)
-    drafts = PoolDrafter(shared, pool, table, block=4).draft(last, rows, lens, int(lens.max()))
-    assert drafts.tolist() == [reference_drafts(own, p, 4, dev) for p in prompts]
+    layers = fused_layers(shared, sg) if fused else None
+    want = [reference_drafts(own, p, 4, dev) for p in prompts]
+    for n in (1, 3):  # one row (its masks one run), and several
+        last = torch.tensor([p[-1] for p in prompts[:n]], device=dev)
+        drafter = PoolDrafter(shared, pool, table, block=4, fused=layers)
+        drafts = drafter.draft(last, rows[:n], lens[:n], int(lens[:n].max()))
+        assert drafts.tolist() == want[:n]
 
 
 def test_row_groups_give_the_same_drafts(setup, monkeypatch):

@@ -29,7 +29,9 @@ def run(tmp_path_factory):
     root = tmp_path_factory.mktemp("shared")
     target, drafter = make_pair(root, block_size=4, full_depth=True)
     counters = root / "counters.json"
-    env = {**subprocess_env(), "SGLANG_D3D_COUNTERS_FILE": str(counters)}
+    # sync: every cycle speculates (the plan per load would also run plain cycles)
+    env = {**subprocess_env(), "SGLANG_D3D_COUNTERS_FILE": str(counters),
+           "SGLANG_D3D_MODE": "sync"}
     cmd = [sys.executable, "-m", "sglang_d3d.sglang_worker.cpu_harness.compare", target, drafter,
            json.dumps(PROMPTS), str(MAX_NEW)]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
@@ -56,7 +58,7 @@ def test_sampled_requests_finish(run):
 
 def test_the_drafter_never_prefills(run):
     c = run["counters"]
-    assert c["cycles"] > 0 and c["drafter_passes"] == c["cycles"]
+    assert c["cycles"] > 0 and c["drafter_passes"] == c["cycles"] and c["plain_steps"] == 0
     assert c["drafter_prefill_tokens"] == 0
 
 

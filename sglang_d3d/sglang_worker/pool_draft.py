@@ -24,6 +24,7 @@ import torch
 
 from sglang_d3d.models.decoder import Batch, run_layers
 from sglang_d3d.models.drafter import MASK_ID, D3DDrafter
+from sglang_d3d.sglang_worker.shared_layers import run_fused
 
 ATTN = ("q_proj", "k_proj", "v_proj")
 MLP = ("gate_proj", "up_proj")
@@ -144,8 +145,11 @@ class PoolDrafter:
     """Draft passes of a full-depth drafter tied to SGLang's target (see module doc)."""
 
     def __init__(self, drafter: D3DDrafter, kv_pool, req_to_token: torch.Tensor,
-                 block: int) -> None:
+                 block: int, fused=None) -> None:
+        """fused: shared_layers.fused_layers over SGLang's model (its fused projections as
+        they are), else the drafter's own modules (row-slice views of the same tensors)."""
         self.drafter = drafter
+        self.fused = fused
         self.pool = kv_pool
         self.req_to_token = req_to_token
         self.block = block
@@ -178,9 +182,12 @@ class PoolDrafter:
         past = PoolPrefix(self.pool, prefix_slots(self.req_to_token, req_pool_indices, max_len),
                           d.mask_embedding.dtype)
         self._gate(n, b, dev)
+        batch = Batch(positions, mask, past=past)
         try:
-            h = run_layers(d.layers, d._shared["rot"], d.embed(ids),
-                           Batch(positions, mask, past=past), d.arch)
+            if self.fused is not None:
+                h = run_fused(self.fused, d, d.embed(ids), batch)
+            else:
+                h = run_layers(d.layers, d._shared["rot"], d.embed(ids), batch, d.arch)
         finally:
             d.gate.clear()
         h = d._shared["norm"](h[:, : self.block - 1])  # [N, block-1, H]
@@ -194,6 +201,8 @@ class PoolDrafter:
         is_mask[:, 0] = 0
         g.clear()
         g.value = is_mask
+        g.rows = torch.tensor([i * b + j for i in range(n) for j in range(1, b)], device=dev)
+        g.span = (1, b) if n == 1 else None
 
 
 def own_bytes(drafter: D3DDrafter) -> int:

@@ -57,6 +57,7 @@ from sglang_d3d.sglang_worker.options import PluginOptions
 from sglang_d3d.sglang_worker.pool_draft import GATHER_BYTES, PoolDrafter, own_bytes
 from sglang_d3d.sglang_worker.requests import RequestRow, RequestTable
 from sglang_d3d.sglang_worker.shared_cycle import SharedCycle
+from sglang_d3d.sglang_worker.shared_layers import fused_layers
 from sglang_d3d.sglang_worker.validation import DEFAULT_MAX_RUNNING_REQUESTS, check_vocab
 from sglang_d3d.sglang_worker.verify_io import (
     build_verify_forward_batch,
@@ -312,7 +313,8 @@ class D3DWorker(BaseSpecWorker):
         if self.shared_cycle is None:
             runner = self.target_worker.model_runner
             pool = PoolDrafter(self.drafter, runner.token_to_kv_pool,
-                               runner.req_to_token_pool.req_to_token, self.block)
+                               runner.req_to_token_pool.req_to_token, self.block,
+                               fused_layers(self.drafter, runner.model))
             self.shared_cycle = SharedCycle(pool, self.target_worker, self.vocab_size,
                                             self.counters)
             # A plain cycle verifies one token: only a backend whose verify takes any width.

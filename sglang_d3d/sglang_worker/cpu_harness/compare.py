@@ -15,6 +15,7 @@ e2e.py). Prints one JSON line, `COMPARE-RESULT {...}`:
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -47,7 +48,10 @@ def run_d3d(target: str, drafter: str, prompts: list, max_new: int, device: str,
     from sglang_d3d.sglang_worker.backend import build_engine_loop
 
     block = json.loads((Path(drafter) / "config.json").read_text())["block_size"]  # its own
-    cfg = EngineConfig(mode=Mode.ASYNC, spec=SpecConfig(block_size=block), target_path=target,
+    # SGLANG_D3D_MODE=sync (every cycle speculates) where the caller sets it; else async, which
+    # a shared drafter runs as the plan per load
+    mode = Mode(os.environ.get("SGLANG_D3D_MODE", "async"))
+    cfg = EngineConfig(mode=mode, spec=SpecConfig(block_size=block), target_path=target,
                        drafter_path=drafter, device=device, max_batch_size=len(prompts),
                        max_context=CONTEXT, dtype=dtype)
     # One drafter cache slot per prompt, each CONTEXT long (a full-depth drafter's dense

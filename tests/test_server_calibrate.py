@@ -96,6 +96,7 @@ def test_a_server_serves_while_it_calibrates(tiny_pair_dir, tmp_path, monkeypatc
         assert loop.num_running == 0  # the calibration's requests are nobody's
         scraped = httpx.get(f"{srv.url}/metrics")  # the controller's metrics while calibrating
         assert scraped.status_code == 200 and "d3d:controller_accept_rate" in scraped.text
+        assert "d3d:shared_lookup_tokens" in scraped.text  # the served index, not none
         assert _complete(srv.url, "w5 w6 w7") == want
         assert paused == [1] and loop.calibrating  # stopped for the request, due again
 

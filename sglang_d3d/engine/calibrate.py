@@ -121,6 +121,7 @@ class Calibration:
         # while a run has the engine, engine.controller is the run's script: readers on other
         # threads (the metrics) ask for this one (EngineLoop.controller)
         self.real = real
+        self.shared_text = engine.shared_text  # the served index, kept off the engine in a run
         self.engine, self.cfg, self.spent = engine, cfg, 0.0
         sizes = _buckets(min(engine.cfg.max_batch_size, cfg.max_batch or 1 << 30))
         plans = {b: real.allowed(engine.cfg.verify_token_budget // b) for b in sizes}

@@ -126,8 +126,10 @@ class EngineLoop:
 
     @property
     def shared_text(self):
-        """The index of earlier requests' text (speculative/shared_lookup.py), or None."""
-        return self.engine.shared_text
+        """The index of earlier requests' text (speculative/shared_lookup.py), or None; the
+        served one while a calibration run keeps it off the engine."""
+        text, calibration = self.engine.shared_text, self._calibration
+        return calibration.shared_text if text is None and calibration is not None else text
 
     @property
     def corpus(self):

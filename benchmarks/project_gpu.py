@@ -264,10 +264,19 @@ def worker_acceptance(path: Path) -> list[tuple[str, int, float]]:
     out = []
     for ds, by_c in run["results"].items():
         cycle = (by_c.get("1") or {}).get("per_cycle") or {}
-        tokens = cycle.get("spec_accepted_length") or cycle.get("accepted_length")
+        tokens = cycle.get("spec_accepted_length") or spec_tokens(cycle)
         if tokens:
             out.append((ds, block, float(tokens)))
     return out
+
+
+def spec_tokens(cycle: dict) -> float | None:
+    """Tokens a speculative cycle from a one-request run's mix: each cycle is one request, a
+    plain one gives one token, so (accepted - plain share) / (1 - plain share)."""
+    acc, plain = cycle.get("accepted_length"), cycle.get("plain_share", 0.0)
+    if acc is None or plain >= 1:
+        return None
+    return (acc - plain) / (1 - plain)
 
 
 def worker_cycles(s: Shape, hw: Hardware, block: int, batch: int, context: int,

@@ -98,7 +98,11 @@ def test_the_script_prints_a_labelled_table_from_the_repository(capsys, tmp_path
     text = "\n".join(lines)
     assert text.startswith("PROJECTION (not a measurement)")
     assert "roofline only" in text and "sync@8 (a)" in text and "async@8 (b)" in text
-    assert sum(line.strip().startswith("64 ") for line in lines) == 2  # one table a dataset
+    # one table a dataset: the two `d3d bench` runs, then the worker's, one per dataset of
+    # benchmarks/results/sglang_cpu.json
+    worker = len(pg.worker_acceptance(pg.SGLANG_RUN)) if pg.SGLANG_RUN.is_file() else 0
+    assert sum(line.strip().startswith("64 ") for line in lines) == 2 + worker
+    assert worker == 0 or "SGLang worker, acceptance from sglang_cpu.json" in text
 
 
 def test_a_gpu_check_file_calibrates_and_prints_the_error(tmp_path):
@@ -125,6 +129,8 @@ def test_the_worker_table_reads_bench_sglang_and_models_eager_and_one_pass(tmp_p
     path = tmp_path / "sglang_cpu.json"
     path.write_text(json.dumps(run))
     assert pg.worker_acceptance(path) == [("gsm8k", 4, 2.5)]  # concurrency 1 only
+    # a run that mixed plain cycles in: 25% plain at 1 token, the rest at 3 -> 2.5 on average
+    assert pg.spec_tokens({"accepted_length": 2.5, "plain_share": 0.25}) == pytest.approx(3.0)
     c = pg.worker_cycles(QWEN, pg.H200, 4, 1, 512)
     # at batch 1 every pass reads the weights once: the worker's two eager passes cost about
     # two steps plus launches, the one-pass cycle about one step

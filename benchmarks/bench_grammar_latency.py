@@ -1,13 +1,13 @@
 """Chat latency while a slow grammar compile runs beside it, against the same chats without one.
 
-Starts `d3d serve` (the default target unless SERVE_ARGS say otherwise), then alternates, round by
-round: CHATS small chats (`max_tokens` 4) one after another with nothing else running, and
+Starts `d3d serve` in each of MODES (the default target unless --serve-args say otherwise), then
+alternates, round by round: CHATS small chats (`max_tokens` 4) one after another with nothing else running, and
 CHATS more while one completion's 60 KB `regex` of 12,000 character classes is compiling (a
 source within every size limit, which compiles for longer than --grammar-timeout). Each round's
 regex differs, so none is compiled already. Prints p50 and p99 latency of both sets, and their
 ratio.
 
-    .venv/bin/python benchmarks/bench_grammar_latency.py --rounds 6 --chats 10 \\
+    .venv/bin/python benchmarks/bench_grammar_latency.py --rounds 6 --chats 10 --modes ar async \\
         --json benchmarks/results/grammar_latency.json
 """
 
@@ -17,6 +17,7 @@ import argparse
 import json
 import shlex
 import statistics
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -75,6 +76,7 @@ def dist(values: list[float]) -> dict:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--modes", nargs="+", default=["ar", "async"], help="one server each")
     p.add_argument("--rounds", type=int, default=6)
     p.add_argument("--chats", type=int, default=10, help="chats per round and set")
     p.add_argument("--settle", type=float, default=1.0,
@@ -84,19 +86,21 @@ def main() -> None:
     p.add_argument("--weights", default="q4_1", help="recorded in the JSON: the target's weights")
     p.add_argument("--json", default=None)
     a = p.parse_args()
-    server = ServerProcess("ar", shlex.split(a.serve_args), Path("/tmp") / "bench_grammar_latency",
-                           timeout=1800)
-    try:
-        result = run(server.url, a)
-    finally:
-        server.stop()
-    b, c = result["baseline"], result["compiling"]
-    print(f"baseline:  p50 {b['p50_s']:.3f} s  p99 {b['p99_s']:.3f} s  (n={b['n']})")
-    print(f"compiling: p50 {c['p50_s']:.3f} s  p99 {c['p99_s']:.3f} s  (n={c['n']})")
-    print(f"ratio p50 {result['p50_ratio']:.2f}x, p99 {result['p99_ratio']:.2f}x")
-    print("compile requests:", result["compiles"])
+    logs = Path(tempfile.gettempdir()) / "bench_grammar_latency"
+    results = {}
+    for mode in a.modes:
+        server = ServerProcess(mode, shlex.split(a.serve_args), logs, timeout=1800)
+        try:
+            results[mode] = result = run(server.url, a)
+        finally:
+            server.stop()
+        b, c = result["baseline"], result["compiling"]
+        print(f"{mode}: baseline  p50 {b['p50_s']:.3f} s  p99 {b['p99_s']:.3f} s  (n={b['n']})")
+        print(f"{mode}: compiling p50 {c['p50_s']:.3f} s  p99 {c['p99_s']:.3f} s  (n={c['n']})")
+        print(f"{mode}: ratio p50 {result['p50_ratio']:.2f}x, p99 {result['p99_ratio']:.2f}x")
+        print(f"{mode}: compile requests:", result["compiles"])
     if a.json:
-        out = {**run_info(weights=a.weights), "args": vars(a), **result}
+        out = {**run_info(weights=a.weights), "args": vars(a), "modes": results}
         Path(a.json).write_text(json.dumps(out, indent=1) + "\n")
 
 

@@ -23,6 +23,7 @@ HEADER_TIMEOUT = 1.5  # seconds (the flag's default is 30)
 KEEP_ALIVE = 2.0
 MAX_CONNECTIONS = 6
 DEADLINE = 30.0  # a connection still open after this long counts as held forever
+SLACK = 5.0  # seconds a timer may fire late on a loaded machine
 KEY = "secret-key"
 
 
@@ -71,7 +72,7 @@ def test_a_slow_header_connection_is_closed_within_the_header_timeout(srv):
         pass
     waited, got = _closed_after(sock)
     sock.close()
-    assert time.monotonic() - t0 < HEADER_TIMEOUT + 2.0
+    assert time.monotonic() - t0 < HEADER_TIMEOUT + SLACK
     assert got.startswith(b"HTTP/1.1 408")
     assert json.loads(got.split(b"\r\n\r\n", 1)[1])["error"]["code"] == "header_timeout"
 
@@ -80,7 +81,7 @@ def test_a_connection_that_sends_nothing_is_closed_within_the_header_timeout(srv
     sock = _connect(srv)
     waited, got = _closed_after(sock)
     sock.close()
-    assert waited < HEADER_TIMEOUT + 2.0 and got == b""
+    assert waited < HEADER_TIMEOUT + SLACK and got == b""
 
 
 def test_an_idle_kept_alive_connection_is_closed_and_a_busy_one_is_not(srv):
@@ -92,7 +93,7 @@ def test_an_idle_kept_alive_connection_is_closed_and_a_busy_one_is_not(srv):
     sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
     waited, got = _closed_after(sock)
     sock.close()
-    assert got.startswith(b"HTTP/1.1 200") and KEEP_ALIVE - 0.5 < waited < KEEP_ALIVE + 2.0
+    assert got.startswith(b"HTTP/1.1 200") and KEEP_ALIVE - 0.5 < waited < KEEP_ALIVE + SLACK
 
 
 def test_connections_past_the_cap_get_503_and_are_closed(srv):

@@ -11,19 +11,15 @@ import subprocess
 import sys
 from pathlib import Path
 
+from sglang_d3d.models.cpu_kernels import cpuinfo
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def cpu_model() -> str:
     """lscpu's model name, with family and model where /proc/cpuinfo gives them."""
-    fields: dict[str, str] = {}
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            key, _, value = line.partition(":")
-            fields.setdefault(key.strip(), value.strip())
-    except OSError:
-        return platform.processor() or platform.machine()
-    name = fields.get("model name", platform.machine())
+    fields = cpuinfo()
+    name = fields.get("model name", platform.processor() or platform.machine())
     if "cpu family" in fields and "model" in fields:
         return f"{name} (family {fields['cpu family']}, model {fields['model']})"
     return name

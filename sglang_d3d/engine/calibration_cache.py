@@ -21,6 +21,7 @@ from pathlib import Path
 
 import torch
 
+from sglang_d3d.models.cpu_kernels import cpuinfo
 from sglang_d3d.speculative.cycle import Plan
 
 log = logging.getLogger(__name__)
@@ -39,13 +40,7 @@ def cache_dir() -> Path:
 
 def cpu_name() -> str:
     """/proc/cpuinfo's model name, family and model, and the logical CPU count."""
-    fields: dict[str, str] = {}
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            key, _, value = line.partition(":")
-            fields.setdefault(key.strip(), value.strip())
-    except OSError:
-        pass
+    fields = cpuinfo()
     name = fields.get("model name", platform.processor() or platform.machine())
     return f"{name} (family {fields.get('cpu family', '?')}, model {fields.get('model', '?')}, " \
            f"{os.cpu_count()} CPUs)"

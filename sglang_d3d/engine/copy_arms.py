@@ -41,6 +41,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from sglang_d3d.engine.adaptive import bucket
+from sglang_d3d.speculative.rates import Rate
 
 
 class Way(NamedTuple):
@@ -69,24 +70,6 @@ class ArmsConfig:
                 or self.alone_upto < 0:
             raise ValueError("need 1 <= probe <= warmup, 2 <= explore_every <= max_interval, "
                              f"decay in (0, 1], alone_upto >= 0: {self}")
-
-
-@dataclass
-class Rate:
-    """Tokens (per row) and seconds of one way's cycles, older ones weighed down by `decay`."""
-
-    tokens: float = 0.0
-    seconds: float = 0.0
-    cycles: int = 0
-
-    def add(self, tokens: float, seconds: float, decay: float) -> None:
-        self.tokens = self.tokens * decay + tokens
-        self.seconds = self.seconds * decay + seconds
-        self.cycles += 1
-
-    @property
-    def per_second(self) -> float:
-        return self.tokens / self.seconds if self.seconds > 0 else 0.0
 
 
 @dataclass

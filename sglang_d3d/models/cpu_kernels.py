@@ -25,7 +25,7 @@ CSRC = Path(__file__).parent / "csrc"
 SOURCES = ("exact_layers.cpp", "block_mm.cpp")
 
 
-def _cpuinfo() -> dict[str, str]:
+def cpuinfo() -> dict[str, str]:
     """The first processor's fields in /proc/cpuinfo (empty where there is none)."""
     info: dict[str, str] = {}
     try:
@@ -42,7 +42,7 @@ def cpu_flags() -> str:
     platform's processor name where there is no such file."""
     import platform
 
-    return _cpuinfo().get("flags") or platform.processor()
+    return cpuinfo().get("flags") or platform.processor()
 
 
 def build_name() -> str:
@@ -91,7 +91,7 @@ def load() -> bool:
 def describe_cpu() -> dict:
     """The CPU as benchmarks record it: /proc/cpuinfo's model name, family and model, and the
     path the 4-bit block products take on it ("unbuilt" without the C++ kernels)."""
-    info = {k: v for k, v in _cpuinfo().items() if k in ("model name", "cpu family", "model")}
+    info = {k: v for k, v in cpuinfo().items() if k in ("model name", "cpu family", "model")}
     info["q4_path"] = torch.ops.d3d_cpu.q4_path() if load() else "unbuilt"
     return info
 

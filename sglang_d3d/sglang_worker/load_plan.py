@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from sglang_d3d.speculative.rates import Rate
+
 SPEC = "spec"
 PLAIN = "plain"
 
@@ -19,24 +21,6 @@ PLAIN = "plain"
 def bucket(batch_size: int) -> int:
     """1, 2, 4, 8, ...: the smallest power of two >= batch_size."""
     return 1 << max(0, batch_size - 1).bit_length()
-
-
-@dataclass
-class Rate:
-    """A running tokens-per-second estimate (exponentially weighted sums)."""
-
-    tokens: float = 0.0
-    seconds: float = 0.0
-    samples: int = 0
-
-    def add(self, tokens: float, seconds: float, decay: float) -> None:
-        self.tokens = decay * self.tokens + tokens
-        self.seconds = decay * self.seconds + seconds
-        self.samples += 1
-
-    @property
-    def per_s(self) -> float:
-        return self.tokens / self.seconds if self.seconds > 0 else 0.0
 
 
 @dataclass
@@ -57,9 +41,9 @@ class LoadPlan:
         b = self.buckets.setdefault(bucket(batch_size), Bucket())
         b.cycles += 1
         for kind in (SPEC, PLAIN):
-            if b.rates[kind].samples < self.probe:
+            if b.rates[kind].cycles < self.probe:
                 return kind
-        best = max((SPEC, PLAIN), key=lambda k: b.rates[k].per_s)
+        best = max((SPEC, PLAIN), key=lambda k: b.rates[k].per_second)
         other = PLAIN if best == SPEC else SPEC
         if b.exploring > 0:
             b.exploring -= 1
@@ -75,5 +59,5 @@ class LoadPlan:
 
     def summary(self) -> dict[int, dict[str, float]]:
         """Per bucket: each kind's tokens/s so far."""
-        return {k: {kind: round(r.per_s, 2) for kind, r in b.rates.items()}
+        return {k: {kind: round(r.per_second, 2) for kind, r in b.rates.items()}
                 for k, b in sorted(self.buckets.items())}

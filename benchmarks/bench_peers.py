@@ -7,7 +7,10 @@ accepted length where it applies, and how many outputs equal the engine's own pl
 
     hf          Hugging Face `generate` (fp32)
     hf-pld      HF assisted generation with prompt lookup (`prompt_lookup_num_tokens`)
-    llama       llama.cpp (llama-cpp-python) on the Q4_1 GGUF the default target comes from
+    llama-cpp   llama.cpp's own C++ decode loop (benchmarks/llama_decode.cpp) on the Q4_1 GGUF the
+                default target comes from, linked to the library llama-cpp-python built: the
+                prompt in one batch, then one token per llama_decode, timed inside C++
+    llama       the same library through llama-cpp-python's Python loop (`Llama.generate`)
     llama-pld   the same with its prompt-lookup speculation (LlamaPromptLookupDecoding)
     llama-f32   llama.cpp on an all-fp32 GGUF of the same weights (benchmarks/gguf_f32.py)
     d3d         this project's engine as `d3d serve` runs it: async, the adaptive controller,
@@ -18,8 +21,10 @@ accepted length where it applies, and how many outputs equal the engine's own pl
                                     dequantised fp32 weights (`--target-weights fp32`)
 
 Peers by arithmetic: d3d and llama (Q4_1) read the same 4-bit weights; d3d-fp32, llama-f32
-and HF compute in fp32. Outputs of different arithmetic are not expected to match.
-llama.cpp is a benchmark extra (`make bench-peers` builds it from source), not a dependency.
+and HF compute in fp32. Outputs of different arithmetic are not expected to match: the table
+counts the outputs equal to d3d `ar`'s and the mean number of tokens before they part.
+llama.cpp is a benchmark extra (`make bench-peers` builds it from source and builds
+llama-cpp with scripts/build_llama_decode.sh), not a dependency.
 
     make bench-peers    # builds llama.cpp, runs this, plots benchmarks/results/peers.png
     .venv/bin/python benchmarks/bench_peers.py --out benchmarks/results/peers.json
@@ -45,11 +50,12 @@ from sglang_d3d.models import cpu_kernels, loading
 from sglang_d3d.prompts import chat_ids, load_questions
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # run_info, when run as a script
+from llama_decode import DEFAULT_BINARY, LlamaDecode, command  # noqa: E402
 from run_info import run_info  # noqa: E402
 
-PEERS = ("hf", "hf-pld", "llama", "llama-pld", "llama-f32", "d3d", "d3d-ar", "d3d-sync",
+PEERS = ("hf", "hf-pld", "llama-cpp", "llama", "llama-pld", "llama-f32", "d3d", "d3d-ar", "d3d-sync",
          "d3d-fp32", "d3d-ar-fp32")
-PLAIN = {"hf-pld": "hf", "llama-pld": "llama", "d3d": "d3d-ar", "d3d-sync": "d3d-ar",
+PLAIN = {"hf-pld": "hf", "llama-cpp": "llama", "llama-pld": "llama", "d3d": "d3d-ar", "d3d-sync": "d3d-ar",
          "d3d-fp32": "d3d-ar-fp32"}
 D3D = {  # name -> (mode, server's default configuration, target weights)
     "d3d": (Mode.ASYNC, True, "auto"), "d3d-ar": (Mode.AR, False, "auto"),
@@ -101,6 +107,8 @@ def _args():
     p.add_argument("--peers", default=",".join(PEERS))
     p.add_argument("--lookup-tokens", type=int, default=10, help="prompt-lookup draft length")
     p.add_argument("--drafter", default=None)
+    p.add_argument("--llama-decode", default=str(DEFAULT_BINARY),
+                   help="llama.cpp's C++ decode loop for the llama-cpp row (scripts/build_llama_decode.sh)")
     p.add_argument("--out", default=None)
     return p.parse_args()
 
@@ -118,6 +126,10 @@ def _build(a) -> tuple[dict, object]:
     for name in names:
         if name.startswith("hf"):
             runners[name] = _hf_runner(hf, tok, a.lookup_tokens if name == "hf-pld" else 0)
+        elif name == "llama-cpp":
+            run = _llama_cpp_runner(a, eos)
+            if run is not None:
+                runners[name] = run
         elif name.startswith("llama"):
             run = _llama_runner(a, eos, name == "llama-pld", name == "llama-f32")
             if run is not None:
@@ -190,6 +202,23 @@ def _llama_runner(a, eos: tuple[int, ...], lookup: bool, f32: bool = False):
     return run
 
 
+def _llama_cpp_runner(a, eos: tuple[int, ...]):
+    """One llama_decode process for the whole run; its times are taken inside C++."""
+    binary = Path(a.llama_decode)
+    if not binary.is_file():
+        print(f"{binary} is not built (scripts/build_llama_decode.sh builds it): llama-cpp row skipped")
+        return None
+    proc = LlamaDecode(command(binary, loading.find_default_gguf(), a.threads, eos))
+
+    def run(ids: list[int], n: int) -> dict:
+        r = proc.generate(ids, n)
+        return {"tokens": len(r["token_ids"]), "seconds": r["seconds"], "ttft": r["ttft_s"],
+                "decode_tokens_per_s": r["decode_tokens_per_s"], "accepted_length": None,
+                "token_ids": r["token_ids"]}
+
+    return run
+
+
 def _d3d_runner(m: Mode, default: bool, threads: int, target, drafter, eos):
     """default: `d3d serve`'s configuration (the adaptive controller, calibrated before the
     first request; prompts run one at a time here, so batch 1 is all there is to time)."""
@@ -223,20 +252,37 @@ def _summary(name: str, rs: list[dict], results: dict) -> dict:
         same = sum(r["token_ids"] == p["token_ids"] for r, p in zip(rs, plain))
     hf = results.get("hf")
     same_hf = None if hf is None else sum(r["token_ids"] == p["token_ids"] for r, p in zip(rs, hf))
+    ar = results.get("d3d-ar") if name != "d3d-ar" else None
+    same_ar = None if ar is None else sum(r["token_ids"] == p["token_ids"] for r, p in zip(rs, ar))
+    prefix_ar = None if ar is None else statistics.mean(
+        common_prefix(r["token_ids"], p["token_ids"]) for r, p in zip(rs, ar))
     return {"tokens_per_s": round(tokens / seconds, 2), "tokens": tokens,
             "mean_ttft_ms": round(1e3 * statistics.mean(r["ttft"] for r in rs), 1),
             "accepted_length": round(statistics.mean(acc), 2) if acc else None,
-            "same_as_plain": same, "same_as_hf": same_hf, "num_prompts": len(rs)}
+            "same_as_plain": same, "same_as_hf": same_hf, "same_as_ar": same_ar,
+            "prefix_with_ar": None if prefix_ar is None else round(prefix_ar, 1), "num_prompts": len(rs)}
+
+
+def common_prefix(a: list[int], b: list[int]) -> int:
+    """How many tokens two outputs share before they first differ."""
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
 
 
 def _print(table: dict) -> None:
-    print("| engine | tokens/s | TTFT ms | accepted length | outputs = its plain decoding | = HF generate |")
-    print("|---|---|---|---|---|---|")
+    print("| engine | tokens/s | TTFT ms | accepted length | outputs = its plain decoding | = HF generate "
+          "| = d3d ar (mean tokens before they part) |")
+    print("|---|---|---|---|---|---|---|")
     for name, s in table.items():
         same = "-" if s["same_as_plain"] is None else f"{s['same_as_plain']}/{s['num_prompts']}"
         acc = "-" if s["accepted_length"] is None else s["accepted_length"]
         hf = "-" if s["same_as_hf"] is None else f"{s['same_as_hf']}/{s['num_prompts']}"
-        print(f"| {name} | {s['tokens_per_s']} | {s['mean_ttft_ms']} | {acc} | {same} | {hf} |")
+        ar = "-" if s.get("same_as_ar") is None else f"{s['same_as_ar']}/{s['num_prompts']} ({s['prefix_with_ar']})"
+        print(f"| {name} | {s['tokens_per_s']} | {s['mean_ttft_ms']} | {acc} | {same} | {hf} | {ar} |")
 
 
 def _print_summary(datasets: dict) -> None:
@@ -246,7 +292,9 @@ def _print_summary(datasets: dict) -> None:
     print("|---|" + "---|" * len(datasets))
     for n in names:
         print(f"| {n} | " + " | ".join(str(d["table"][n]["tokens_per_s"]) for d in datasets.values()) + " |")
-    for ours, peer in (("d3d", "llama"), ("d3d-fp32", "llama-f32"), ("d3d", "d3d-ar"), ("d3d-sync", "d3d-ar")):
+    pairs = (("d3d", "llama-cpp"), ("d3d-ar", "llama-cpp"), ("llama-cpp", "llama"), ("d3d", "llama"),
+             ("d3d-fp32", "llama-f32"), ("d3d", "d3d-ar"), ("d3d-sync", "d3d-ar"))
+    for ours, peer in pairs:
         if ours in names and peer in names:
             ratios = [d["table"][ours]["tokens_per_s"] / d["table"][peer]["tokens_per_s"] for d in datasets.values()]
             print(f"{ours} / {peer}: " + ", ".join(f"{ds} {r:.2f}x" for ds, r in zip(datasets, ratios)))

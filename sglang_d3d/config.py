@@ -269,10 +269,6 @@ class EngineConfig:
         if self.target_weights not in TARGET_WEIGHTS:
             raise ValueError(f"target_weights must be one of {TARGET_WEIGHTS}, "
                              f"not {self.target_weights!r}")
-        if self.mode is Mode.FUSED and self.target_weights == "q4":
-            raise ValueError("fused mode computes the target in the drafter's pass, which does "
-                             "not keep rows apart as q4 verification needs: use target_weights "
-                             "'auto' (fp32 there) or 'fp32'")
         if self.mode is Mode.FUSED and self.draft_weights == "int8":
             raise ValueError("fused mode computes the target in the drafter's pass, so its "
                              "weights stay full precision: use draft_weights 'auto' or 'full'")

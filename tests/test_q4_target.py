@@ -184,11 +184,23 @@ def test_modes_greedy_identical_on_the_q4_runner(q4_models, batch, widths):
     hf, _, q4, drafter, _ = q4_models
     params = SamplingParams(max_new_tokens=24)
     outs = {}
-    for mode in (Mode.AR, Mode.SYNC, Mode.ASYNC):
+    fused = drafter.on_exact_loop()  # on the C++ loop only (the next test)
+    for mode in (Mode.AR, Mode.SYNC, Mode.ASYNC) + ((Mode.FUSED,) if fused else ()):
         eng = make_engine((hf, q4, drafter), mode, batch=batch, **widths)
         outs[mode] = [o.token_ids for o in generate(eng, PROMPTS, params)]
     assert outs[Mode.SYNC] == outs[Mode.AR]
     assert outs[Mode.ASYNC] == outs[Mode.AR]
+    if fused:
+        assert outs[Mode.FUSED] == outs[Mode.AR]
+
+
+def test_fused_mode_needs_the_cpp_layer_loop_on_4bit_weights(q4_models):
+    """Off the C++ loop the drafter's pass would not compute verify rows as plain steps do."""
+    hf, _, q4, drafter, _ = q4_models
+    if drafter.on_exact_loop():
+        pytest.skip("the C++ loop serves this target: fused mode runs (the test above)")
+    with pytest.raises(ValueError, match="C\\+\\+ CPU kernels did not build"):
+        make_engine((hf, q4, drafter), Mode.FUSED, batch=1)
 
 
 def test_copies_are_short_and_alone_where_verify_rows_run_apart(q4_models):

@@ -42,9 +42,7 @@ def load_models(cfg: EngineConfig) -> tuple[Decoder, D3DDrafter | None, object]:
     target_path = resolve_target_path(cfg.target_path)
     dtype = engine_dtype(cfg.dtype, cfg.device)
     target = Decoder.from_hf(load_hf_model(target_path, dtype).to(cfg.device))
-    # fused mode's passes mix target and drafter rows: its target stays fp32 (config.py)
-    setting = "fp32" if cfg.mode is Mode.FUSED else cfg.target_weights
-    apply_target_weights(target, setting, cfg.target_path, cfg.device)
+    apply_target_weights(target, cfg.target_weights, cfg.target_path, cfg.device)
     drafter = None
     if cfg.mode is not Mode.AR or cfg.drafter_path is not None:
         drafter = load_drafter(cfg.drafter_path, target, cfg)

@@ -5,7 +5,9 @@ target's own cache.
 Why this is exact: at full depth the drafter runs the target's layers unchanged on clean tokens
 (its deltas act at mask slots only, models/adapters.py), so the verify block's logits and the
 keys and values it writes are the target's. The masks see the verify tokens, never the other
-way round (the pack's causal `sees`), so adding them changes nothing the target computes.
+way round (the pack's causal `sees`), so adding them changes nothing the target computes. On a
+4-bit target the pass is the target's C++ layer loop with the deltas on the mask rows
+(models/exact_drafter.py), where each row's arithmetic is a plain step's, bitwise.
 """
 
 from __future__ import annotations
@@ -31,6 +33,12 @@ class FusedRunner:
                 f"fused mode runs drafter and target as one model: the drafter is on "
                 f"{d.device} in {d.dtype}, the target on {target.model.device} in "
                 f"{target.model.dtype}"
+            )
+        if target.model.fused().exact_rows and target.fast and not drafter.on_exact_loop():
+            raise ValueError(
+                "fused mode on 4-bit weights runs the drafter's pass on the target's C++ layer "
+                "loop, which computes every verify row as a plain step does; the C++ CPU "
+                "kernels did not build here: use target_weights 'fp32', or sync or async"
             )
         self.model = drafter
         self.target = target

@@ -72,7 +72,7 @@ def main() -> None:
     torch.set_num_threads(a.threads)
     runners, tok = _build(a)
     report = {**run_info(weights="q4_1 (d3d, llama), fp32 (hf, llama-f32, d3d-*fp32)"), "args": vars(a),
-              "kernels": cpu_kernels.describe_cpu(), "datasets": {}}
+              "kernels": cpu_kernels.describe_cpu(), "llama_cpp_python": _llama_version(), "datasets": {}}
     for ds, qs in questions.items():
         table, results = _run_dataset(ds, [chat_ids(tok, q) for q in qs], runners, a)
         report["datasets"][ds] = {"table": table, "runs": results}
@@ -138,6 +138,15 @@ def _build(a) -> tuple[dict, object]:
             mode, default, weights = D3D[name]
             runners[name] = _d3d_runner(mode, default, a.threads, *models[weights], eos)
     return runners, tok
+
+
+def _llama_version() -> str | None:
+    """The llama-cpp-python release whose library both llama rows run, None where absent."""
+    try:
+        import llama_cpp
+    except ImportError:
+        return None
+    return llama_cpp.__version__
 
 
 def _result(ids: list[int], t0: float, first: float | None, accepted=None) -> dict:

@@ -12,8 +12,11 @@ import pytest
 import yaml
 from kubernetes_validate.utils import latest_version
 from sglang_d3d.server.args import parse_args
+from sglang_d3d.server.http_layer import ConnectionLimits
 from yamllint import linter
 from yamllint.config import YamlLintConfig
+
+from sglang_d3d.config import EngineConfig
 
 ROOT = Path(__file__).resolve().parent.parent
 CHART = ROOT / "deploy" / "helm" / "sglang-d3d"
@@ -146,6 +149,53 @@ def test_tree_nodes_reach_the_server(chart, nodes):
     assert engine.tree_nodes == engine.lookup_tokens == nodes
 
 
+def test_connection_defaults_are_the_servers(chart):
+    """The chart passes the connection flags and the queue length always; its defaults are the
+    server's own, so a release that sets none of them serves as `d3d serve` alone would."""
+    server = chart.merge_values({})["server"]
+    limits = ConnectionLimits()
+    assert server["headerTimeout"] == limits.header_timeout
+    assert server["keepAliveTimeout"] == limits.keep_alive_timeout
+    assert server["maxConnections"] == limits.max_connections
+    assert server["maxQueue"] == EngineConfig.max_queue
+
+
+@pytest.mark.parametrize(
+    "key, value, flag_name, read",
+    [
+        ("headerTimeout", 2.5, "--header-timeout", lambda cfg: cfg.connections.header_timeout),
+        ("headerTimeout", 45, "--header-timeout", lambda cfg: cfg.connections.header_timeout),
+        ("keepAliveTimeout", 75, "--keep-alive-timeout",
+         lambda cfg: cfg.connections.keep_alive_timeout),
+        ("keepAliveTimeout", 0.5, "--keep-alive-timeout",
+         lambda cfg: cfg.connections.keep_alive_timeout),
+        ("maxConnections", 4096, "--max-connections", lambda cfg: cfg.connections.max_connections),
+        ("maxConnections", 10_000_000, "--max-connections",
+         lambda cfg: cfg.connections.max_connections),
+        ("maxQueue", 0, "--max-queue", lambda cfg: cfg.engine.max_queue),
+        ("maxQueue", 64, "--max-queue", lambda cfg: cfg.engine.max_queue),
+    ],
+)
+def test_connection_values_reach_the_server(chart, key, value, flag_name, read):
+    c = server_container(manifests(chart, {"server": {key: value}}))
+    assert c["args"].count(flag_name) == 1
+    assert float(flag(c["args"], flag_name)) == value
+    assert read(parse_args(c["args"][1:])) == value
+
+
+def test_connection_cap_leaves_the_probes_room(chart):
+    """Every running and waiting request holds a connection: the cap must exceed their sum by
+    the probes' and the scrapers' 4, exactly."""
+    for case in CASES:
+        server = chart.merge_values(values_of(case))["server"]
+        assert server["maxConnections"] >= server["maxConcurrency"] + server["maxQueue"] + 4, case
+    room = {"maxConcurrency": 8, "maxQueue": 20}
+    c = server_container(manifests(chart, {"server": {**room, "maxConnections": 32}}))
+    assert parse_args(c["args"][1:]).connections.max_connections == 32
+    with pytest.raises(helm.HelmRenderError, match="set it to at least 32"):
+        chart.render({"server": {**room, "maxConnections": 31}}, name="d3d")
+
+
 def test_single_gpu_gets_one_gpu_shared_by_drafter(chart):
     c = server_container(manifests(chart, values_of("values-single-gpu")))
     assert gpu_resources(c) == (1, 1)
@@ -177,6 +227,10 @@ def test_args_are_accepted_by_d3d_serve(chart, case):
     assert cfg.engine.max_batch_size == merged["server"]["maxConcurrency"]
     assert cfg.model_name == merged["server"]["servedModelName"]
     assert cfg.max_body_bytes == merged["server"]["maxBodyBytes"]
+    assert cfg.engine.max_queue == merged["server"]["maxQueue"]
+    assert cfg.connections == ConnectionLimits(
+        merged["server"]["headerTimeout"], merged["server"]["keepAliveTimeout"],
+        merged["server"]["maxConnections"])
     assert cfg.host == "0.0.0.0"  # the server's own default is 127.0.0.1; a pod must listen
     assert cfg.api_keys == ()  # keys come from the Secret through the environment, never args
 
@@ -350,6 +404,16 @@ BAD_VALUES = {
     "secret name not a DNS name": {"server": {"apiKeySecret": {"name": "My Keys", "key": "k"}}},
     "api key inline": {"server": {"apiKeySecret": {"name": "s", "key": "k", "value": "sk-1"}}},
     "body limit zero": {"server": {"maxBodyBytes": 0}},
+    "header timeout zero": {"server": {"headerTimeout": 0}},
+    "negative header timeout": {"server": {"headerTimeout": -1}},
+    "header timeout with unit": {"server": {"headerTimeout": "30s"}},
+    "keep-alive timeout zero": {"server": {"keepAliveTimeout": 0}},
+    "keep-alive timeout as string": {"server": {"keepAliveTimeout": "60"}},
+    "no connections": {"server": {"maxConnections": 0}},
+    "fractional connections": {"server": {"maxConnections": 1024.5}},
+    "connections as string": {"server": {"maxConnections": "1024"}},
+    "negative queue": {"server": {"maxQueue": -1}},
+    "connection value dropped": {"server": {"maxConnections": None}},
     "alert rule switch as string": {"prometheusRule": {"enabled": "yes"}},
 }
 
@@ -377,6 +441,8 @@ def test_schema_refuses_invalid_values(chart, values):
         ({"server": {"backend": "sglang", "lookupTokens": 4}, "gpu": {"count": 1}},
          "lookupTokens is for the embedded backend"),
         ({"server": {"metricsNeedKey": True}}, "metricsNeedKey needs server.apiKeySecret.name"),
+        ({"server": {"maxConnections": 100}}, "maxConnections=100 leaves the probes no connection"),
+        ({"server": {"maxConcurrency": 1000}}, "set it to at least 1260"),
         (
             {"autoscaling": {"enabled": True, "minReplicas": 5, "maxReplicas": 2}},
             "minReplicas must not exceed",

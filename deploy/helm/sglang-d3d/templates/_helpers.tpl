@@ -56,9 +56,16 @@ app.kubernetes.io/component: server
 {{- end }}
 
 {{/*
+Connections kept free beyond the running and waiting requests: the readiness and liveness
+probes (one each, the kubelet does not keep them alive) and up to two Prometheus scrapers.
+*/}}
+{{- define "sglang-d3d.spareConnections" -}}4{{- end }}
+
+{{/*
 Checks the schema cannot express: the drafter's device must be one of the GPUs requested,
 the sglang backend needs a GPU (server/args.py: CUDA only) and cannot run fused mode (its verify
 pass is SGLang's) or an int8 drafter (a CPU kernel), a closed /metrics needs an API key,
+the connection cap must leave the probes room beside the running and waiting requests,
 and the autoscaler's bounds must be ordered.
 */}}
 {{- define "sglang-d3d.validate" -}}
@@ -89,6 +96,11 @@ and the autoscaler's bounds must be ordered.
 {{- if and .Values.server.metricsNeedKey (not .Values.server.apiKeySecret.name) }}
 {{- fail "server.metricsNeedKey needs server.apiKeySecret.name: a key to scrape /metrics with" }}
 {{- end }}
+{{- $held := add (int64 .Values.server.maxConcurrency) (int64 .Values.server.maxQueue) }}
+{{- $needed := add $held (include "sglang-d3d.spareConnections" . | int64) }}
+{{- if lt (int64 .Values.server.maxConnections) $needed }}
+{{- fail (printf "server.maxConnections=%d leaves the probes no connection: every running and waiting request holds one (maxConcurrency + maxQueue = %d), and the readiness and liveness probes and the Prometheus scrapes need %s more; set it to at least %d" (int64 .Values.server.maxConnections) $held (include "sglang-d3d.spareConnections" .) $needed) }}
+{{- end }}
 {{- if and .Values.autoscaling.enabled (gt (int .Values.autoscaling.minReplicas) (int .Values.autoscaling.maxReplicas)) }}
 {{- fail "autoscaling.minReplicas must not exceed autoscaling.maxReplicas" }}
 {{- end }}
@@ -109,6 +121,8 @@ and the autoscaler's bounds must be ordered.
 - {{ .Values.server.servedModelName | quote }}
 - --max-concurrency
 - {{ .Values.server.maxConcurrency | quote }}
+- --max-queue
+- {{ .Values.server.maxQueue | int64 | quote }}
 - --device
 - {{ include "sglang-d3d.device" . | quote }}
 {{- with .Values.server.draftDevice }}
@@ -141,6 +155,12 @@ and the autoscaler's bounds must be ordered.
 - {{ .Values.server.spec.guessesPerPosition | quote }}
 - --max-body-bytes
 - {{ .Values.server.maxBodyBytes | int64 | quote }}
+- --header-timeout
+- {{ .Values.server.headerTimeout | quote }}
+- --keep-alive-timeout
+- {{ .Values.server.keepAliveTimeout | quote }}
+- --max-connections
+- {{ .Values.server.maxConnections | int64 | quote }}
 {{- if .Values.server.metricsNeedKey }}
 - --metrics-need-key
 {{- end }}

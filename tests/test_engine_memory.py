@@ -1,13 +1,21 @@
-"""The engine's memory report: KV caches by the formula the docs give, weights counted once."""
+"""The engine's memory report: KV caches by the formula the docs give, weights counted once; CPU
+caches resident only where written."""
 
 from __future__ import annotations
 
+import mmap
+import os
+
 import numpy as np
+import pytest
 import torch
 from engine_helpers import make_engine
 
-from sglang_d3d.config import Mode
+from sglang_d3d.config import Mode, SamplingParams
 from sglang_d3d.engine.memory import memory_report, storages
+from sglang_d3d.engine.offline import generate
+from sglang_d3d.models import kv_cache
+from sglang_d3d.models.kv_cache import KVCache
 
 
 def test_views_and_arrays_count_their_storage_once():
@@ -40,3 +48,38 @@ def test_report_counts_caches_and_separates_shared_weights(tiny_models):
 def test_plain_decoding_has_no_drafter_memory(tiny_models):
     r = memory_report(make_engine(tiny_models, Mode.AR, batch=2, context=32))
     assert r.drafter_weights == 0 and r.drafter_kv_cache == 0 and r.target_kv_cache > 0
+
+
+def _resident_mib() -> float:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/statm"), reason="needs Linux's /proc")
+def test_a_large_cpu_cache_holds_memory_only_where_written():
+    """256 MiB of keys and values, zero everywhere, resident only as requests write them."""
+    before = _resident_mib()
+    cache = KVCache(8, 16, 4096, 2, 64, torch.float32, "cpu")  # 2 x 128 MiB
+    assert _resident_mib() - before < 32
+    assert not cache.k[:, 3].any() and not cache.v[-1].any()
+    k = torch.randn(1, 100, 2, 64)
+    cache.write(0, torch.zeros(1, 100, dtype=torch.long), torch.arange(100).unsqueeze(0), k, k * 2)
+    keys, values = cache.read(0, slice(0, 1), 100)
+    assert torch.equal(keys, k.transpose(1, 2)) and torch.equal(values, 2 * k.transpose(1, 2))
+    assert _resident_mib() - before < 64
+
+
+@pytest.mark.parametrize("mode", [Mode.SYNC, Mode.ASYNC])
+def test_modes_stay_exact_on_lazily_resident_caches(tiny_models, monkeypatch, mode):
+    """Every cache of the engine on the mapped pages (the tiny models' are below the size that
+    takes them otherwise): greedy output still equals plain decoding's."""
+    monkeypatch.setattr(kv_cache, "LAZY_BYTES", 0)
+    mapped, real = [], mmap.mmap
+    monkeypatch.setattr(kv_cache.mmap, "mmap", lambda *a, **kw: mapped.append(a[1]) or real(*a, **kw))
+    params, prompts = SamplingParams(max_new_tokens=16), [[5, 6, 7, 8], [9, 10, 11, 9, 10]]
+    eng = make_engine(tiny_models, mode, batch=2, context=64)
+    assert len(mapped) >= 4  # keys and values of the target's and the drafter's caches
+    outs = [o.token_ids for o in generate(eng, prompts, params)]
+    monkeypatch.setattr(kv_cache, "LAZY_BYTES", 1 << 62)
+    assert outs == [o.token_ids for o in generate(make_engine(tiny_models, Mode.AR, batch=2, context=64),
+                                                    prompts, params)]

@@ -7,7 +7,11 @@ back is just not advancing the length, and committing a pre-drafted token is a c
 
 from __future__ import annotations
 
+import mmap
+
 import torch
+
+LAZY_BYTES = 1 << 20  # CPU caches from this size up take their pages from the OS as written
 
 
 class KVCache:
@@ -22,8 +26,8 @@ class KVCache:
         device: str | torch.device,
     ) -> None:
         shape = (num_layers, num_slots, max_len, num_kv_heads, head_dim)
-        self.k = torch.zeros(shape, dtype=dtype, device=device)
-        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        self.k = zeros(shape, dtype, device)
+        self.v = zeros(shape, dtype, device)
         self.max_len = max_len
 
     @property
@@ -72,3 +76,19 @@ def slot_selector(slots: list[int]) -> torch.Tensor | slice:
     if slots == list(range(slots[0], slots[0] + len(slots))):
         return slice(slots[0], slots[0] + len(slots))
     return torch.tensor(slots)
+
+
+def zeros(shape: tuple[int, ...], dtype: torch.dtype, device: str | torch.device) -> torch.Tensor:
+    """A zero tensor. On a CPU, a large one is an anonymous mapping: the OS hands out zeroed
+    pages as they are first written, so a cache sized for every slot at full context holds
+    memory only for what requests have written (torch.zeros writes every page at once: the
+    default server's two caches, 16 slots of 2k tokens, were about 3 GB resident at start)."""
+    n = 1
+    for d in shape:
+        n *= d
+    nbytes = n * torch.empty(0, dtype=dtype).element_size()
+    if torch.device(device).type != "cpu" or nbytes < LAZY_BYTES:
+        return torch.zeros(shape, dtype=dtype, device=device)
+    # private: a forked child (a grammar compile) copies what it writes instead of sharing it
+    pages = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)  # the tensor keeps it alive
+    return torch.frombuffer(pages, dtype=dtype).view(shape)

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
@@ -72,10 +73,12 @@ def main() -> None:
     torch.set_num_threads(a.threads)
     runners, tok = _build(a)
     report = {**run_info(weights="q4_1 (d3d, llama), fp32 (hf, llama-f32, d3d-*fp32)"), "args": vars(a),
-              "kernels": cpu_kernels.describe_cpu(), "llama_cpp_python": _llama_version(), "datasets": {}}
+              "kernels": cpu_kernels.describe_cpu(), "llama_cpp_python": _llama_version(),
+              "load_average_at_start": os.getloadavg(), "datasets": {}}
     for ds, qs in questions.items():
         table, results = _run_dataset(ds, [chat_ids(tok, q) for q in qs], runners, a)
         report["datasets"][ds] = {"table": table, "runs": results}
+    report["load_average_at_end"] = os.getloadavg()  # other work on the machine skews every row
     _print_summary(report["datasets"])
     if a.out:
         Path(a.out).write_text(json.dumps(report, indent=1) + "\n")

@@ -47,9 +47,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--drafter", default="default", help="D3D drafter folder")
     p.add_argument("--block", type=int, default=0,
                    help="--speculative-num-draft-tokens (0: the plugin's default)")
-    p.add_argument("--mode", default="", choices=("", "sync", "async"),
-                   help="SGLANG_D3D_MODE: sync (always speculate), async or empty (the plan "
-                        "per load for a drafter that shares the target)")
+    p.add_argument("--mode", default="", choices=("", "sync", "async", "fused"),
+                   help="SGLANG_D3D_MODE: sync (always draft, then verify), fused (verify and "
+                        "draft the next block in one forward), async or empty (the plan per "
+                        "load for a drafter that shares the target)")
+    p.add_argument("--branch-budget", type=int, default=4,
+                   help="SGLANG_D3D_BRANCH_BUDGET: a fused forward's branches per request "
+                        "(at least the block: every outcome has its branch)")
     p.add_argument("--dtype", default="float32", help="both runs' weights (fp32 on CPU)")
     p.add_argument("--rounds", type=int, default=1,
                    help="alternating runs of each side per cell (medians kept)")
@@ -130,7 +134,9 @@ def start_loop(a, speculative: bool):
     # SGLANG_D3D_MODE follows the config's mode (backend_convert.plugin_env); a full-depth
     # drafter that shares the target runs `async` as the plan per load (options.py).
     mode = Mode(a.mode or "async") if speculative else Mode.AR
-    spec = SpecConfig(block_size=a.block) if a.block else SpecConfig()
+    spec = SpecConfig(branch_budget=a.branch_budget)
+    if a.block:
+        spec = SpecConfig(block_size=a.block, branch_budget=a.branch_budget)
     cfg = EngineConfig(mode=mode, spec=spec, target_path=None if a.target == "default" else a.target,
                        drafter_path=None if a.drafter == "default" else a.drafter,
                        device=a.device, max_batch_size=conc, max_context=a.context_length,
@@ -237,6 +243,7 @@ def per_cycle(counters: dict | None) -> dict | None:
             out[k.replace("_s", "_ms")] = round(1000 * counters[k] / n, 2)
     out["cycles"] = n
     out["plain_share"] = round(counters.get("plain_steps", 0) / n, 3)
+    out["fused_share"] = round(counters.get("fused_steps", 0) / n, 3)
     # tokens per request and cycle: accepted drafts + the target's own token; of speculative
     # cycles alone (a plain cycle gives each request one token)
     rows, plain = counters.get("requests_cycled", 0), counters.get("plain_requests", 0)

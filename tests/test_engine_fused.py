@@ -85,11 +85,11 @@ def test_fused_mode_refuses_another_dtype(tiny_prod_models):
         make_engine((hf, target, other), Mode.FUSED)
 
 
-def test_sglang_plugin_refuses_fused_mode():
+def test_sglang_plugin_takes_fused_mode_every_cycle():
     from sglang_d3d.sglang_worker.options import PluginOptions
 
-    with pytest.raises(ValueError, match="embedded engine"):
-        PluginOptions.from_env({"SGLANG_D3D_MODE": "fused"})
+    opts = PluginOptions.from_env({"SGLANG_D3D_MODE": "fused"})
+    assert opts.mode is Mode.FUSED and not opts.plan_per_load  # sglang_worker/fused_cycle.py
 
 
 # ---- the engine ---------------------------------------------------------------------------------

@@ -22,6 +22,7 @@ class Counters:
     cycles: int = 0  # speculative cycles (one forward_batch_generation on a decode batch)
     plain_steps: int = 0  # cycles decoded plainly (the plan chose no drafts for the load)
     plain_requests: int = 0  # sum over plain cycles of the batch size
+    fused_steps: int = 0  # cycles that verified and drafted in one forward (fused_cycle.py)
     requests_cycled: int = 0  # sum over cycles of the batch size
     target_passes: int = 0
     metadata_plans: int = 0

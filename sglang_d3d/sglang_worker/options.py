@@ -6,10 +6,13 @@ everything SGLang already has a flag for (draft model path, block size) comes fr
                                whichever measures faster) | sync (always draft + verify) |
                                async (pre-draft branches while the target verifies: a drafter
                                with its own cache; a full-depth drafter that shares the target
-                               runs auto)
+                               runs auto) | fused (every cycle verifies and drafts the next
+                               block in one forward of SGLang's target: a full-depth drafter
+                               that shares the target, torch_native attention)
     SGLANG_D3D_DRAFT_DEVICE    "" (default: the target's device, own CUDA stream) | cuda:1 | cpu
     SGLANG_D3D_BRANCH_POLICY   topk (default) | all
-    SGLANG_D3D_BRANCH_BUDGET   branches pre-drafted under topk (default 4)
+    SGLANG_D3D_BRANCH_BUDGET   branches pre-drafted under topk, and a fused forward's branches
+                               per request (default 4; at least the block: every outcome hits)
     SGLANG_D3D_GUESSES         correction-token guesses per rejection position (default 1)
     SGLANG_D3D_DRAFT_DTYPE     "" (default: the target's dtype) | float32 | bfloat16 | float16
     SGLANG_D3D_COPY_NGRAM      a cycle verifies blocks copied from each request's own text,
@@ -50,11 +53,6 @@ class PluginOptions:
             raise ValueError(f"{ENV_PREFIX}COPY_NGRAM must be >= 0, not {self.copy_ngram}")
         if self.corpus_tokens < 0:
             raise ValueError(f"{ENV_PREFIX}CORPUS_TOKENS must be >= 0, not {self.corpus_tokens}")
-        if self.mode is Mode.FUSED:
-            raise ValueError(
-                f"{ENV_PREFIX}MODE=fused runs only in the embedded engine (`d3d serve`): it "
-                "puts mask rows into the target's own forward pass, which here is SGLang's"
-            )
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> PluginOptions:

@@ -53,19 +53,24 @@ def commit_rows(
     return out.reshape(-1).to(device), lens.to(device), new_lens
 
 
-def build_verify_forward_batch(batch, target_worker, tokens: torch.Tensor, block: int):
+def build_verify_forward_batch(batch, target_worker, tokens: torch.Tensor, block: int,
+                               positions: torch.Tensor | None = None,
+                               cache_loc: torch.Tensor | None = None):
     """Turn the decode ScheduleBatch into SGLang's TARGET_VERIFY ForwardBatch for `tokens`
     [bs, block]. -> (forward_batch, can_run_cuda_graph). Mutates `batch` the way SGLang's own
     linear-block verifier (DFlash) does; the scheduler runs us inside its forward isolation,
     which restores the batch afterwards. Attention metadata is left to the model runner's
-    forward, which plans it once (`defer_metadata_init`: planning here too would plan twice)."""
+    forward, which plans it once (`defer_metadata_init`: planning here too would plan twice).
+    `positions` [bs * block] and `cache_loc` [bs * block]: a fused forward's own (fused_cycle.py);
+    default, a chain's."""
     from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode
     from sglang.srt.speculative.dflash_info import DFlashVerifyInput
 
     runner = target_worker.model_runner
     seq_lens = batch.seq_lens
-    positions = block_positions(seq_lens, block)
-    batch.out_cache_loc = block_cache_loc(
+    if positions is None:
+        positions = block_positions(seq_lens, block)
+    batch.out_cache_loc = cache_loc if cache_loc is not None else block_cache_loc(
         runner.req_to_token_pool.req_to_token, batch.req_pool_indices, seq_lens, block
     )
     verify = DFlashVerifyInput(

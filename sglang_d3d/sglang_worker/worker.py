@@ -42,7 +42,8 @@ from sglang_d3d.sglang_worker.drafter_loading import (
     placement,
     shared_target_weights,
 )
-from sglang_d3d.sglang_worker.load_plan import PLAIN, SPEC, LoadPlan
+from sglang_d3d.sglang_worker.fused_cycle import FusedCycle
+from sglang_d3d.sglang_worker.load_plan import AUTO_KINDS, FUSED, PLAIN, SPEC, LoadPlan
 from sglang_d3d.sglang_worker.memory import (
     MAX_FREE_SHARE,
     MAX_POOL_SHARE,
@@ -121,10 +122,14 @@ class D3DWorker(BaseSpecWorker):
         self.counters.drafter_shares_target = True
         self.counters.target_layer_copies = layer_copies(self.drafter.layers, runner.model)
         self.shared_cycle: SharedCycle | None = None
-        self.load_plan = LoadPlan()
+        self.fused_cycle: FusedCycle | None = None
         # auto, and async (whose pre-drafting needs a drafter with its own cache): the plan
-        # per load; sync: every cycle speculates. Narrowed at the first cycle.
-        self.plan_per_load = self.options.mode is not Mode.SYNC or self.options.plan_per_load
+        # per load; sync: every cycle speculates, fused: every cycle is one fused forward.
+        # Narrowed at the first cycle to what the attention backend runs.
+        fixed = self.options.mode in (Mode.SYNC, Mode.FUSED)
+        self.plan_per_load = not fixed or self.options.plan_per_load
+        self.every = FUSED if self.options.mode is Mode.FUSED else SPEC
+        self.load_plan = LoadPlan(kinds=AUTO_KINDS)
         self._last_cycle = None
         self._prefill_since = False
         log.info(
@@ -154,6 +159,10 @@ class D3DWorker(BaseSpecWorker):
     def _init_own(self, runner) -> None:
         """A drafter that is not full depth (or on another device, or under tensor
         parallelism) runs its own layers' copy and cache (speculative/drafting.py)."""
+        if self.options.mode is Mode.FUSED:
+            raise ValueError("SGLANG_D3D_MODE=fused puts the drafter's mask rows into SGLang's "
+                             "verify forward: it needs a full-depth drafter on the target's "
+                             "device at --tp-size 1; use auto or sync")
         self.drafting = self._drafting(runner)
         # The drafter's corpus of the target's answers, for greedy batches' copies (or None).
         corpus = (corpus_index(self.drafting.runner.model, self.options.corpus_tokens)
@@ -258,6 +267,8 @@ class D3DWorker(BaseSpecWorker):
             reason = unsupported_reason(req)
             if reason is not None:
                 _abort(req, reason)
+        if self.shared and self.fused_cycle is not None:
+            self.fused_cycle.forget()  # a mixed batch may advance a running request
         result = self.target_worker.forward_batch_generation(batch)
         self._prefill_since = True  # the next cycle's rate would count this prefill's time
         result.next_draft_input = D3DDraftInput()
@@ -317,16 +328,21 @@ class D3DWorker(BaseSpecWorker):
                                fused_layers(self.drafter, runner.model))
             self.shared_cycle = SharedCycle(pool, self.target_worker, self.vocab_size,
                                             self.counters)
-            # A plain cycle verifies one token: only a backend whose verify takes any width.
-            if self.plan_per_load and not is_torch_native(runner.attn_backend):
-                log.info("D3D plan per load: every cycle speculates (plain cycles need a verify "
-                         "of any width, which this attention backend does not take)")
-                self.plan_per_load = False
+            self._narrow_to_backend(runner)
+            if self.every == FUSED or FUSED in self.load_plan.kinds:
+                self.fused_cycle = FusedCycle(self.shared_cycle, pool.fused, runner.model,
+                                              self.options.branch_budget)
         kind = self._plan_cycle(batch)
         if kind == PLAIN:
             self.counters.plain_steps += 1
             self.counters.plain_requests += len(batch.reqs)
-        out, run, accept_lens = self.shared_cycle.run(batch, self.device, plain=kind == PLAIN)
+        if kind == FUSED:
+            out, run, accept_lens = self.fused_cycle.run(batch, self.device)
+        else:
+            if self.fused_cycle is not None:
+                self.fused_cycle.forget()
+            out, run, accept_lens = self.shared_cycle.run(batch, self.device,
+                                                          plain=kind == PLAIN)
         return GenerationBatchResult(
             logits_output=out.logits_output,
             next_token_ids=run.reshape(-1),
@@ -336,6 +352,20 @@ class D3DWorker(BaseSpecWorker):
             speculative_num_draft_tokens=self.block,
             new_seq_lens=batch.seq_lens + accept_lens.to(batch.seq_lens.dtype),
         )
+
+    def _narrow_to_backend(self, runner) -> None:
+        """Plain cycles verify one token and fused ones put mask rows beside the verify rows:
+        both only where the verify pass is this plugin's (torch_native_verify.py)."""
+        if is_torch_native(runner.attn_backend):
+            return
+        if self.every == FUSED:
+            log.warning("D3D: SGLANG_D3D_MODE=fused needs torch_native attention here (the "
+                        "fused forward's mask rows); every cycle drafts, then verifies")
+            self.every = SPEC
+        if self.plan_per_load:
+            log.info("D3D plan per load: every cycle speculates (plain and fused cycles need a "
+                     "verify of any width, which this attention backend does not take)")
+            self.plan_per_load = False
 
     # ---- the plan per load (load_plan.py) -------------------------------------------------
     def _plan_cycle(self, batch) -> str:
@@ -347,7 +377,7 @@ class D3DWorker(BaseSpecWorker):
             kind, size, start, lens = last
             tokens = sum(len(r.output_ids) - lens[r.rid] for r in reqs if r.rid in lens)
             self.load_plan.record(size, kind, tokens, now - start)
-        kind = self.load_plan.choose(len(reqs)) if self.plan_per_load else SPEC
+        kind = self.load_plan.choose(len(reqs)) if self.plan_per_load else self.every
         self._last_cycle = (kind, len(reqs), now, {r.rid: len(r.output_ids) for r in reqs})
         self._prefill_since = False
         return kind

@@ -51,7 +51,10 @@ def run_d3d(target: str, drafter: str, prompts: list, max_new: int, device: str,
     # SGLANG_D3D_MODE=sync (every cycle speculates) where the caller sets it; else async, which
     # a shared drafter runs as the plan per load
     mode = Mode(os.environ.get("SGLANG_D3D_MODE", "async"))
-    cfg = EngineConfig(mode=mode, spec=SpecConfig(block_size=block), target_path=target,
+    # SGLANG_D3D_BRANCH_BUDGET where the caller sets it (the config's value is what reaches SGLang)
+    budget = int(os.environ.get("SGLANG_D3D_BRANCH_BUDGET", SpecConfig().branch_budget))
+    cfg = EngineConfig(mode=mode, spec=SpecConfig(block_size=block, branch_budget=budget),
+                       target_path=target,
                        drafter_path=drafter, device=device, max_batch_size=len(prompts),
                        max_context=CONTEXT, dtype=dtype)
     # One drafter cache slot per prompt, each CONTEXT long (a full-depth drafter's dense

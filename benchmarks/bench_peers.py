@@ -78,10 +78,10 @@ def main() -> None:
     for ds, qs in questions.items():
         table, results = _run_dataset(ds, [chat_ids(tok, q) for q in qs], runners, a)
         report["datasets"][ds] = {"table": table, "runs": results}
-    report["load_average_at_end"] = os.getloadavg()  # other work on the machine skews every row
+        report["load_average_at_end"] = os.getloadavg()  # other work on the machine skews every row
+        if a.out:  # after each dataset, so a stopped run keeps the sets it finished
+            Path(a.out).write_text(json.dumps(report, indent=1) + "\n")
     _print_summary(report["datasets"])
-    if a.out:
-        Path(a.out).write_text(json.dumps(report, indent=1) + "\n")
 
 
 def _run_dataset(ds: str, prompts: list[list[int]], runners: dict, a) -> tuple[dict, dict]:

@@ -96,7 +96,8 @@ def main(argv=None) -> None:
     cells: dict = {}
     for (ds, c), sides in runs.items():
         if len(sides) < 2:
-            print(ds, c, {k: [round(r["tokens_per_s"], 2) for r in v] for k, v in sides.items()})
+            print(ds, c, {k: [round(r["tokens_per_s"], 2) for r in v] for k, v in sides.items()},
+                  per_cycle(sides["d3d"][-1]["counters"]) if "d3d" in sides else "")
             continue
         cells.setdefault(ds, {})[str(c)] = cell(sides)
         print(ds, c, json.dumps(_summary(cells[ds][str(c)])), flush=True)

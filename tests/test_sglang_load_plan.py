@@ -3,7 +3,7 @@ cycle, then runs the faster one, and keeps re-trying the other. No sglang needed
 
 from __future__ import annotations
 
-from sglang_d3d.sglang_worker.load_plan import PLAIN, SPEC, LoadPlan, bucket
+from sglang_d3d.sglang_worker.load_plan import FUSED, PLAIN, SPEC, LoadPlan, bucket
 
 
 def run(plan: LoadPlan, batch: int, rates: dict[str, float], cycles: int) -> list[str]:
@@ -41,3 +41,18 @@ def test_it_re_tries_the_slower_kind_and_follows_a_change():
     assert PLAIN in kinds[20:]  # explored again
     kinds = run(plan, 4, {SPEC: 0.5, PLAIN: 1.0}, 64)  # speculation stopped paying
     assert kinds[-32:].count(PLAIN) >= 28  # plain, but for the re-tries
+
+
+def test_three_kinds_each_probed_the_best_kept_the_others_re_tried_in_turn():
+    plan = LoadPlan(probe=2, explore_every=8, kinds=(SPEC, FUSED, PLAIN))
+    kinds = run(plan, 1, {SPEC: 2.0, FUSED: 3.0, PLAIN: 1.0}, 80)
+    assert kinds[:6] == [SPEC, SPEC, FUSED, FUSED, PLAIN, PLAIN]
+    later = kinds[6:]
+    assert later.count(FUSED) > 0.7 * len(later)
+    assert SPEC in later and PLAIN in later  # both re-tried
+
+
+def test_a_kind_outside_the_plan_is_not_recorded():
+    plan = LoadPlan(kinds=(SPEC, PLAIN))
+    plan.record(1, FUSED, tokens=9, seconds=1.0)
+    assert set(plan.summary()[1]) == {SPEC, PLAIN}

@@ -17,7 +17,9 @@ from sglang_d3d.speculative.rates import Rate
 SPEC = "spec"
 PLAIN = "plain"
 FUSED = "fused"  # verify and next block's drafts in one forward (fused_cycle.py)
-# What SGLANG_D3D_MODE=auto chooses among (docs/sglang.md: measured by bench_sglang.py).
+# What SGLANG_D3D_MODE=auto chooses among, per batch size, by measurement (docs/sglang.md:
+# with fused cycles among them too, bench_sglang.py was no faster; the worker drops what its
+# attention backend cannot run).
 AUTO_KINDS = (SPEC, PLAIN)
 
 

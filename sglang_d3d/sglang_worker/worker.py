@@ -329,7 +329,7 @@ class D3DWorker(BaseSpecWorker):
             self.shared_cycle = SharedCycle(pool, self.target_worker, self.vocab_size,
                                             self.counters)
             self._narrow_to_backend(runner)
-            if self.every == FUSED or FUSED in self.load_plan.kinds:
+            if self.every == FUSED or (self.plan_per_load and FUSED in self.load_plan.kinds):
                 self.fused_cycle = FusedCycle(self.shared_cycle, pool.fused, runner.model,
                                               self.options.branch_budget)
         kind = self._plan_cycle(batch)

@@ -69,7 +69,9 @@ def run_bench(args: argparse.Namespace) -> int:
     cfgs = {m: mode_config(args, m) for m in modes}
     questions = load_questions(args.dataset, args.num_prompts)  # a bad --dataset fails before loading
     template = template_kwargs(args.chat_template_kwargs)  # so does a bad --chat-template-kwargs
-    target, drafter, tok = load_models(cfgs[modes[-1]])
+    # the drafter loads where any mode drafts, not only where the last one does
+    drafting = [m for m in modes if cfgs[m].mode is not Mode.AR]
+    target, drafter, tok = load_models(cfgs[drafting[-1] if drafting else modes[-1]])
     if alt:  # the '-alt' modes' drafter, on the same target
         alt_drafter = load_drafter(args.alt_drafter, target, cfgs[alt[0]])
     eos = (tok.eos_token_id,)
@@ -166,6 +168,9 @@ def mode_list(text: str) -> list[str]:
         raise argparse.ArgumentTypeError(str(e)) from None
     if not names:
         raise argparse.ArgumentTypeError("no modes given")
+    twice = sorted(m for m, n in Counter(names).items() if n > 1)
+    if twice:  # one engine and one result per name: a repeat would be timed twice as one
+        raise argparse.ArgumentTypeError(f"mode {twice[0]!r} is given more than once")
     return names
 
 

@@ -120,6 +120,26 @@ def test_out_of_range_sampling_flags_are_usage_errors(tiny_pair_dir, capsys, fla
         assert e.value.code == 2 and flag in capsys.readouterr().err
 
 
+def test_bench_loads_the_drafter_when_the_last_mode_is_ar(tiny_pair_dir, monkeypatch):
+    """Models load with a drafting mode's config wherever it stands in --modes: with `ar` last
+    and no --drafter, async stopped with "mode async needs a drafter"."""
+    from sglang_d3d import bench
+    from sglang_d3d.config import Mode
+
+    seen = []
+
+    def load(cfg):
+        seen.append(cfg.mode)
+        raise KeyboardInterrupt  # stop once the models would load
+
+    monkeypatch.setattr(bench, "load_models", load)
+    flags = [f for f in _engine_flags(tiny_pair_dir) if f != "--drafter" and f != tiny_pair_dir[1]]
+    for modes, expected in (("async,ar", Mode.ASYNC), ("sync@4,ar", Mode.SYNC), ("ar", Mode.AR)):
+        with pytest.raises(KeyboardInterrupt):
+            main(["bench", "--dataset", "gsm8k", "--num-prompts", "1", "--modes", modes, *flags])
+        assert seen[-1] is expected
+
+
 def test_bench_bad_mode_is_a_usage_error(tiny_pair_dir, capsys):
     """A misspelt mode stops at argument parsing with the accepted forms, before any model
     loads (it was a traceback from Mode() after loading)."""
@@ -142,6 +162,8 @@ def test_parse_mode():
     assert parse_mode("ar") == parse_mode("ar")
     assert (parse_mode("ar").block, parse_mode("ar").cutoff, parse_mode("ar").weights) == (None,) * 3
     assert mode_list("ar, sync@8,") == ["ar", "sync@8"]
+    with pytest.raises(argparse.ArgumentTypeError, match="'ar' is given more than once"):
+        mode_list("ar,async,ar")
     m = parse_mode("sync-tree7-lookup0-copy3@4")
     assert (m.counts, m.block) == (
         (("tree_nodes", 7), ("lookup_tokens", 0), ("copy_ngram", 3)), 4)

@@ -51,8 +51,8 @@ from sglang_d3d.models import cpu_kernels, loading
 from sglang_d3d.prompts import chat_ids, load_questions
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # run_info, when run as a script
-from llama_decode import DEFAULT_BINARY, ROOT, LlamaDecode, command  # noqa: E402
-from run_info import run_info  # noqa: E402
+from llama_decode import DEFAULT_BINARY, LlamaDecode, command  # noqa: E402
+from run_info import in_repo, run_info  # noqa: E402
 
 PEERS = ("hf", "hf-pld", "llama-cpp", "llama", "llama-pld", "llama-f32", "d3d", "d3d-ar", "d3d-sync",
          "d3d-fp32", "d3d-ar-fp32")
@@ -72,7 +72,8 @@ def main() -> None:
     torch.set_grad_enabled(False)
     torch.set_num_threads(a.threads)
     runners, tok = _build(a)
-    report = {**run_info(weights="q4_1 (d3d, llama), fp32 (hf, llama-f32, d3d-*fp32)"), "args": repo_relative(vars(a)),
+    args = {k: in_repo(v) if isinstance(v, str) else v for k, v in vars(a).items()}
+    report = {**run_info(weights="q4_1 (d3d, llama), fp32 (hf, llama-f32, d3d-*fp32)"), "args": args,
               "kernels": cpu_kernels.describe_cpu(), "llama_cpp_python": _llama_version(),
               "load_average_at_start": os.getloadavg(), "datasets": {}}
     for ds, qs in questions.items():
@@ -82,15 +83,6 @@ def main() -> None:
         if a.out:  # after each dataset, so a stopped run keeps the sets it finished
             Path(a.out).write_text(json.dumps(report, indent=1) + "\n")
     _print_summary(report["datasets"])
-
-
-def repo_relative(args: dict) -> dict:
-    """The arguments as recorded: a path inside the checkout relative to it, so results name no machine."""
-    def rel(v):
-        if isinstance(v, str) and v.startswith(str(ROOT) + "/"):
-            return str(Path(v).relative_to(ROOT))
-        return v
-    return {k: rel(v) for k, v in args.items()}
 
 
 def _run_dataset(ds: str, prompts: list[list[int]], runners: dict, a) -> tuple[dict, dict]:

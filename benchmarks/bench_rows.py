@@ -99,7 +99,10 @@ def _args():
     p.add_argument("--ctx", type=int, default=200, help="tokens in the cache before the pass")
     p.add_argument("--reps", type=int, default=9)
     p.add_argument("--json", help="write the numbers here")
-    return p.parse_args()
+    a = p.parse_args()
+    if min(a.threads, a.ctx, a.reps) < 1:
+        p.error("--threads, --ctx and --reps must be at least 1")
+    return a
 
 
 if __name__ == "__main__":

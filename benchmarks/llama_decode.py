@@ -13,8 +13,7 @@ import json
 import subprocess
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-DEFAULT_BINARY = ROOT / ".llama" / "build" / "llama_decode"
+DEFAULT_BINARY = Path(__file__).resolve().parents[1] / ".llama" / "build" / "llama_decode"
 ANSWER_KEYS = ("prompt_tokens", "ttft_s", "seconds", "decode_tokens_per_s", "token_ids")
 
 

@@ -38,14 +38,22 @@ def commit() -> str:
     return (head or "unknown") + ("+dirty" if dirty else "")
 
 
+def in_repo(path: str) -> str:
+    """An absolute path inside the checkout as relative to it (results name no machine's
+    folders); anything else as given."""
+    if not Path(path).is_absolute():
+        return path
+    try:
+        return str(Path(path).relative_to(ROOT))
+    except ValueError:
+        return path
+
+
 def command(argv: list[str] | None = None) -> str:
     """The command line as typed (python and the script's path relative to the repo)."""
     argv = list(sys.argv if argv is None else argv)
-    if argv and Path(argv[0]).is_absolute():
-        try:
-            argv[0] = str(Path(argv[0]).relative_to(ROOT))
-        except ValueError:
-            pass
+    if argv:
+        argv[0] = in_repo(argv[0])
     return "python " + shlex.join(argv) if argv and argv[0].endswith(".py") else shlex.join(argv)
 
 

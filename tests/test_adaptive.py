@@ -520,3 +520,28 @@ def test_each_cycle_run_is_tallied_with_why_its_plan_was_chosen():
     assert ran[(2, one, ESTIMATE)] == runs.count((one, ESTIMATE)) > 150  # plain wins
     assert ran[(2, four, EXPLORE)] == runs.count((four, EXPLORE)) >= 1  # re-measured in turn
     assert sum(ran.values()) == 202  # every cycle once, under the bucket it ran in
+
+
+def test_kept_rates_and_curves_follow_every_change_of_evidence():
+    """The rates, the traffic's curve and each row's curve are kept between cycles (a third of
+    `choose` otherwise); after any mix of cycles with and without drafts tested, and rows'
+    own counts moving, they equal what the counts give afresh."""
+    import random
+
+    rng = random.Random(0)
+    c = BlockController(candidates=(Plan(1), Plan(4), Plan(8, True)), warmup=1,
+                        prior=(0.8, 0.6, 0.5))
+    rows = [AcceptCounts() for _ in range(3)]
+    for _ in range(300):
+        plan = c.choose(len(rows), None, rows)
+        drafted = plan.block > 1 and rng.random() < 0.7
+        per_row = [(plan.block - 1, rng.randrange(plan.block)) for _ in rows] if drafted else []
+        c.observe(len(rows), plan, rng.uniform(0.01, 0.2), per_row)
+        for e, t in zip(rows, per_row):
+            e.add(*t)
+        fresh = [c._rate(i) for i in range(max(7, len(c.reached)))]
+        assert c.accept_rates() == fresh
+        assert c._batch_tokens(fresh, rows, len(rows), 8) == pytest.approx(
+            [sum(expected_curve(blend(e, fresh, c.row_weight), 8)[b] for e in rows if e.reached)
+             + sum(not e.reached for e in rows) * expected_curve(fresh, 8)[b] for b in range(9)],
+            rel=0, abs=0)

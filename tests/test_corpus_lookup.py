@@ -37,6 +37,20 @@ from sglang_d3d.training.shards import Sample, write_manifest, write_shard
 
 
 # ---- the index --------------------------------------------------------------------------------
+def test_a_first_guess_whose_shortest_counted_context_never_occurred_is_settled_alike():
+    """The gate (`_may_occur`: a context occurs only where its tail does) changes no answer:
+    on small random corpora, every continuation equals the full walk over the orders."""
+    rng = np.random.default_rng(3)
+    for setting in (CorpusSetting(), CorpusSetting(orders=(5, 3, 1), min_order=2, min_share=0.3)):
+        corpus = [list(rng.integers(0, 5, size=int(rng.integers(5, 40)))) for _ in range(20)]
+        gated, walked = CorpusIndex(corpus, setting), CorpusIndex(corpus, setting)
+        walked._may_occur = lambda ctx, min_order: True
+        for _ in range(300):
+            ctx = [int(t) for t in rng.integers(0, 6, size=int(rng.integers(0, 9)))]
+            length = int(rng.integers(0, 6))
+            assert gated.continuation(ctx, length) == walked.continuation(ctx, length), ctx
+
+
 def test_the_likeliest_continuation_of_the_longest_context_is_guessed():
     # after [1, 2, 3]: 4 twice, 5 once; after [9, 2, 3] (a longer context of 3 that occurred): 5
     idx = CorpusIndex([[1, 2, 3, 4, 6], [1, 2, 3, 4, 6], [1, 2, 3, 5], [9, 2, 3, 5, 7]])

@@ -7,7 +7,7 @@ import random
 import pytest
 import torch
 
-from sglang_d3d.speculative.lookup import lookup_continuation
+from sglang_d3d.speculative.lookup import NgramIndex, lookup_continuation
 from sglang_d3d.speculative.tree import DraftTree, build_tree, graft, greedy_tree_accept
 
 
@@ -126,3 +126,30 @@ def test_greedy_acceptance_follows_a_copy(q):
     path, token = greedy_tree_accept(tree, argmax)
     assert [tree.tokens[i - 1] for i in path] == [tree.tokens[0], 100, 101, 102]
     assert token == 7
+
+
+def test_the_index_answers_as_the_scan_while_the_text_grows():
+    """NgramIndex.continuation equals lookup_continuation at every length of a growing text,
+    whatever min_ngram, grown a token or a run at a time."""
+    rng = random.Random(1)
+    for _ in range(60):
+        index, text = NgramIndex(), []
+        min_ngram = rng.randrange(1, 4)
+        for _ in range(rng.randrange(1, 30)):
+            text.extend(rng.randrange(3) for _ in range(rng.randrange(1, 4)))
+            length = rng.randrange(0, 7)
+            assert index.continuation(text, length, min_ngram) == \
+                lookup_continuation(text, length, min_ngram=min_ngram), (text, length, min_ngram)
+
+
+def test_the_index_reads_a_new_or_shorter_text_afresh():
+    index = NgramIndex()
+    text = [1, 2, 3, 1, 2]
+    assert index.continuation(text, 2) == [3, 1]
+    assert index.continuation([9, 8, 9], 2, min_ngram=1) == [8, 9]  # another list
+    text2 = [5, 6, 7, 5, 6]
+    assert index.continuation(text2, 1) == [7]
+    del text2[3:]  # the same list, shorter: [5, 6, 7]
+    assert index.continuation(text2, 2) == [] == lookup_continuation(text2, 2)
+    text2[1:] = [1, 2, 5, 1, 2]  # rewritten in place, the last indexed token changed
+    assert index.continuation(text2, 2) == [5, 1] == lookup_continuation(text2, 2)

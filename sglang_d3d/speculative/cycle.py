@@ -17,7 +17,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 import torch
 
@@ -32,10 +32,11 @@ from sglang_d3d.speculative.tree import DraftTree, chain_accepted
 COPY_LABEL = "copy"  # how a cycle of copies is named and labelled
 
 
-@dataclass(frozen=True, order=True)
-class Plan:
+class Plan(NamedTuple):
     """One cycle's shape: `block` tokens per verify (1 = plain decoding), and whether the
-    drafter pre-drafts the next block while the target verifies."""
+    drafter pre-drafts the next block while the target verifies. A named tuple, so that
+    hashing and comparing one runs in C: the controller looks plans up in its tables about a
+    hundred times a cycle (`benchmarks/bench_cycle_overhead.py` times its share)."""
 
     block: int
     overlap: bool = False

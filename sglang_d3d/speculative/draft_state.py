@@ -15,6 +15,7 @@ import torch
 from sglang_d3d.config import SamplingParams
 from sglang_d3d.speculative.branches import Branch
 from sglang_d3d.speculative.grammar import Constraint
+from sglang_d3d.speculative.lookup import NgramIndex
 from sglang_d3d.speculative.sampling import RequestRandom
 
 
@@ -36,6 +37,7 @@ class DraftState:
     # The request's grammar (the host's, advanced by the host after each cycle): drafts are
     # steered inside it (grammar.py, Constraint.steer). None: free text.
     constraint: Constraint | None = None
+    ngrams: NgramIndex = field(default_factory=NgramIndex)  # copies from `tokens` (lookup.py)
 
     @property
     def last_token(self) -> int:

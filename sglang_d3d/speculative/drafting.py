@@ -238,7 +238,7 @@ class Drafting:
         tokens long."""
         if length <= 0 or min_ngram <= 0 or s.draft is not None:
             return []
-        own = lookup_continuation(s.tokens, length, min_ngram=min_ngram)
+        own = s.ngrams.continuation(s.tokens, length, min_ngram)
         if own or not s.params.greedy:
             return own
         for source in elsewhere:

@@ -15,6 +15,7 @@ against no copies in the same run): sync@4 1.90x of ar against 1.64x on GSM8K, 1
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import numpy as np
@@ -52,6 +53,47 @@ def lookup_continuation(tokens: Sequence[int], length: int, max_ngram: int = 4,
         if starts.size:
             return _copy(tokens, int(starts[-1]) + n, length)
     return []
+
+
+@dataclass
+class NgramIndex:
+    """`lookup_continuation` for a text that grows at its end, without reading it all again:
+    every n-gram (1 to `max_ngram` tokens) that has a token after it, mapped to its latest
+    start. Each lookup first indexes the tokens added since the last, so a cycle costs a few
+    dictionary operations per new token, not a pass over the context (the numpy scan took
+    about 350 us a cycle at 300-700 tokens, 4% of a plain step on the 4-bit CPU path).
+    Texts grow by appending; a rewritten history is a new list (`Drafting.restart`). A text
+    that is another list, shorter than the one indexed, or whose last indexed token changed,
+    is indexed afresh."""
+
+    max_ngram: int = 4
+    _text: list[int] | None = None  # the list indexed (by identity)
+    _ends: int = 0  # the n-grams ending (exclusively) at positions <= _ends are in
+    _mark: int | None = None  # the token at position _ends when it was indexed
+    _start: dict[tuple[int, ...], int] = field(default_factory=dict)  # n-gram -> latest start
+
+    def continuation(self, tokens: list[int], length: int, min_ngram: int = 2) -> list[int]:
+        """`lookup_continuation(tokens, length, self.max_ngram, min_ngram)`, the same list."""
+        if length <= 0:
+            return []
+        self._catch_up(tokens)
+        last = len(tokens)
+        for n in range(min(self.max_ngram, last - 1), max(min_ngram, 1) - 1, -1):
+            start = self._start.get(tuple(tokens[last - n :]))
+            if start is not None:
+                return _copy(tokens, start + n, length)
+        return []
+
+    def _catch_up(self, tokens: list[int]) -> None:
+        """Index the n-grams that now have a token after them: those ending before the last."""
+        if tokens is not self._text or len(tokens) - 1 < self._ends or \
+                (self._ends and tokens[self._ends] != self._mark):
+            self._text, self._ends, self._start = tokens, 0, {}
+        for end in range(self._ends + 1, len(tokens)):  # n-grams tokens[end - n : end]
+            for n in range(1, min(self.max_ngram, end) + 1):
+                self._start[tuple(tokens[end - n : end])] = end - n  # later starts overwrite
+        self._ends = max(self._ends, len(tokens) - 1)
+        self._mark = tokens[self._ends] if tokens else None
 
 
 def _copy(ctx: Sequence[int], start: int, length: int) -> list[int]:

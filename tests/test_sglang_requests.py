@@ -67,3 +67,26 @@ def test_drafting_and_verification_draw_from_streams_of_their_own(table):
     (row,) = table.rows_for([_req("a", [5, 6])])
     assert row.verify_random is not row.state.generator
     assert row.verify_random.seed != row.state.generator.seed
+
+
+def test_sync_reads_only_the_tokens_past_those_the_drafter_knows(table):
+    """Each cycle hands the drafter SGLang's new tokens alone; a record that disagrees with
+    the drafter's at its ends is read afresh."""
+    req = _req("a", [5, 6, 7])
+    (row,) = table.rows_for([req])
+    skipped, restarted = [], []
+    skip, restart = table.drafting.skip, table.drafting.restart
+    table.drafting.skip = lambda s, new: (skipped.append(list(new)), skip(s, new))
+    table.drafting.restart = lambda s, full: (restarted.append(list(full)), restart(s, full))
+    table.sync(row, req)
+    assert skipped == [[5, 6, 7, 7]] and row.state.tokens == [5, 6, 7, 7]
+    req.output_ids += [8, 9]
+    table.sync(row, req)
+    table.sync(row, req)  # nothing new
+    assert skipped == [[5, 6, 7, 7], [8, 9]] and row.state.tokens == [5, 6, 7, 7, 8, 9]
+    req.output_ids[-1] = 4  # rewritten where the drafter's record ends
+    table.sync(row, req)
+    assert restarted == [[5, 6, 7, 7, 8, 4]] and row.state.tokens == [5, 6, 7, 7, 8, 4]
+    req.output_ids[:] = [1]  # shorter than the drafter's record
+    table.sync(row, req)
+    assert restarted[-1] == [5, 6, 7, 1] and row.state.tokens == [5, 6, 7, 1]

@@ -78,15 +78,21 @@ class RequestTable:
         return row if row is not None else self._create(req)
 
     def sync(self, row: RequestRow, req) -> None:
-        """Bring the drafter's view of the request up to SGLang's record of it."""
-        full = list(req.origin_input_ids) + list(req.output_ids)
+        """Bring the drafter's view of the request up to SGLang's record of it: the tokens
+        past those it knows. A request's prompt and outputs only grow, so this reads the new
+        tokens and checks the two records agree at their ends, not the whole history every
+        cycle; where they disagree (rewritten history, which should not happen), the drafter
+        cache is rebuilt from SGLang's record."""
+        prompt, out = req.origin_input_ids, req.output_ids
         known = row.state.tokens
-        if full == known:
+        if len(known) <= len(prompt) + len(out) and (
+                not known or (_at(prompt, out, 0) == known[0]
+                              and _at(prompt, out, len(known) - 1) == known[-1])):
+            new = _after(prompt, out, len(known))
+            if new:
+                self.drafting.skip(row.state, new)
             return
-        if full[: len(known)] == known:
-            self.drafting.skip(row.state, full[len(known) :])
-        else:  # rewritten history (should not happen): rebuild the drafter cache
-            self.drafting.restart(row.state, full)
+        self.drafting.restart(row.state, list(prompt) + list(out))
 
     def release(self, rid: str) -> None:
         row = self.rows.pop(rid, None)
@@ -120,3 +126,15 @@ class RequestTable:
                 f"D3D drafter cache is full: more running requests than its {self.num_slots} "
                 "slots (--max-running-requests sizes it)"
             )
+
+
+def _at(prompt, out, i: int) -> int:
+    """Token i of the request's record: its prompt, then its outputs."""
+    return prompt[i] if i < len(prompt) else out[i - len(prompt)]
+
+
+def _after(prompt, out, n: int) -> list[int]:
+    """The request's record past its first n tokens."""
+    if n >= len(prompt):
+        return list(out[n - len(prompt) :])
+    return list(prompt[n:]) + list(out)

@@ -89,8 +89,8 @@ class OrderTable:
     def _views(self) -> tuple[memoryview, memoryview, memoryview, memoryview]:
         """The arrays as memoryviews, searched with `bisect`: a lookup reads a few items, and
         numpy's call machinery cost more than the search itself. With caches as a 4-bit
-        step leaves them, a lookup in the default corpus's order-3 table took 72 us through
-        `np.searchsorted` and 19 us this way."""
+        step leaves them, a search of the default corpus's order-3 table took 76 us through
+        `np.searchsorted` and 16 us this way (`benchmarks/bench_corpus_lookup.py`)."""
         return (memoryview(self.keys), memoryview(self.starts), memoryview(self.tokens),
                 memoryview(self.shares))
 
@@ -161,8 +161,8 @@ class CorpusIndex:
     def _may_occur(self, ctx: list[int], min_order: int) -> bool:
         """Whether a context of `ctx`'s tail at least `min_order` long may have occurred: a
         context occurred only where its own tail did, so where the shortest kept order that
-        counts never occurred, no longer one did (one search settles most first guesses,
-        against one per order: 135 us a row-cycle in a served 4-bit step's caches)."""
+        counts never occurred, no longer one did: one search settles most first guesses,
+        against one per order (`benchmarks/bench_cycle_overhead.py` times the lookups)."""
         counted = [n for n in self.setting.orders if n >= min_order]
         if not counted or counted[-1] > len(ctx):
             return False

@@ -18,6 +18,14 @@ torch.set_num_threads(1)
 
 
 @pytest.fixture(scope="session")
+def sglang_baseline_cache(tmp_path_factory) -> str:
+    """A folder where real-SGLang comparisons keep SGLang alone's output (cpu_harness/compare.py
+    `kept_baseline`): modules that compare the same tiny target on the same prompts start
+    SGLang alone once between them."""
+    return str(tmp_path_factory.mktemp("sglang_baselines"))
+
+
+@pytest.fixture(scope="session")
 def tiny_pair_dir(tmp_path_factory) -> tuple[str, str]:
     from sglang_d3d.testing import make_tiny_pair
 

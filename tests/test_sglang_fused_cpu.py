@@ -25,7 +25,7 @@ MAX_NEW = 24
 
 
 @pytest.fixture(scope="module", params=["4", "2"], ids=["every-outcome", "two-branches"])
-def run(request, tmp_path_factory):
+def run(request, tmp_path_factory, sglang_baseline_cache):
     from sglang_d3d.sglang_worker.cpu_harness import subprocess_env
     from sglang_d3d.sglang_worker.cpu_harness.tiny import make_pair
 
@@ -33,6 +33,7 @@ def run(request, tmp_path_factory):
     target, drafter = make_pair(root, block_size=4, full_depth=True)
     counters = root / "counters.json"
     env = {**subprocess_env(), "SGLANG_D3D_COUNTERS_FILE": str(counters),
+           "SGLANG_D3D_BASELINE_CACHE": sglang_baseline_cache,
            "SGLANG_D3D_MODE": "fused", "SGLANG_D3D_BRANCH_BUDGET": request.param}
     cmd = [sys.executable, "-m", "sglang_d3d.sglang_worker.cpu_harness.compare", target, drafter,
            json.dumps(PROMPTS), str(MAX_NEW)]

@@ -22,7 +22,7 @@ MAX_NEW = 24
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory):
+def run(tmp_path_factory, sglang_baseline_cache):
     from sglang_d3d.sglang_worker.cpu_harness import subprocess_env
     from sglang_d3d.sglang_worker.cpu_harness.tiny import make_pair
 
@@ -31,6 +31,7 @@ def run(tmp_path_factory):
     counters = root / "counters.json"
     # sync: every cycle speculates (the plan per load would also run plain cycles)
     env = {**subprocess_env(), "SGLANG_D3D_COUNTERS_FILE": str(counters),
+           "SGLANG_D3D_BASELINE_CACHE": sglang_baseline_cache,
            "SGLANG_D3D_MODE": "sync"}
     cmd = [sys.executable, "-m", "sglang_d3d.sglang_worker.cpu_harness.compare", target, drafter,
            json.dumps(PROMPTS), str(MAX_NEW)]

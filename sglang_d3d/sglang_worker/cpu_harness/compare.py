@@ -10,10 +10,13 @@ e2e.py). Prints one JSON line, `COMPARE-RESULT {...}`:
   d3d       the same prompts through SGLang + D3DWorker: ids, finish reason, error and the
             accepted lengths per cycle
   sampled   the prompts at temperature 0.7 through SGLang + D3D (ids, finish reason, error)
+With SGLANG_D3D_BASELINE_CACHE set to a folder, the baseline is kept there and read back for
+the same target files, prompts, length, device, dtype and ranks (`kept_baseline`).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import sys
@@ -39,6 +42,37 @@ def baseline(target: str, prompts: list, max_new: int, device: str, dtype: str,
         return [o["output_ids"] for o in out]
     finally:
         engine.shutdown()
+
+
+def kept_baseline(target: str, prompts: list, max_new: int, device: str, dtype: str,
+                  tp: int = 1) -> list:
+    """`baseline`, kept in $SGLANG_D3D_BASELINE_CACHE where that is set. SGLang alone's greedy
+    output follows from the target's files, the prompts, the length, device, dtype and ranks;
+    each SGLang start costs tens of seconds on CPU, and several test modules compare the same
+    tiny target on the same prompts."""
+    folder = os.environ.get("SGLANG_D3D_BASELINE_CACHE")
+    if not folder:
+        return baseline(target, prompts, max_new, device, dtype, tp)
+    path = Path(folder) / f"{baseline_key(target, prompts, max_new, device, dtype, tp)}.json"
+    if path.is_file():
+        return json.loads(path.read_text())
+    ids = baseline(target, prompts, max_new, device, dtype, tp)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    part = path.with_suffix(".part")
+    part.write_text(json.dumps(ids))
+    part.replace(path)  # whole or absent, for a reader beside it
+    return ids
+
+
+def baseline_key(target: str, prompts: list, max_new: int, device: str, dtype: str,
+                 tp: int) -> str:
+    """What SGLang alone's greedy output follows from, hashed: the target folder's files
+    (names and bytes) and the run's settings."""
+    h = hashlib.sha256()
+    for f in sorted(p for p in Path(target).iterdir() if p.is_file()):
+        h.update(f.name.encode() + b"\0" + f.read_bytes())
+    h.update(json.dumps([prompts, max_new, device, dtype, tp]).encode())
+    return h.hexdigest()[:32]
 
 
 def run_d3d(target: str, drafter: str, prompts: list, max_new: int, device: str,
@@ -86,7 +120,7 @@ def main() -> None:
         from sglang_d3d.sglang_worker.cpu_harness import install
 
         install()
-    result = {"baseline": baseline(target, prompts, max_new, device, dtype, tp)}
+    result = {"baseline": kept_baseline(target, prompts, max_new, device, dtype, tp)}
     result.update(run_d3d(target, drafter, prompts, max_new, device, dtype, tp))
     print("COMPARE-RESULT " + json.dumps(result), flush=True)
 

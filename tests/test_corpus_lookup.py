@@ -38,13 +38,19 @@ from sglang_d3d.training.shards import Sample, write_manifest, write_shard
 
 # ---- the index --------------------------------------------------------------------------------
 def test_a_first_guess_whose_shortest_counted_context_never_occurred_is_settled_alike():
-    """The gate (`_may_occur`: a context occurs only where its tail does) changes no answer:
+    """The gate (`_longest`: a context occurs only where its tail does) changes no answer:
     on small random corpora, every continuation equals the full walk over the orders."""
+    def full_walk(index, ctx, min_order=1):  # every order, longest first, no gate
+        for n in index.setting.orders:
+            if min_order <= n <= len(ctx) and (found := index.tables[n].options(hash_tokens(ctx[-n:]))):
+                return n, found
+        return 0, []
+
     rng = np.random.default_rng(3)
     for setting in (CorpusSetting(), CorpusSetting(orders=(5, 3, 1), min_order=2, min_share=0.3)):
         corpus = [list(rng.integers(0, 5, size=int(rng.integers(5, 40)))) for _ in range(20)]
         gated, walked = CorpusIndex(corpus, setting), CorpusIndex(corpus, setting)
-        walked._may_occur = lambda ctx, min_order: True
+        walked._longest = lambda ctx, min_order=1, w=walked: full_walk(w, ctx, min_order)
         for _ in range(300):
             ctx = [int(t) for t in rng.integers(0, 6, size=int(rng.integers(0, 9)))]
             length = int(rng.integers(0, 6))

@@ -150,35 +150,32 @@ class CorpusIndex:
                     heapq.heappush(heap, (score * share, next(tie), (*path, token)))
         return out
 
-    def _longest(self, ctx: list[int]) -> tuple[int, list[tuple[int, float]]]:
+    def _longest(self, ctx: list[int], min_order: int = 1) -> tuple[int, list[tuple[int, float]]]:
         """(n, what followed) for the longest context of `ctx`'s tail that occurred, n tokens
-        long; (0, []) where none did."""
-        for n in self.setting.orders:
-            if n <= len(ctx) and (found := self.tables[n].options(hash_tokens(ctx[-n:]))):
+        long and at least `min_order`; (0, []) where none did. A context occurred only where
+        its own tail did, so where orders below `min_order` are left out, the shortest counted
+        one is searched first: where it never occurred no longer one did, and one search
+        settles most first guesses, against one per order (`bench_cycle_overhead.py`)."""
+        counted = [n for n in self.setting.orders if min_order <= n <= len(ctx)]
+        if counted and counted[-1] != self.setting.orders[-1] and not self._options(ctx, counted[-1]):
+            return 0, []
+        for n in counted:
+            if found := self._options(ctx, n):
                 return n, found
         return 0, []
 
-    def _may_occur(self, ctx: list[int], min_order: int) -> bool:
-        """Whether a context of `ctx`'s tail at least `min_order` long may have occurred: a
-        context occurred only where its own tail did, so where the shortest kept order that
-        counts never occurred, no longer one did: one search settles most first guesses,
-        against one per order (`benchmarks/bench_cycle_overhead.py` times the lookups)."""
-        counted = [n for n in self.setting.orders if n >= min_order]
-        if not counted or counted[-1] > len(ctx):
-            return False
-        gate = counted[-1]
-        return gate == self.setting.orders[-1] or bool(self.tables[gate].options(hash_tokens(ctx[-gate:])))
+    def _options(self, ctx: list[int], n: int) -> list[tuple[int, float]]:
+        """What followed `ctx`'s last n tokens in the corpus, likeliest first."""
+        return self.tables[n].options(hash_tokens(ctx[-n:]))
 
     def _next(self, ctx: list[int], min_order: int, min_share: float) -> int | None:
         """The guess of the longest context of `ctx`'s tail that occurred, if that context is
         at least `min_order` long and its guess's share at least `min_share`."""
-        if not self._may_occur(ctx, min_order):
-            return None
-        n, found = self._longest(ctx)
+        _, found = self._longest(ctx, min_order)
         if not found:
             return None
         token, share = found[0]
-        return token if n >= min_order and share >= min_share else None
+        return token if share >= min_share else None
 
 
 def corpus_index(drafter, max_tokens: int) -> CorpusIndex | None:

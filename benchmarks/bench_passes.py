@@ -7,7 +7,8 @@ read bandwidth of a probe timed in turn with the plain steps, so that both meet 
 from other processes. Drafter (`DraftRunner`, the shipped drafter, anchor layout): the
 synchronous draft of one block after 1 or 3 newly accepted tokens, the pre-draft pass with 1 and
 4 branches, and its prompt prefill; over the 4-bit target ("q4 base": its C++ layer loop,
-models/exact_drafter.py) and its int8 copy beside it. Median of REPS after a warm-up, and in parentheses the
+models/exact_drafter.py, with inputs rounded to 8 bits as the engine drafts; beside it with the
+target's 14-bit rounding) and its int8 copy. Median of REPS after a warm-up, and in parentheses the
 fastest run (for the read bandwidth: the rate of its fastest run). The CPU target's goals (an
 AR step <= 60 ms at 1 thread, a 16-token verify <= 1.5 AR steps, prefill >= 300 tok/s at 2
 threads, a 4-bit plain step <= 1.5x its bound at 1 thread, median over median; a 4-bit verify
@@ -162,7 +163,8 @@ def _drafter_passes(drafter: D3DDrafter, a, q4: D3DDrafter | None = None) -> dic
                ", fp32 weights": DraftRunner(drafter, 1, size),
                ", HF modules": DraftRunner(drafter, 1, size, fast=False)}
     if q4 is not None:  # on the 4-bit target's C++ loop (models/exact_drafter.py), and its int8 copy
-        runners[", q4 base"] = DraftRunner(q4, 1, size)
+        runners[", q4 base"] = DraftRunner(q4, 1, size)  # 8-bit inputs, as the engine drafts
+        runners[", q4 base, 14-bit inputs"] = DraftRunner(q4, 1, size, coarse=False)  # the target's rounding
         if int8:
             runners[", q4 int8 copy"] = DraftRunner(q4, 1, size, int8=True, exact_rows=0)
     if not int8:

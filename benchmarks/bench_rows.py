@@ -7,6 +7,8 @@ that every weight streams from memory as in a pass.
 
 Each part prints its milliseconds at each row count, and what one more row costs past the first
 (the slope a verify or drafter block pays per token). Medians of --reps runs, parts interleaved.
+"projections 8-bit" is the same four projections with their inputs rounded to 8 bits, as the
+drafter's passes round them (`--draft-input-bits 8`, models/csrc/block_mm.cpp).
 """
 
 from __future__ import annotations
@@ -58,7 +60,12 @@ def _parts(model, runner: TargetRunner, m: int, reps: int) -> dict[str, float]:
     def projection(name):
         return lambda: [getattr(layer, name)(xs[name]) for layer in model.layers]
 
+    def coarse():  # the four projections' products on 8-bit inputs (their biases left out)
+        return [torch.ops.d3d_cpu.q4_mm(xs[name], *getattr(layer, name).operands, coarse=True)
+                for layer in model.layers for name in PROJECTIONS]
+
     fns = {name: projection(name) for name in PROJECTIONS}
+    fns["projections 8-bit"] = coarse
     fns["head"] = lambda: model.lm_head(h)
     fns["pass"] = lambda: runner.forward_block([0], block)
     times: dict[str, list[float]] = {k: [] for k in fns}
@@ -82,12 +89,14 @@ def _slopes(table: dict[int, dict[str, float]]) -> dict[str, float]:
 
 
 def _print(table: dict[int, dict[str, float]]) -> None:
-    keys = [*PROJECTIONS, "projections", "head", "rest", "pass"]
-    print("rows " + "".join(f"{k:>12}" for k in keys))
+    keys = [*PROJECTIONS, "projections", "head", "rest", "pass", "projections 8-bit"]
+    print("rows " + "".join(f"{k.replace('projections', 'proj'):>12}" for k in keys))
     for m, ms in table.items():
         print(f"{m:>4} " + "".join(f"{ms[k]:>12.2f}" for k in keys))
     slopes = _slopes(table)
     print("+row " + "".join(f"{slopes[k]:>12.2f}" for k in keys))
+    print("projections on 8-bit inputs over 14-bit: " +
+          ", ".join(f"{m}: {ms['projections 8-bit'] / ms['projections']:.2f}x" for m, ms in table.items()))
     step = table[1]["pass"]
     print("pass of m rows over the plain step: " +
           ", ".join(f"{m}: {ms['pass'] / step:.2f}x" for m, ms in table.items()))

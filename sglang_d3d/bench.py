@@ -49,7 +49,8 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
                    "(sync-tree7@5) its --tree-nodes (tree0: chains); '-lookup<N>' (sync-lookup0) "
                    "its --lookup-tokens; '-copy<N>' (sync-copy0) its --copy-ngram; '-shared<N>' "
                    "(async-shared0) its --shared-lookup-tokens; '-corpus<N>' its --corpus-tokens; "
-                   "'-guesses<N>' (async-guesses0) its --copy-guesses; '-alt' runs that mode "
+                   "'-guesses<N>' (async-guesses0) its --copy-guesses; '-bits<N>' (sync-bits14) "
+                   "its --draft-input-bits; '-alt' runs that mode "
                    "with --alt-drafter in place of --drafter")
     p.add_argument("--alt-drafter", default=None,
                    help="a second drafter folder for the '-alt' modes, so that two drafters "
@@ -107,7 +108,7 @@ def run_bench(args: argparse.Namespace) -> int:
 # '-<prefix><N>' mode suffixes that set an integer engine setting for that mode
 COUNT_SUFFIXES = {"tree": "tree_nodes", "lookup": "lookup_tokens", "copy": "copy_ngram",
                   "shared": "shared_lookup_tokens", "corpus": "corpus_tokens",
-                  "guesses": "copy_guesses"}
+                  "guesses": "copy_guesses", "bits": "draft_input_bits"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -132,7 +133,8 @@ def parse_mode(name: str) -> ModeName:
     copies without drafting ('copy0': never), '-shared<N>' the finished requests' tokens
     greedy rows copy from ('shared0': none), '-corpus<N>' the tokens of the drafter's corpus
     they copy from ('corpus0': none), '-guesses<N>' the other texts' guesses a cycle of copies
-    verifies beside them ('guesses0': copies alone); '-alt' runs it with --alt-drafter; an '@B' suffix ('fused@4', 'sync-adaptive@8')
+    verifies beside them ('guesses0': copies alone), '-bits<N>' the bits the drafter's passes
+    keep of their inputs on a 4-bit target ('bits14': the target's rounding); '-alt' runs it with --alt-drafter; an '@B' suffix ('fused@4', 'sync-adaptive@8')
     sets the block size, so modes run side by side each at its own best block or weights.
     Raises ValueError naming the accepted forms."""
     stem, _, block = name.partition("@")
@@ -149,7 +151,8 @@ def parse_mode(name: str) -> ModeName:
             or (block and not (block.isdigit() and int(block) >= 1))):
         raise ValueError(f"unknown mode {name!r}: use ar, sync, async or fused, optionally "
                          "with -adaptive, -int8 or -full, -alt, -cut<X>, -tree<N>, -lookup<N>, "
-                         "-copy<N>, -shared<N>, -corpus<N>, -guesses<N>, then @<block size>")
+                         "-copy<N>, -shared<N>, -corpus<N>, -guesses<N>, -bits<N>, "
+                         "then @<block size>")
     if cuts and not 0.0 <= cuts[0] < 1.0:
         raise ValueError(f"mode {name!r}: the draft cutoff must be in [0, 1)")
     return ModeName(name, Mode(base), "adaptive" in rest, (weights or [None])[0],

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from sglang_d3d.config import (
     APART_ROW_COPIES,
+    DRAFT_INPUT_BITS,
     DRAFT_WEIGHTS,
     JSON_OBJECT,
     SHARED_ROW_COPIES,
@@ -75,6 +76,11 @@ def add_engine_args(
                    "the target's outputs are unchanged), full (the target's own: 4-bit where "
                    "--target-weights is q4), or auto: int8 where the drafter runs on a CPU in "
                    "float32")
+    g.add_argument("--draft-input-bits", type=int, choices=list(DRAFT_INPUT_BITS),
+                   default=EngineConfig.draft_input_bits,
+                   help="on a 4-bit target's C++ loop, the bits the drafter's passes keep of "
+                   "each block of projection inputs: 14 as the target's passes, or 8 (fewer "
+                   "byte products; the target's outputs are unchanged)")
     g.add_argument("--target-weights", choices=list(TARGET_WEIGHTS),
                    default=EngineConfig.target_weights,
                    help="the target's projection weights in its passes: q4 (the 4-bit Q4_1 "
@@ -270,6 +276,7 @@ def engine_config(args: argparse.Namespace, mode: str | None = None) -> EngineCo
         target_threads=target_threads,
         draft_threads=draft_threads,
         draft_weights=getattr(args, "draft_weights", EngineConfig.draft_weights),
+        draft_input_bits=getattr(args, "draft_input_bits", EngineConfig.draft_input_bits),
         target_weights=getattr(args, "target_weights", EngineConfig.target_weights),
         draft_cutoff=getattr(args, "draft_cutoff", EngineConfig.draft_cutoff),
         tree_nodes=EngineConfig.tree_nodes if getattr(args, "tree_nodes", None) is None

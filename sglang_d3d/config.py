@@ -28,6 +28,7 @@ class BranchPolicy(str, enum.Enum):
 
 
 DRAFT_WEIGHTS = ("auto", "full", "int8")
+DRAFT_INPUT_BITS = (8, 14)
 TARGET_WEIGHTS = ("auto", "fp32", "q4")
 GREEDY_BELOW = 1e-5  # temperatures under this are greedy
 MAX_PENALTY = 2.0  # OpenAI's range for frequency and presence penalties: [-2, 2]
@@ -187,6 +188,13 @@ class EngineConfig:
     # a q4 target too: a block-16 draft pass measured 212 ms int8 against 397 on the 4-bit
     # base, whose kernel slows per row past a few rows; benchmarks/bench_passes.py).
     draft_weights: str = "auto"
+    # On a 4-bit target's C++ loop, the drafter's passes round each projection's inputs to this
+    # many bits of their block's range: 14 as the target's own passes, or 8, one byte dot
+    # product a weight byte instead of two (models/csrc/block_mm.cpp). Drafts only propose and
+    # the target verifies each, so the output is the same either way; 8 made the projections
+    # 6-18% faster at 1 to 16 rows on AVX-512 VNNI, with acceptance unchanged
+    # (`benchmarks/bench_rows.py`, docs/benchmarks.md).
+    draft_input_bits: int = 8
     # The target's projection weights in its inference passes: "q4" (the Q4_1 blocks of the
     # GGUF it was converted from, models/q4_target.py: a sixth of fp32's bytes a step),
     # "fp32" (the weights as loaded, equal to HF generate), or "auto": q4 where the target
@@ -266,6 +274,9 @@ class EngineConfig:
         if self.draft_weights not in DRAFT_WEIGHTS:
             raise ValueError(f"draft_weights must be one of {DRAFT_WEIGHTS}, "
                              f"not {self.draft_weights!r}")
+        if self.draft_input_bits not in DRAFT_INPUT_BITS:
+            raise ValueError(f"draft_input_bits must be one of {DRAFT_INPUT_BITS}, "
+                             f"not {self.draft_input_bits!r}")
         if self.target_weights not in TARGET_WEIGHTS:
             raise ValueError(f"target_weights must be one of {TARGET_WEIGHTS}, "
                              f"not {self.target_weights!r}")

@@ -154,3 +154,41 @@ def test_kernels_run_on_torchs_threads():
         assert torch.ops.d3d_cpu.kernel_threads() == min(2, torch.get_num_threads())
     finally:
         torch.set_num_threads(1)
+
+
+def _coarse_reference(x: torch.Tensor) -> torch.Tensor:
+    """x [M, K] as the coarse products read it, in float64: each block of 32 rounded to 14-bit
+    integers xq (to even), then on to the nearest multiple of 128, halves up (block_mm.cpp)."""
+    m, k = x.shape
+    xb = x.view(m, k // 32, 32)
+    amax = xb.abs().amax(-1, keepdim=True)  # [M, G, 1]
+    inv = torch.where(amax > 0, 16256.0 / amax, torch.zeros_like(amax))
+    xq = torch.round((xb * inv).clamp(-16256, 16256)).to(torch.int64)  # fp32 product, as the kernel
+    h, low = torch.div(xq, 128, rounding_mode="floor"), xq % 128
+    coarse = (h + (low >= 64).to(torch.int64)) * 128  # [M, G, 32]
+    return (coarse.double() * (amax.double() / 16256)).view(m, k)
+
+
+@pytest.mark.parametrize("n,k", SHAPES)
+def test_coarse_q4_products_are_the_file_weights_times_8_bit_inputs(n, k):
+    """coarse=True (a drafter's passes): the products of the inputs rounded to 8 bits a block.
+    Against float64 products of those inputs the error is fp32 summation's alone, far below
+    what the coarser rounding itself moves the outputs."""
+    b, x = _blocks(n, k), _x(19, k)
+    w = b.dequantize(kernel=False).double()  # [N, K]
+    y = torch.ops.d3d_cpu.q4_mm(x, *Q4Linear(b, cpp=True).operands, coarse=True).double()
+    rounded = _coarse_reference(x) @ w.T
+    moved = (rounded - x.double() @ w.T).abs().max()
+    assert (y - rounded).abs().max() < moved / 50
+
+
+@pytest.mark.parametrize("n,k", SHAPES)
+def test_coarse_vector_path_equals_the_plain_one_and_each_row_stands_alone(n, k):
+    """The AVX-512 pairs skip the zero low bytes, the other paths multiply them: the same bits,
+    and a row's output does not depend on which rows share its call."""
+    lin, x = Q4Linear(_blocks(n, k), cpp=True), _x(9, k)
+    fast = torch.ops.d3d_cpu.q4_mm(x, *lin.operands, coarse=True)
+    assert torch.equal(fast, torch.ops.d3d_cpu.q4_mm(x, *lin.operands, portable=True, coarse=True))
+    for lo, hi in ((0, 1), (2, 7), (8, 9)):
+        assert torch.equal(torch.ops.d3d_cpu.q4_mm(x[lo:hi], *lin.operands, coarse=True), fast[lo:hi])
+    assert not torch.equal(fast, torch.ops.d3d_cpu.q4_mm(x, *lin.operands))  # it is coarser

@@ -76,4 +76,6 @@ def test_each_paths_products_are_the_plain_loops_bits(path):
             x = torch.randn(m, k, generator=gen) * torch.rand(m, k, generator=gen)
             plain = torch.ops.d3d_cpu.q4_mm(x, *packed, portable=True)
             assert torch.equal(ops.q4_mm(x, *packed), plain), (path, n, k, m)
+            coarse = torch.ops.d3d_cpu.q4_mm(x, *packed, portable=True, coarse=True)
+            assert torch.equal(ops.q4_mm(x, *packed, coarse=True), coarse), (path, n, k, m)
             assert torch.equal(ops.q8_mm(x, q, d), torch.ops.d3d_cpu.q8_mm(x, q, d, portable=True)), (path, n, k, m)

@@ -94,6 +94,12 @@ def test_bench_mode_names(tiny_pair_dir):
     assert mode_config(args, "fused-adaptive@8").spec.block_size == 8
     assert mode_config(args, "sync").draft_weights == "auto"
     assert mode_config(args, "sync-int8@8").draft_weights == "int8"
+    assert mode_config(args, "sync").draft_input_bits == 8
+    assert mode_config(args, "sync-bits14@4").draft_input_bits == 14
+    with pytest.raises(ValueError, match=r"draft_input_bits must be one of \(8, 14\)"):
+        mode_config(args, "sync-bits4")
+    with pytest.raises(SystemExit):  # a usage error, not a traceback
+        p.parse_args(_engine_flags(tiny_pair_dir) + ["--draft-input-bits", "12"])
     full = mode_config(args, "async-adaptive-full@4")
     assert full.draft_weights == "full" and full.adaptive and full.spec.block_size == 4
     cut = p.parse_args(_engine_flags(tiny_pair_dir) + ["--draft-cutoff", "0.2"])

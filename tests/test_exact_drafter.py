@@ -53,9 +53,10 @@ def test_the_drafter_runs_on_the_c_loop(models):
 
 @pytest.mark.parametrize(("threads", "int8"), [(1, False), (2, False), (1, True)])
 def test_clean_rows_are_the_targets_bitwise(models, threads, int8):
-    """A drafter pass's accepted tokens and anchor: the same hidden states' logits and the
-    same keys and values as the target's own verify pass of those tokens (int8: a runner with
-    int8 copies takes the 4-bit loop for a pass this small, DraftRunner._exact_loop)."""
+    """With the target's 14-bit rounding (coarse=False), a drafter pass's accepted tokens and
+    anchor: the same hidden states' logits and the same keys and values as the target's own
+    verify pass of those tokens (int8: a runner with int8 copies takes the 4-bit loop for a
+    pass this small, DraftRunner._exact_loop)."""
     q4, drafter, _ = models
     if int8 and not int8_linear.available():
         pytest.skip("no int8 kernels in this torch")
@@ -64,7 +65,7 @@ def test_clean_rows_are_the_targets_bitwise(models, threads, int8):
         target = TargetRunner(q4, 1, 128)
         target.prefill(0, PROMPT)
         new = [11, 12, 13]
-        runner = DraftRunner(drafter, 1, 128, int8=int8)
+        runner = DraftRunner(drafter, 1, 128, int8=int8, coarse=False)
         runner.cache.k.copy_(target.cache.k)  # the same prefix, as adopt copies it
         runner.cache.v.copy_(target.cache.v)
         runner.lengths[0] = len(PROMPT)
@@ -76,6 +77,27 @@ def test_clean_rows_are_the_targets_bitwise(models, threads, int8):
         assert torch.equal(runner.cache.v[:, 0, :end], target.cache.v[:, 0, :end])
     finally:
         torch.set_num_threads(1)
+
+
+def test_coarse_passes_round_inputs_to_8_bits_and_touch_only_the_drafters_cache(models):
+    """The engine's default (coarse=True): clean rows come close to the target's but not to
+    its bits, and they are written to the runner's own cache, never the target's."""
+    q4, drafter, _ = models
+    target = TargetRunner(q4, 1, 128)
+    target.prefill(0, PROMPT)
+    kept_k, new = target.cache.k.clone(), [11, 12, 13]
+    runner = DraftRunner(drafter, 1, 128)
+    assert runner.coarse
+    runner.cache.k.copy_(target.cache.k)
+    runner.cache.v.copy_(target.cache.v)
+    runner.lengths[0] = len(PROMPT)
+    logits = runner.run([(0, extend_pack(new, 4))])[0][0]  # [B, V]: the anchor's first
+    verify = target.forward_block([0], torch.tensor([new]))[0]  # [3, V]
+    assert not torch.equal(logits[0], verify[-1])
+    assert (logits[0] - verify[-1]).abs().max() < 0.05 * verify[-1].abs().max()
+    assert logits[0].argmax() == verify[-1].argmax()
+    end = len(PROMPT)
+    assert torch.equal(target.cache.k[:, 0, :end], kept_k[:, 0, :end])
 
 
 def test_rows_do_not_depend_on_the_pass(models):

@@ -175,10 +175,12 @@ def test_plain_steps_equal_a_verify_pass_bitwise(q4_models, threads):
 PROMPTS = [[5, 9, 13, 17, 21], [30, 31, 32, 33, 30, 31, 32], [7, 70, 7, 71, 7, 72, 7]]
 
 
-@pytest.mark.parametrize("widths", [{}, {"lookup_tokens": 8, "copy_guesses": 8}])
+@pytest.mark.parametrize("widths", [{}, {"lookup_tokens": 8, "copy_guesses": 8},
+                                    {"draft_input_bits": 14}])
 @pytest.mark.parametrize("batch", [1, 3])
 def test_modes_greedy_identical_on_the_q4_runner(q4_models, batch, widths):
-    """With the q4 runner's own short copies alone, and with long copies and guesses."""
+    """With the q4 runner's own short copies alone, and with long copies and guesses; the
+    drafter's passes on 8-bit inputs (the default) and on the target's 14 bits."""
     from sglang_d3d.engine.offline import generate
 
     hf, _, q4, drafter, _ = q4_models

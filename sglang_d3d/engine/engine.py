@@ -95,7 +95,8 @@ class SpecEngine:
             self.drafting = Drafting.create(drafter, slots, cfg.max_context, cfg.spec,
                                             cfg.prefill_chunk, cfg.max_prefill_tokens,
                                             self.target.cache,
-                                            use_int8(cfg.draft_weights, d.device, d.dtype))
+                                            use_int8(cfg.draft_weights, d.device, d.dtype),
+                                            cfg.draft_input_bits)
         self.scheduler = Scheduler(slots, cfg.max_queue)
         # Prefill sharing (_share_prefills): follower id -> leader, leader id -> followers.
         self._leader_of: dict[int, Sequence] = {}

@@ -13,10 +13,15 @@ EXACT_ROWS = 16  # inputs up to which an int8 runner's pass takes the 4-bit C++ 
 
 class DraftRunner:
     def __init__(self, drafter: D3DDrafter, num_slots: int, max_len: int, fast: bool = True,
-                 int8: bool = False, exact_rows: int | None = None) -> None:
+                 int8: bool = False, exact_rows: int | None = None, coarse: bool = True) -> None:
         """exact_rows: with int8, passes of up to this many inputs take the 4-bit target's C++
-        loop where the drafter has one (default EXACT_ROWS; 0: never)."""
+        loop where the drafter has one (default EXACT_ROWS; 0: never). coarse: passes on that
+        loop round their projections' inputs to 8 bits, not the target's 14
+        (models/csrc/block_mm.cpp): drafts only propose and the target verifies each, so the
+        output is the same, and a pass costs less (`benchmarks/bench_passes.py`). The cache
+        is the runner's own, so no target row ever sees them."""
         self.model = drafter
+        self.coarse = coarse
         self.exact_rows = EXACT_ROWS if exact_rows is None else exact_rows
         self.cache = drafter.make_cache(num_slots, max_len)
         self.lengths = [0] * num_slots
@@ -45,7 +50,7 @@ class DraftRunner:
         int8 = self.int8 and not self._exact_loop(len(rows) * t)
         h = self.model.hidden(
             ids.to(dev), pos.to(dev), mask.to(dev), self.cache, slots, write.to(dev),
-            fast=self.fast, int8=int8,
+            fast=self.fast, int8=int8, coarse=self.coarse,
         )
         picks = [torch.tensor(p.blocks, dtype=torch.long).view(-1) for _, p in rows]  # [num_blocks * B] each
         flat = torch.cat([h[r, idx.to(dev)] for r, idx in enumerate(picks)])  # [sum, H]
@@ -79,7 +84,7 @@ class DraftRunner:
             pos = torch.arange(base, base + c, device=dev).unsqueeze(0)  # [1, c]
             mask = torch.ones(c, base + c, dtype=torch.bool, device=dev).tril(base)  # causal
             self.model.hidden(part, pos, mask.unsqueeze(0), self.cache, [slot], pos,
-                              fast=self.fast, int8=self.int8)
+                              fast=self.fast, int8=self.int8, coarse=self.coarse)
             self.lengths[slot] = base + c
 
     def adopt(self, slot: int, source: KVCache, n: int) -> None:

@@ -251,15 +251,18 @@ class D3DDrafter(nn.Module):
         record: list | None = None,
         fast: bool = False,
         int8: bool = False,
+        coarse: bool = False,
     ) -> torch.Tensor:
         """-> [N, T, H] final-normed hidden states; deltas apply at mask slots only. `fast`
         (inference on CPU): the target's fused, packed projections plus the deltas, in one call
         of the target's C++ layer loop where it has one (a 4-bit target: models/exact_drafter.py);
-        `int8`: an int8 copy of those projections and of the deltas (models/int8_deltas.py)."""
+        `int8`: an int8 copy of those projections and of the deltas (models/int8_deltas.py);
+        `coarse`: on the C++ loop, the projections' inputs rounded to 8 bits, not 14 (only with
+        the drafter's own `cache`: the rows then differ from the target's)."""
         if fast and not int8 and cache is not None and past is None and record is None \
                 and not torch.is_grad_enabled() and self.on_exact_loop():
             return exact_hidden(self, input_ids, positions, attn_mask, cache, slots, write_at,
-                                input_ids == MASK_ID)
+                                input_ids == MASK_ID, coarse)
         b = Batch(positions, attn_mask, cache, slots, write_at, past=past, record=record)
         self.gate.set(input_ids == MASK_ID, self.mask_embedding.dtype)
         try:

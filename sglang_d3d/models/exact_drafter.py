@@ -59,15 +59,18 @@ def _deltas(drafter) -> list[torch.Tensor]:
 
 
 def exact_hidden(drafter, input_ids: torch.Tensor, positions: torch.Tensor, attn_mask: torch.Tensor,
-                 cache: KVCache, slots: list[int], write_at: torch.Tensor, is_mask: torch.Tensor) -> torch.Tensor:
+                 cache: KVCache, slots: list[int], write_at: torch.Tensor, is_mask: torch.Tensor,
+                 coarse: bool = False) -> torch.Tensor:
     """input_ids [N, T] (MASK_ID at mask slots, is_mask [N, T] bool), RoPE positions and cache
     write indices [N, T], attn_mask [N, T, S] -> [N, T, H] final-normed hidden states, the
     drafter's `hidden` on the target's C++ loop; keys and values go to `cache` (the drafter's,
-    or the target's own for a full-depth drafter)."""
+    or the target's own for a full-depth drafter). `coarse`: the projections' inputs rounded to
+    8 bits (ExactPass), only where `cache` is the drafter's own."""
     exact, weights = exact_base(drafter)
     target = drafter._shared["target"]
     h = drafter.embed(input_ids).float()  # [N, T, H]
     cos, sin = target.rope_at(positions, h)
     deltas = _deltas(drafter)
     masked = is_mask.reshape(-1).to(torch.int64).tolist()
-    return exact(h, cos, sin, cache, slots, write_at, key_plan(attn_mask), weights, deltas, masked)
+    return exact(h, cos, sin, cache, slots, write_at, key_plan(attn_mask), weights, deltas, masked,
+                 coarse)

@@ -210,13 +210,16 @@ class ExactPass:
 
     def __call__(self, h: Tensor, cos: Tensor, sin: Tensor, cache: KVCache, slots: list[int],
                  write_at: Tensor, plan: KeyPlan, weights: ExactWeights | None = None,
-                 deltas: list[Tensor] | None = None, masked: list[int] | None = None) -> Tensor:
+                 deltas: list[Tensor] | None = None, masked: list[int] | None = None,
+                 coarse: bool = False) -> Tensor:
         """h [N, T, H] embeddings; cos, sin [N, 1, T, D]; write_at [N, T] -> [N, T, H] after
         the model's final norm (in the C++ call: each torch call after a step's weights have
         streamed through the caches costs several times its isolated time). A drafter's pass
         (C++ loop only): `weights` its layers (ExactWeights.keep), `deltas` per layer the a and
         b of its 4 projections' deltas (8 a layer), `masked` [N * T] 1 at its mask slots, where
-        the deltas apply."""
+        the deltas apply, and `coarse` its projections' inputs rounded to 8 bits, not 14
+        (models/csrc/block_mm.cpp): for passes whose outputs only propose, never for a pass
+        whose rows must equal a plain step's or that writes the target's cache."""
         n, t, width = h.shape
         w = weights or self.weights
         rows = [s for s in slots for _ in range(t)]
@@ -228,5 +231,7 @@ class ExactPass:
         if deltas is not None and not w.cpp:
             raise ValueError("a drafter's pass with deltas runs on the C++ layer loop only")
         if w.cpp:
-            args += (deltas or [], masked or [])
+            args += (deltas or [], masked or [], coarse)
+        elif coarse:
+            raise ValueError("coarse inputs run on the C++ layer loop only")
         return self._fn(*args).view(n, t, width)

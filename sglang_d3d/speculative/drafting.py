@@ -69,16 +69,19 @@ class Drafting:
     @classmethod
     def create(cls, drafter: D3DDrafter, num_slots: int, context: int, spec: SpecConfig,
                prefill_chunk: int = 64, max_prefill: int = 1024,
-               target_cache: KVCache | None = None, int8: bool = False) -> Drafting:
+               target_cache: KVCache | None = None, int8: bool = False,
+               input_bits: int = 8) -> Drafting:
         """Drafting with a drafter cache of `num_slots` rows, each sized for `context` tokens
         plus the scratch of one cycle under `spec`. `target_cache`: the target's slot cache
         (same slots and positions), which a full-depth drafter copies its prefix from; None
         where the host's target cache has another layout (SGLang's paged pool). `int8`: the
-        drafter's passes on int8 weights (models/int8_linear.py)."""
+        drafter's passes on int8 weights (models/int8_linear.py). `input_bits`: 8 or 14, what
+        its passes on a 4-bit target's C++ loop keep of their projections' inputs
+        (EngineConfig.draft_input_bits)."""
         size = draft_cache_len(context, spec.block_size, drafter.cfg.smallest_block,
                                max_branches(spec))
-        return cls(DraftRunner(drafter, num_slots, size, int8=int8), spec, prefill_chunk, max_prefill,
-                   target_cache)
+        runner = DraftRunner(drafter, num_slots, size, int8=int8, coarse=input_bits == 8)
+        return cls(runner, spec, prefill_chunk, max_prefill, target_cache)
 
     # ---- requests ---------------------------------------------------------------------------
     def start(self, slot: int, tokens: list[int], params: SamplingParams,

@@ -12,7 +12,12 @@
 // weights are the file's exactly, and the activations keep 14 bits of each block's range
 // (bf16 keeps 8 of each value). Rounding inputs to 8 bits instead (one byte dot product per
 // weight byte, not two) saved about 7% of SmolLM2-135M's layer time here, side by side, so
-// the 14 bits stay.
+// the 14 bits stay for every pass whose outputs must equal a plain step's.
+//
+// `coarse` (a drafter's passes, whose outputs only propose): each 14-bit integer is rounded on
+// to a multiple of 128 (h' = h + (l >= 64), l = 0), so xq keeps 8 bits of its block's range.
+// The same sums then need no l products, and the AVX-512 pair kernel skips them; every other
+// path multiplies the zero l bytes, so all paths still give the same bits.
 //
 // Q8_0 (q8_mm), the LM head: fp32 activations, each weight d q formed exactly in fp32, 16
 // running fp32 sums (fused multiply-adds) added in a fixed tree.
@@ -196,13 +201,28 @@ int32_t round_block(const float* xb, int8_t* oct, int64_t j, float* amax_out) {
 }
 #endif
 
+// A block's 14-bit integers (in its octet's bytes) -> multiples of 128: h' = h + (l >= 64)
+// stays within [-127, 127] (|xq| <= 127 * 128, so h = 127 comes with l = 0), l' = 0;
+// -> the new sum(xq)
+int32_t coarsen_block(int8_t* oct, int64_t j) {
+  int32_t sum = 0;
+  for (int i = 0; i < BLOCK; ++i) {
+    int8_t* h = oct + h_at(i, j);
+    *h = static_cast<int8_t>(*h + (h[32] >= 64 ? 1 : 0));
+    h[32] = 0;
+    sum += 128 * static_cast<int32_t>(*h);
+  }
+  return sum;
+}
+
 // out's buffers arrive zeroed (q4_mm's vectors), so a last octet's missing blocks stay zero
-void round_row(const float* x, int64_t groups, Rounded out, bool portable) {
+void round_row(const float* x, int64_t groups, Rounded out, bool portable, bool coarse) {
   for (int64_t g = 0; g < groups; ++g) {
     int8_t* oct = out.bytes + (g / OCTET) * XQ_BYTES;
     float amax;
-    const int32_t sum = portable ? round_block_plain(x + g * BLOCK, oct, g % OCTET, &amax)
-                                 : round_block(x + g * BLOCK, oct, g % OCTET, &amax);
+    int32_t sum = portable ? round_block_plain(x + g * BLOCK, oct, g % OCTET, &amax)
+                           : round_block(x + g * BLOCK, oct, g % OCTET, &amax);
+    if (coarse) sum = coarsen_block(oct, g % OCTET);
     out.dx[g] = amax / static_cast<float>(XQ_MAX);
     out.xs[g] = out.dx[g] * static_cast<float>(sum);  // the integer sum is exact in fp32 (< 2^24)
   }
@@ -465,7 +485,7 @@ inline __m512 half_pair(const at::Half* a, const at::Half* b) {
 // the chunks' integer sums are exact in any order. Lanes 0 .. t - 1 of each half take the full
 // octet's fp32 steps; the others are left as they are, where a full octet adds zero products
 // to them, so outputs differ at most in the sign of an exact zero (as short_tail_avx2).
-template <int R>
+template <int R, bool COARSE>
 void q4_pair_vnni(const Rounded* xr, const uint8_t* wa, const uint8_t* wb, const at::Half* da,
                   const at::Half* db, const at::Half* ma, const at::Half* mb, int64_t groups, float* lanes,
                   int64_t ld_lanes) {
@@ -492,7 +512,7 @@ void q4_pair_vnni(const Rounded* xr, const uint8_t* wa, const uint8_t* wb, const
       const int8_t* xb = xr[r].bytes + o * XQ_BYTES;
       __m512i acc[4] = {};  // four independent chains (h and l bytes against low and high nibbles)
       for (int c = 0; c < 4; ++c)
-        for (int part = 0; part < 4; ++part)
+        for (int part = 0; part < 4; part += COARSE ? 2 : 1)  // coarse: the l bytes are zero
           acc[part] = _mm512_dpbusd_epi32(acc[part], part < 2 ? lo[c] : hi[c],
                                           _mm512_broadcast_i64x4(load32(xb + c * 128 + part * 32)));
       const __m512i ah = _mm512_add_epi32(acc[0], acc[2]), al = _mm512_add_epi32(acc[1], acc[3]);
@@ -513,8 +533,11 @@ void q4_pair_vnni(const Rounded* xr, const uint8_t* wa, const uint8_t* wb, const
       const int8_t* x = xr[r].tail;
       __m512i h = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, _mm512_broadcast_i64x4(load32(x)));
       h = _mm512_dpbusd_epi32(h, hi, _mm512_broadcast_i64x4(load32(x + 64)));
-      __m512i l = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, _mm512_broadcast_i64x4(load32(x + 32)));
-      l = _mm512_dpbusd_epi32(l, hi, _mm512_broadcast_i64x4(load32(x + 96)));
+      __m512i l = _mm512_setzero_si512();
+      if (!COARSE) {
+        l = _mm512_dpbusd_epi32(l, lo, _mm512_broadcast_i64x4(load32(x + 32)));
+        l = _mm512_dpbusd_epi32(l, hi, _mm512_broadcast_i64x4(load32(x + 96)));
+      }
       __m512i a = _mm512_add_epi32(_mm512_slli_epi32(h, 7), l);  // exact
       a = _mm512_add_epi32(a, _mm512_shuffle_i32x4(a, a, _MM_SHUFFLE(2, 3, 0, 1)));  // chunks c and c + 2
       a = _mm512_add_epi32(a, _mm512_unpackhi_epi64(a, a));  // t = 2: lanes 0 and 1 of each half
@@ -550,15 +573,16 @@ void hsum8_x16(const float* v, int count, float* y) {
 }
 
 // One pair of weight rows against up to TILE input rows, its lanes into `lanes`
+template <bool COARSE>
 void q4_pair_tile(const Rounded* xr, int rows, const uint8_t* wa, int64_t row_bytes, const at::Half* da,
                   const at::Half* ma, int64_t groups, float* lanes, int64_t ld) {
   const uint8_t* wb = wa + row_bytes;
   const at::Half *db = da + groups, *mb = ma + groups;
   switch (rows) {
-    case 1: return q4_pair_vnni<1>(xr, wa, wb, da, db, ma, mb, groups, lanes, ld);
-    case 2: return q4_pair_vnni<2>(xr, wa, wb, da, db, ma, mb, groups, lanes, ld);
-    case 3: return q4_pair_vnni<3>(xr, wa, wb, da, db, ma, mb, groups, lanes, ld);
-    default: return q4_pair_vnni<4>(xr, wa, wb, da, db, ma, mb, groups, lanes, ld);
+    case 1: return q4_pair_vnni<1, COARSE>(xr, wa, wb, da, db, ma, mb, groups, lanes, ld);
+    case 2: return q4_pair_vnni<2, COARSE>(xr, wa, wb, da, db, ma, mb, groups, lanes, ld);
+    case 3: return q4_pair_vnni<3, COARSE>(xr, wa, wb, da, db, ma, mb, groups, lanes, ld);
+    default: return q4_pair_vnni<4, COARSE>(xr, wa, wb, da, db, ma, mb, groups, lanes, ld);
   }
 }
 
@@ -568,13 +592,14 @@ void q4_pair_tile(const Rounded* xr, int rows, const uint8_t* wa, int64_t row_by
 // took 11% less time at 5 rows (a verify block of 4 and its root) and 3% at 8 and 16. Each
 // pair's lanes go to a buffer, and all outputs are reduced 16 at a time at the end.
 void q4_panel_pairs(const Rounded* xr, int rows, const uint8_t* w, int64_t row_bytes, const at::Half* d,
-                    const at::Half* m, int64_t groups, int64_t pairs, float* y, int64_t ldy) {
+                    const at::Half* m, int64_t groups, int64_t pairs, float* y, int64_t ldy, bool coarse) {
   constexpr int64_t LD = PANEL * OCTET;  // one input row's lanes: 8 per weight row
   alignas(64) float lanes[PAIR_ROWS * LD];
   if (2 * pairs < PANEL) std::memset(lanes, 0, sizeof lanes);  // the outputs past the panel's, unstored
+  const auto tile = coarse ? q4_pair_tile<true> : q4_pair_tile<false>;
   for (int64_t p = 0; p < pairs; ++p)
     for (int r0 = 0; r0 < rows; r0 += TILE)
-      q4_pair_tile(xr + r0, std::min(TILE, rows - r0), w + 2 * p * row_bytes, row_bytes, d + 2 * p * groups,
+      tile(xr + r0, std::min(TILE, rows - r0), w + 2 * p * row_bytes, row_bytes, d + 2 * p * groups,
                    m + 2 * p * groups, groups, lanes + r0 * LD + 16 * p, LD);
   for (int r = 0; r < rows; ++r)
     for (int64_t o = 0; o < 2 * pairs; o += 16)
@@ -591,9 +616,10 @@ void q4_pairs(const Rounded* xr, int, const uint8_t* wa, int64_t row_bytes, cons
   q4_block_avx2<2, 1>(xr, wa, row_bytes, da, ma, groups, y, ldy);
 }
 
-// A panel's weight-row pairs one after another (the builds whose pairs reduce their own outputs)
+// A panel's weight-row pairs one after another (the builds whose pairs reduce their own
+// outputs; coarse inputs' zero l bytes are multiplied as any others)
 void q4_panel_pairs(const Rounded* xr, int rows, const uint8_t* w, int64_t row_bytes, const at::Half* d,
-                    const at::Half* m, int64_t groups, int64_t pairs, float* y, int64_t ldy) {
+                    const at::Half* m, int64_t groups, int64_t pairs, float* y, int64_t ldy, bool) {
   for (int64_t p = 0; p < pairs; ++p)
     q4_pairs(xr, rows, w + 2 * p * row_bytes, row_bytes, d + 2 * p * groups, m + 2 * p * groups, groups, y + 2 * p, ldy);
 }
@@ -605,7 +631,7 @@ void q4_pairs(const Rounded*, int, const uint8_t*, int64_t, const at::Half*, con
               int64_t) {}
 
 void q4_panel_pairs(const Rounded*, int, const uint8_t*, int64_t, const at::Half*, const at::Half*, int64_t, int64_t,
-                    float*, int64_t) {}
+                    float*, int64_t, bool) {}
 #endif
 
 void q4_rows(const Rounded* xr, int rows, const uint8_t* w, const at::Half* d, const at::Half* m,
@@ -632,7 +658,7 @@ void q4_pairs(const Rounded*, int, const uint8_t*, int64_t, const at::Half*, con
               int64_t) {}
 
 void q4_panel_pairs(const Rounded*, int, const uint8_t*, int64_t, const at::Half*, const at::Half*, int64_t, int64_t,
-                    float*, int64_t) {}
+                    float*, int64_t, bool) {}
 #endif
 
 // ---------------------------------------------------------------------------------------
@@ -775,13 +801,13 @@ void check_input(const at::Tensor& x) {
 }  // namespace
 
 at::Tensor q4_mm(const at::Tensor& x0, const at::Tensor& qs, const at::Tensor& d, const at::Tensor& m,
-                 bool portable) {
+                 bool portable, bool coarse) {
   check_input(x0);
   const at::Tensor x = x0.contiguous();
   const int64_t rows = x.size(0), k = x.size(1);
   at::Tensor y = at::empty({rows, q4_checked_rows(qs, d, m, k)}, x.options());
   Q4Scratch scratch;
-  q4_mm_into(x.data_ptr<float>(), rows, k, qs, d, m, y.data_ptr<float>(), scratch, portable);
+  q4_mm_into(x.data_ptr<float>(), rows, k, qs, d, m, y.data_ptr<float>(), scratch, portable, coarse);
   return y;
 }
 
@@ -797,7 +823,7 @@ int64_t q4_checked_rows(const at::Tensor& qs, const at::Tensor& d, const at::Ten
 }
 
 void q4_mm_into(const float* xp, int64_t rows, int64_t k, const at::Tensor& qs, const at::Tensor& d,
-                const at::Tensor& m, float* yp, Q4Scratch& scratch, bool portable) {
+                const at::Tensor& m, float* yp, Q4Scratch& scratch, bool portable, bool coarse) {
   const int64_t groups = k / BLOCK, octets = (groups + OCTET - 1) / OCTET;
   const int64_t n = (d.numel() - OCTET) / groups;  // weight rows
   // every input row rounded once, into zeroed buffers (a last octet's missing blocks stay zero)
@@ -812,7 +838,7 @@ void q4_mm_into(const float* xp, int64_t rows, int64_t k, const at::Tensor& qs, 
                   b + octets * XQ_BYTES};
   }
   at::parallel_for(0, rows, 8, [&](int64_t r0, int64_t r1) {
-    for (int64_t r = r0; r < r1; ++r) round_row(xp + r * k, groups, rounded[r], portable);
+    for (int64_t r = r0; r < r1; ++r) round_row(xp + r * k, groups, rounded[r], portable, coarse);
   });
   const uint8_t* wp = qs.data_ptr<uint8_t>();
   const at::Half* dp = d.data_ptr<at::Half>();
@@ -831,7 +857,7 @@ void q4_mm_into(const float* xp, int64_t rows, int64_t k, const at::Tensor& qs, 
         if (r <= pair_rows) {  // the panel's weight rows in pairs, an odd last one alone
           const int64_t pairs = (p1 - p0) / 2;
           q4_panel_pairs(rounded.data() + r0, r, wp + j * k / 2, k / 2, dp + j * groups, mp + j * groups, groups,
-                         pairs, yp + r0 * n + j, n);
+                         pairs, yp + r0 * n + j, n, coarse);
           j += 2 * pairs;
         }
         for (; j < p1; ++j)
@@ -905,7 +931,7 @@ int64_t kernel_threads() {
 #endif
 
 TORCH_LIBRARY_FRAGMENT(D3D_OPS, m) {
-  m.def("q4_mm(Tensor x, Tensor qs, Tensor d, Tensor m, bool portable=False) -> Tensor");
+  m.def("q4_mm(Tensor x, Tensor qs, Tensor d, Tensor m, bool portable=False, bool coarse=False) -> Tensor");
   m.impl("q4_mm", c10::DispatchKey::CPU, TORCH_FN(d3d::q4_mm));
   m.def("q8_mm(Tensor x, Tensor qs, Tensor d, bool portable=False) -> Tensor");
   m.impl("q8_mm", c10::DispatchKey::CPU, TORCH_FN(d3d::q8_mm));

@@ -1,6 +1,8 @@
 // The 4-bit target's decode and verify layers, and its final norm, as one call
 // (models/exact_pass.py says why each query runs alone); with low-rank deltas on the rows it is
-// told are mask slots, the D3D drafter's pass on the same weights (models/exact_drafter.py).
+// told are mask slots, the D3D drafter's pass on the same weights (models/exact_drafter.py);
+// `coarse` rounds every projection's inputs to 8 bits instead of 14 (a drafter's passes, whose
+// outputs only propose drafts: never a pass whose rows must equal a plain step's).
 // The projections are the block products of block_mm.cpp on the file's own
 // Q4_1 weights; what lies between them (RMS norms, RoPE, cache writes, one query's attention,
 // the SiLU gate) is a loop here over one row at a time, in a fixed order, so a row's result
@@ -104,10 +106,11 @@ void residual_rms(Rows h, const float* y, const float* w, double eps, Rows out) 
   }
 }
 
-// x -> y [R, N] through one projection's Q4_1 weights (qs, d, m) and its bias
+// x -> y [R, N] through one projection's Q4_1 weights (qs, d, m) and its bias; coarse: inputs
+// rounded to 8 bits a block (a drafter's pass, block_mm.cpp)
 void project(Rows x, const at::Tensor& qs, const at::Tensor& d, const at::Tensor& m,
-             const std::optional<at::Tensor>& bias, Rows y, Q4Scratch& scratch) {
-  q4_mm_into(x.p, x.rows, x.width, qs, d, m, y.p, scratch);
+             const std::optional<at::Tensor>& bias, Rows y, Q4Scratch& scratch, bool coarse) {
+  q4_mm_into(x.p, x.rows, x.width, qs, d, m, y.p, scratch, false, coarse);
   if (!bias.has_value() || !bias->defined()) return;
   const float* b = bias->data_ptr<float>();
   for (int64_t r = 0; r < y.rows; ++r)
@@ -299,7 +302,7 @@ at::Tensor exact_layers(const at::Tensor& h0, const at::Tensor& cos, const at::T
                         const c10::List<std::optional<at::Tensor>>& biases, at::TensorList norms,
                         const at::Tensor& final_norm, at::Tensor& kc, at::Tensor& vc, double eps,
                         double final_eps, int64_t hq, int64_t hkv, int64_t d, at::TensorList deltas,
-                        c10::IntArrayRef masked) {
+                        c10::IntArrayRef masked, bool coarse) {
   TORCH_CHECK(d % LANES == 0 && d <= MAX_HEAD && h0.size(1) % LANES == 0,
               "exact_layers: head size a multiple of ", LANES, " up to ", MAX_HEAD, ", width a multiple of ", LANES);
   TORCH_CHECK(h0.scalar_type() == at::kFloat && kc.scalar_type() == at::kFloat && kc.is_contiguous() && vc.is_contiguous(),
@@ -323,23 +326,23 @@ at::Tensor exact_layers(const at::Tensor& h0, const at::Tensor& cos, const at::T
     const Rows x = Workspace::take(ws.x, rows, width);
     residual_rms(hr, down, norms[2 * li].data_ptr<float>(), eps, x);
     const Rows qkv = Workspace::take(ws.qkv, rows, n_qkv);
-    project(x, qs[p], ds[p], ms[p], biases.get(p), qkv, ws.scratch);
+    project(x, qs[p], ds[p], ms[p], biases.get(p), qkv, ws.scratch, coarse);
     add_delta(x, dls[p], is_mask, qkv, ws.delta);
     const LayerCache layer{kc.data_ptr<float>() + li * kc.stride(0), vc.data_ptr<float>() + li * vc.stride(0),
                            kc.stride(1), kc.stride(2)};
     const Rows att = Workspace::take(ws.att, rows, hq * d);
     attend(qkv, c, s, layer, slots, writes, keys, hd, att, ws);
     const Rows o = Workspace::take(ws.o, rows, width);
-    project(att, qs[p + 1], ds[p + 1], ms[p + 1], biases.get(p + 1), o, ws.scratch);
+    project(att, qs[p + 1], ds[p + 1], ms[p + 1], biases.get(p + 1), o, ws.scratch, coarse);
     add_delta(att, dls[p + 1], is_mask, o, ws.delta);
     residual_rms(hr, o.p, norms[2 * li + 1].data_ptr<float>(), eps, x);
     const Rows gu = Workspace::take(ws.gu, rows, n_gu);
-    project(x, qs[p + 2], ds[p + 2], ms[p + 2], biases.get(p + 2), gu, ws.scratch);
+    project(x, qs[p + 2], ds[p + 2], ms[p + 2], biases.get(p + 2), gu, ws.scratch, coarse);
     add_delta(x, dls[p + 2], is_mask, gu, ws.delta);
     const Rows act = Workspace::take(ws.act, rows, gu.width / 2);
     silu_gate(gu, act);
     const Rows dn = Workspace::take(ws.down, rows, width);
-    project(act, qs[p + 3], ds[p + 3], ms[p + 3], biases.get(p + 3), dn, ws.scratch);
+    project(act, qs[p + 3], ds[p + 3], ms[p + 3], biases.get(p + 3), dn, ws.scratch, coarse);
     add_delta(act, dls[p + 3], is_mask, dn, ws.delta);
     down = dn.p;
   }
@@ -355,6 +358,6 @@ TORCH_LIBRARY(d3d_cpu, m) {
   m.def("exact_layers(Tensor h, Tensor cos, Tensor sin, int[] slots, int[] writes, int[] counts, "
         "Tensor[] paths, Tensor[] qs, Tensor[] ds, Tensor[] ms, Tensor?[] biases, Tensor[] norms, "
         "Tensor final_norm, Tensor(a!) kc, Tensor(b!) vc, float eps, float final_eps, int hq, int hkv, "
-        "int d, Tensor[] deltas, int[] masked) -> Tensor");
+        "int d, Tensor[] deltas, int[] masked, bool coarse=False) -> Tensor");
   m.impl("exact_layers", c10::DispatchKey::CPU, TORCH_FN(d3d::exact_layers));
 }

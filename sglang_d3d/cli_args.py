@@ -8,11 +8,11 @@ import os
 from pathlib import Path
 
 from sglang_d3d.config import (
-    APART_ROW_COPIES,
+    APART_ROW_WIDTHS,
     DRAFT_INPUT_BITS,
     DRAFT_WEIGHTS,
     JSON_OBJECT,
-    SHARED_ROW_COPIES,
+    SHARED_ROW_WIDTHS,
     TARGET_WEIGHTS,
     BranchPolicy,
     EngineConfig,
@@ -97,7 +97,8 @@ def add_engine_args(
                    help="sync/async: verify a tree of this many draft tokens (greedy requests: "
                    "the drafter's likeliest paths, several guesses per position; sampled: the "
                    "same shape filled with draws) in cycles without pre-drafting (0: a chain of "
-                   f"block-1 drafts; default {EngineConfig.tree_nodes}, 0 with --backend "
+                   f"block-1 drafts; default {SHARED_ROW_WIDTHS[2]}, or {APART_ROW_WIDTHS[2]} on "
+                   "4-bit target weights, where verify width costs more, and with --backend "
                    "sglang); outputs do not change (sampled: in distribution)")
     g.add_argument("--lookup-tokens", type=count, default=None,
                    help="add up to this many guesses copied from the request's "
@@ -105,8 +106,8 @@ def add_engine_args(
                    "tokens) to each token tree (--tree-nodes > 0), under its first draft; a "
                    "verify pass grows by "
                    "them only within --verify-token-budget; also the length of a cycle's copies "
-                   f"(--copy-ngram) (0: neither; default {SHARED_ROW_COPIES[0]}, or "
-                   f"{APART_ROW_COPIES[0]} on 4-bit target weights, where verify width costs "
+                   f"(--copy-ngram) (0: neither; default {SHARED_ROW_WIDTHS[0]}, or "
+                   f"{APART_ROW_WIDTHS[0]} on 4-bit target weights, where verify width costs "
                    "more); outputs "
                    "do not change (sampled: in distribution)")
     g.add_argument("--copy-ngram", type=count, default=None,
@@ -130,8 +131,8 @@ def add_engine_args(
                    help="a cycle of copies also verifies, beside greedy requests' copies, earlier "
                    "requests' continuations and the corpus's likeliest other guesses, each "
                    "request's as one token tree, at most N guessed tokens a pass shared among "
-                   f"its requests (0: copies alone; default {SHARED_ROW_COPIES[1]}, or "
-                   f"{APART_ROW_COPIES[1]} on 4-bit target weights); "
+                   f"its requests (0: copies alone; default {SHARED_ROW_WIDTHS[1]}, or "
+                   f"{APART_ROW_WIDTHS[1]} on 4-bit target weights); "
                    "each batch size measures that against copies cut to half their length, "
                    "alone (and at batch 1 whole copies alone), and keeps the fastest; outputs "
                    "do not change")
@@ -279,8 +280,7 @@ def engine_config(args: argparse.Namespace, mode: str | None = None) -> EngineCo
         draft_input_bits=getattr(args, "draft_input_bits", EngineConfig.draft_input_bits),
         target_weights=getattr(args, "target_weights", EngineConfig.target_weights),
         draft_cutoff=getattr(args, "draft_cutoff", EngineConfig.draft_cutoff),
-        tree_nodes=EngineConfig.tree_nodes if getattr(args, "tree_nodes", None) is None
-        else args.tree_nodes,
+        tree_nodes=getattr(args, "tree_nodes", None),
         lookup_tokens=getattr(args, "lookup_tokens", None),
         copy_ngram=EngineConfig.copy_ngram if getattr(args, "copy_ngram", None) is None
         else args.copy_ngram,

@@ -215,15 +215,14 @@ class EngineConfig:
     # sync/async, cycles without pre-drafting: verify a tree of this many draft tokens
     # (greedy rows: the drafter's likeliest paths, several guesses per position; sampled rows:
     # the same shape filled with draws) instead of a chain of block_size - 1
-    # (speculative/tree.py, tree_sampling.py); 0: chains. Exact either way. 5 (a verify pass
-    # of 6 tokens, which costs about what one of 4 does on this CPU) was faster than chains
-    # on GSM8K, MT-Bench and code at batch 1 (`d3d bench`, the step-600 drafter).
-    tree_nodes: int = 5
+    # (speculative/tree.py, tree_sampling.py); 0: chains. Exact either way. None: by what a
+    # token of verify width costs the target (`verify_widths`).
+    tree_nodes: int | None = None
     # ... and up to this many more guesses copied from the request's own text after its first
     # draft (prompt lookup, speculative/lookup.py), where a 2-4 token suffix occurred before;
     # 0: none. Exact either way: the target verifies them in the same tree (a sampled row's
     # as proposed with probability one, speculative/tree_sampling.py). None: by what a token
-    # of verify width costs the target (`copy_widths`).
+    # of verify width costs the target (`verify_widths`).
     lookup_tokens: int | None = None
     # A row whose latest `copy_ngram` or more tokens occurred before verifies a copy of what
     # followed in place of drafting (0: never; copies then only ride in the drafter's trees).
@@ -255,7 +254,7 @@ class EngineConfig:
     # bucket measures and keeps the fastest,
     # or the controller's plan where it expects more of that (engine/copy_arms.py): a token of
     # verify width costs more on some machines than the guesses bring. Exact either way.
-    # None: by what a token of verify width costs the target (`copy_widths`).
+    # None: by what a token of verify width costs the target (`verify_widths`).
     copy_guesses: int | None = None
 
     def __post_init__(self) -> None:
@@ -288,30 +287,39 @@ class EngineConfig:
     def resolved_draft_device(self) -> str:
         return self.draft_device or self.device
 
-    def with_copy_widths(self, rows_apart: bool) -> EngineConfig:
-        """This config with lookup_tokens and copy_guesses set where they are None, for a
-        target whose verify passes keep every row's attention apart (`rows_apart`) or not."""
-        lookup, guesses = copy_widths(self.lookup_tokens, self.copy_guesses, rows_apart)
-        return replace(self, lookup_tokens=lookup, copy_guesses=guesses)
+    def with_verify_widths(self, rows_apart: bool) -> EngineConfig:
+        """This config with lookup_tokens, copy_guesses and tree_nodes set where they are
+        None, for a target whose verify passes keep every row's attention apart (`rows_apart`)
+        or not."""
+        lookup, guesses, trees = verify_widths(self.lookup_tokens, self.copy_guesses,
+                                               self.tree_nodes, rows_apart)
+        return replace(self, lookup_tokens=lookup, copy_guesses=guesses, tree_nodes=trees)
 
 
-# (lookup_tokens, copy_guesses) where a config leaves them None. A verify pass whose rows
-# share one attention call per layer costs little a token of width (fp32 on a 2-core CPU: a
-# 16-token verify about 1.7 plain steps), so copies run long with guesses beside them. Where
-# every row's attention runs alone, for bitwise-equal rows (the q4 target), a token of width
-# costs about a quarter of a plain step (4 rows 1.8 plain steps, 16 rows 7; benchmarks/results/
-# passes.json), and short copies alone win: on the default target in q4, the server's
-# configuration ran GSM8K, MT-Bench and code at 60.8, 47.9 and 59.0 tokens/s with (4, 0)
-# against 45.8, 42.3 and 48.1 with (8, 8) (`d3d bench --target-weights q4 --modes
-# ar,async-adaptive@8,async-adaptive-lookup4-guesses0@8`, 4 prompts, 128 tokens, 2 threads,
-# before the layers ran in one C++ call); on fp32, (8, 8) stayed ahead on GSM8K (37.8 against
-# 36.5). With the C++ layers, 2- and 3-token copies led on no set (docs/benchmarks.md).
-SHARED_ROW_COPIES = (8, 8)
-APART_ROW_COPIES = (4, 0)
+# (lookup_tokens, copy_guesses, tree_nodes) where a config leaves them None. A verify pass
+# whose rows share one attention call per layer costs little a token of width (fp32 on a
+# 2-core CPU: a 16-token verify about 1.7 plain steps), so copies run long with guesses beside
+# them, and trees of 5 drafts (a verify pass of 6 tokens, which there costs about what one of
+# 4 does) were faster than chains on GSM8K, MT-Bench and code at batch 1 (`d3d bench`, the
+# step-600 drafter). Where every row's attention runs alone, for bitwise-equal rows (the q4
+# target), a token of width costs about a quarter of a plain step (4 rows 1.8 plain steps, 16
+# rows 7; benchmarks/results/passes.json), and short copies alone win: on the default target
+# in q4, the server's configuration ran GSM8K, MT-Bench and code at 60.8, 47.9 and 59.0
+# tokens/s with (4, 0) against 45.8, 42.3 and 48.1 with (8, 8) (`d3d bench --target-weights q4
+# --modes ar,async-adaptive@8,async-adaptive-lookup4-guesses0@8`, 4 prompts, 128 tokens, 2
+# threads, before the layers ran in one C++ call); on fp32, (8, 8) stayed ahead on GSM8K (37.8
+# against 36.5). With the C++ layers, 2- and 3-token copies led on no set, and chains beat
+# trees of 5: a drafting cycle of `sync@4` gave 105 tokens/s against 82 on GSM8K and 75 against
+# 57 on MT-Bench (2.92 tokens in 27.7 ms against 3.39 in 41.1; `d3d bench --num-prompts 4
+# --max-new-tokens 96 --threads 2 --modes ar,sync-tree5@4,sync-tree0@4`; docs/benchmarks.md).
+SHARED_ROW_WIDTHS = (8, 8, 5)
+APART_ROW_WIDTHS = (4, 0, 0)
 
 
-def copy_widths(lookup: int | None, guesses: int | None, rows_apart: bool) -> tuple[int, int]:
-    """(lookup_tokens, copy_guesses): each as given, or where None the default for a target
-    whose verify rows run apart or share their passes."""
-    default = APART_ROW_COPIES if rows_apart else SHARED_ROW_COPIES
-    return (default[0] if lookup is None else lookup, default[1] if guesses is None else guesses)
+def verify_widths(lookup: int | None, guesses: int | None, trees: int | None,
+                  rows_apart: bool) -> tuple[int, int, int]:
+    """(lookup_tokens, copy_guesses, tree_nodes): each as given, or where None the default for
+    a target whose verify rows run apart or share their passes."""
+    default = APART_ROW_WIDTHS if rows_apart else SHARED_ROW_WIDTHS
+    given = (lookup, guesses, trees)
+    return tuple(d if g is None else g for g, d in zip(given, default))  # type: ignore[return-value]

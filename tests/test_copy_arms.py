@@ -10,7 +10,7 @@ from conftest import reference_greedy
 from engine_helpers import make_engine
 
 from sglang_d3d.cli_args import add_engine_args, engine_config
-from sglang_d3d.config import EngineConfig, Mode, SamplingParams, copy_widths
+from sglang_d3d.config import EngineConfig, Mode, SamplingParams, verify_widths
 from sglang_d3d.engine.copy_arms import ALONE, SHORT, WIDE, ArmsConfig, CopyArms, Rate
 from sglang_d3d.engine.offline import generate
 
@@ -119,6 +119,25 @@ def test_without_guesses_the_wide_way_is_the_whole_copy_alone():
     assert not ALONE.guesses and not ALONE.short and WIDE.guesses and SHORT.short
 
 
+def test_a_retry_that_beats_the_leader_runs_again_and_one_that_does_not_waits():
+    """Re-tries against a plan expected at 40 tokens a second: the short way's re-try cycles
+    run at 60, so each one is followed at once by another; the wide way's at 20 wait for the
+    doubled interval."""
+    arms = CopyArms(guesses=False, cfg=ArmsConfig(probe=1, warmup=8, explore_every=4, max_interval=64))
+    rates = {ALONE: (20, 1.0), SHORT: (60, 1.0)}
+    first = {ALONE: (10, 1.0), SHORT: (10, 1.0)}  # both probe slower than the plan
+    chosen = []
+    for _ in range(40):
+        way = arms.choose(1, 40.0)
+        chosen.append(way)
+        if way is not None:
+            arms.observe(1, way, *first.pop(way, rates[way]))
+    assert chosen[:2] == [ALONE, SHORT] and chosen[2:6] == [None] * 4
+    assert chosen[6] == ALONE and chosen[7:15] == [None] * 8  # slower: the interval doubles
+    assert chosen[15] == SHORT and chosen[16] == SHORT  # faster: again at once ...
+    assert None not in chosen[17:]  # ... until it leads (the other way then warms up)
+
+
 def test_a_rate_weighs_recent_cycles_more():
     r = Rate()
     assert r.per_second == 0.0
@@ -147,12 +166,12 @@ def test_a_negative_number_of_guesses_is_refused(capsys):
     assert engine_config(p.parse_args([])).copy_guesses is None  # the engine sets it
 
 
-def test_copy_widths_follow_what_verify_width_costs():
-    assert copy_widths(None, None, rows_apart=False) == (8, 8)
-    assert copy_widths(None, None, rows_apart=True) == (4, 0)
-    assert copy_widths(6, None, rows_apart=True) == (6, 0)
-    assert copy_widths(0, 3, rows_apart=False) == (0, 3)
-    cfg = EngineConfig(lookup_tokens=2).with_copy_widths(rows_apart=False)
+def test_verify_widths_follow_what_verify_width_costs():
+    assert verify_widths(None, None, None, rows_apart=False) == (8, 8, 5)
+    assert verify_widths(None, None, None, rows_apart=True) == (4, 0, 0)
+    assert verify_widths(6, None, 3, rows_apart=True) == (6, 0, 3)
+    assert verify_widths(0, 3, None, rows_apart=False) == (0, 3, 5)
+    cfg = EngineConfig(lookup_tokens=2).with_verify_widths(rows_apart=False)
     assert (cfg.lookup_tokens, cfg.copy_guesses) == (2, 8)
 
 
@@ -214,11 +233,12 @@ def test_the_engine_runs_its_plan_where_copies_measured_slower(tiny_models):
     assert sum(c.copied for c in stats) == len(ways) - ways.count(None)
 
 
-def test_copies_that_start_slow_lead_within_a_hundred_cycles_where_they_pay():
+def test_copies_that_start_slow_lead_within_twenty_cycles_where_they_pay():
     """The first cycles of each way of copying measured slowest (MBPP on the 4-bit CPU path:
     22.6 and 18.1 ms copying whole, 17.0 and 16.1 ms copying half, then about 16 and 11 ms),
     below the plan's 115 tokens a second; later cycles pay (120 and 150). The plan leads
-    first, and its re-tries hand the lead back to copies within a hundred cycles."""
+    first; its first re-try runs faster than the plan, so it runs again at once, and copies
+    lead within twenty cycles (with re-tries only at doubling intervals: the 62nd)."""
     arms = CopyArms(guesses=False)
     first = [(1, 0.0226), (2, 0.017), (1, 0.0181), (1, 0.0161)]
     chosen = []
@@ -231,4 +251,4 @@ def test_copies_that_start_slow_lead_within_a_hundred_cycles_where_they_pay():
                                    else (2.0, 0.0133) if way.short else (1.6, 0.0133)))
     assert None in chosen[:20]  # the plan led after the slow start
     lead = next(i for i in range(len(chosen)) if None not in chosen[i:i + 30])
-    assert lead < 100 and chosen[-50:].count(SHORT) >= 45
+    assert lead < 20 and chosen[-50:].count(SHORT) >= 45

@@ -78,7 +78,7 @@ def test_draft_weights_reach_the_engine_and_int8_is_refused_for_sglang(capsys):
 @pytest.mark.parametrize("flag, field", [("--tree-nodes", "tree_nodes"),
                                          ("--lookup-tokens", "lookup_tokens")])
 def test_tree_flags_reach_the_engine_and_are_refused_for_sglang(capsys, flag, field):
-    # tree_nodes 5; lookup_tokens None, which the engine sets from the target (config.copy_widths)
+    # both None, which the engine sets from the target (config.verify_widths)
     assert getattr(parse_args([]).engine, field) == getattr(EngineConfig, field)
     assert getattr(parse_args([flag, "0"]).engine, field) == 0
     assert getattr(parse_args([flag, "9"]).engine, field) == 9

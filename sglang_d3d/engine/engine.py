@@ -73,7 +73,7 @@ class SpecEngine:
     ) -> None:
         if cfg.mode is not Mode.AR and drafter is None:
             raise ValueError(f"mode {cfg.mode.value} needs a drafter")
-        cfg = cfg.with_copy_widths(target.rows_apart)  # copies as long as verify width is cheap
+        cfg = cfg.with_verify_widths(target.rows_apart)  # copies and trees as wide as verify width is cheap
         # A sliding window is honoured by keeping every request inside it.
         check_context(target.arch.sliding_window, cfg.max_context, target.arch.model_type)
         self.cfg = cfg

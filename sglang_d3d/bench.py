@@ -182,7 +182,8 @@ def mode_config(args: argparse.Namespace, name: str):
     m = parse_mode(name)
     cfg = engine_config(args, m.base.value)
     if m.block is not None:
-        cfg = dataclasses.replace(cfg, spec=dataclasses.replace(cfg.spec, block_size=m.block))
+        cfg = dataclasses.replace(cfg, spec=dataclasses.replace(cfg.spec, block_size=m.block),
+                                  fixed_block=m.block)
     if m.weights is not None:
         cfg = dataclasses.replace(cfg, draft_weights=m.weights)
     if m.cutoff is not None:

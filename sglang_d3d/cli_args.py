@@ -8,6 +8,7 @@ import os
 from pathlib import Path
 
 from sglang_d3d.config import (
+    APART_ROW_BLOCK,
     APART_ROW_WIDTHS,
     DRAFT_INPUT_BITS,
     DRAFT_WEIGHTS,
@@ -34,8 +35,10 @@ def add_engine_args(
                        help="ar: target only; sync: draft then verify; async: pre-draft the next "
                        "block while the target verifies; fused: drafting and verification in one "
                        "pass")
-    g.add_argument("--block-size", type=int, default=SpecConfig.block_size,
-                   help="tokens verified per cycle: the last accepted token and block-1 drafts")
+    g.add_argument("--block-size", type=int, default=None,
+                   help="tokens verified per cycle: the last accepted token and block-1 drafts "
+                   f"(default {SpecConfig.block_size}; without --adaptive, {APART_ROW_BLOCK} on "
+                   "4-bit target weights, where each token of verify width costs more)")
     g.add_argument("--branch-policy", choices=[b.value for b in BranchPolicy], default="topk",
                    help="which verification outcomes async mode pre-drafts the next block for")
     g.add_argument("--branch-budget", type=int, default=SpecConfig.branch_budget,
@@ -252,7 +255,7 @@ def engine_config(args: argparse.Namespace, mode: str | None = None) -> EngineCo
     m = Mode(mode or args.mode)
     target_threads, draft_threads = split_threads(m, args.threads)
     spec = SpecConfig(
-        block_size=args.block_size,
+        block_size=args.block_size or SpecConfig.block_size,
         branch_policy=BranchPolicy(args.branch_policy),
         branch_budget=args.branch_budget,
         guesses_per_position=args.guesses_per_position,
@@ -270,6 +273,7 @@ def engine_config(args: argparse.Namespace, mode: str | None = None) -> EngineCo
         max_queue=args.max_queue,
         verify_token_budget=args.verify_token_budget,
         min_block_size=args.min_block_size,
+        fixed_block=args.block_size,
         prefill_chunk=getattr(args, "prefill_chunk", EngineConfig.prefill_chunk),
         max_prefill_tokens=getattr(args, "max_prefill_tokens", EngineConfig.max_prefill_tokens),
         adaptive=getattr(args, "adaptive", False),

@@ -170,6 +170,13 @@ class EngineConfig:
     # block shrinks as the batch grows; below min_block_size the engine decodes target-only.
     verify_token_budget: int = 64
     min_block_size: int = 3
+    # sync/async/fused without `adaptive`: a cycle's block at batch 1, at most spec.block_size
+    # and within the verify token budget. None: by what a token of verify width costs the target
+    # (`verify_widths`): spec.block_size where a verify pass's rows share it, 4 where they run
+    # apart (the q4 target, where a block of 16 drafts and verifies 16 rows a cycle: `sync` ran
+    # at 0.67x / 0.39x of `ar` on GSM8K / MT-Bench at block 16 with trees of 3, 1.01x / 0.70x at
+    # block 4 with chains; benchmarks/results/trees_xeon106_*.json). `--block-size` sets both.
+    fixed_block: int | None = None
     # adaptive=True replaces the budget rule by measurement: per batch size, the block size
     # (or target-only decoding) with the best measured tokens/s (engine/adaptive.py).
     adaptive: bool = False
@@ -266,6 +273,8 @@ class EngineConfig:
         counts = {k: v for k, v in counts.items() if v is not None}  # None: set by the target
         if min(counts.values()) < 0:
             raise ValueError("must be >= 0: " + ", ".join(f"{k} {v}" for k, v in counts.items() if v < 0))
+        if self.fixed_block is not None and self.fixed_block < 2:
+            raise ValueError(f"fixed_block must be >= 2, not {self.fixed_block}")
         if self.max_batch_size < 1 or self.max_context < 8:
             raise ValueError("max_batch_size >= 1 and max_context >= 8 required")
         if self.prefill_chunk < 1 or self.max_prefill_tokens < self.prefill_chunk:
@@ -288,12 +297,15 @@ class EngineConfig:
         return self.draft_device or self.device
 
     def with_verify_widths(self, rows_apart: bool) -> EngineConfig:
-        """This config with lookup_tokens, copy_guesses and tree_nodes set where they are
-        None, for a target whose verify passes keep every row's attention apart (`rows_apart`)
-        or not."""
+        """This config with lookup_tokens, copy_guesses, tree_nodes and fixed_block set where
+        they are None, for a target whose verify passes keep every row's attention apart
+        (`rows_apart`) or not."""
         lookup, guesses, trees = verify_widths(self.lookup_tokens, self.copy_guesses,
                                                self.tree_nodes, rows_apart)
-        return replace(self, lookup_tokens=lookup, copy_guesses=guesses, tree_nodes=trees)
+        block = self.fixed_block or (min(APART_ROW_BLOCK, self.spec.block_size) if rows_apart
+                                     else self.spec.block_size)
+        return replace(self, lookup_tokens=lookup, copy_guesses=guesses, tree_nodes=trees,
+                       fixed_block=min(block, self.spec.block_size))
 
 
 # (lookup_tokens, copy_guesses, tree_nodes) where a config leaves them None. A verify pass
@@ -308,12 +320,14 @@ class EngineConfig:
 # tokens/s with (4, 0) against 45.8, 42.3 and 48.1 with (8, 8) (`d3d bench --target-weights q4
 # --modes ar,async-adaptive@8,async-adaptive-lookup4-guesses0@8`, 4 prompts, 128 tokens, 2
 # threads, before the layers ran in one C++ call); on fp32, (8, 8) stayed ahead on GSM8K (37.8
-# against 36.5). With the C++ layers, 2- and 3-token copies led on no set, and chains beat
-# trees of 5: a drafting cycle of `sync@4` gave 105 tokens/s against 82 on GSM8K and 75 against
-# 57 on MT-Bench (2.92 tokens in 27.7 ms against 3.39 in 41.1; `d3d bench --num-prompts 4
-# --max-new-tokens 96 --threads 2 --modes ar,sync-tree5@4,sync-tree0@4`; docs/benchmarks.md).
+# against 36.5). With the C++ layers, 2- and 3-token copies led on no set, and at a block of 4
+# chains beat trees: `sync@4` ran at 1.01x / 0.70x of `ar` on GSM8K / MT-Bench with chains,
+# 0.91x / 0.67x with trees of 3 and 0.88x / 0.60x with trees of 5 (a drafting cycle 2.95 tokens
+# in 33.5 ms against 3.39 in 50.3 on GSM8K; benchmarks/results/trees_xeon106_*.json,
+# docs/benchmarks.md).
 SHARED_ROW_WIDTHS = (8, 8, 5)
 APART_ROW_WIDTHS = (4, 0, 0)
+APART_ROW_BLOCK = 4  # EngineConfig.fixed_block where rows run apart
 
 
 def verify_widths(lookup: int | None, guesses: int | None, trees: int | None,

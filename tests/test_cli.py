@@ -90,6 +90,10 @@ def test_bench_mode_names(tiny_pair_dir):
     assert mode_config(args, "async-adaptive").mode is Mode.ASYNC
     assert not mode_config(args, "sync").adaptive
     assert mode_config(args, "sync@3").spec.block_size == 3
+    assert mode_config(args, "sync@3").fixed_block == 3  # '@B' is the block a fixed plan runs
+    assert (mode_config(args, "sync").spec.block_size, mode_config(args, "sync").fixed_block) == (4, 4)
+    unsized = p.parse_args([f for f in _engine_flags(tiny_pair_dir) if f not in ("--block-size", "4")])
+    assert (mode_config(unsized, "sync").spec.block_size, mode_config(unsized, "sync").fixed_block) == (16, None)
     assert mode_config(args, "fused-adaptive@8").adaptive
     assert mode_config(args, "fused-adaptive@8").spec.block_size == 8
     assert mode_config(args, "sync").draft_weights == "auto"

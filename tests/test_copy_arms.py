@@ -10,7 +10,7 @@ from conftest import reference_greedy
 from engine_helpers import make_engine
 
 from sglang_d3d.cli_args import add_engine_args, engine_config
-from sglang_d3d.config import EngineConfig, Mode, SamplingParams, verify_widths
+from sglang_d3d.config import EngineConfig, Mode, SamplingParams, SpecConfig, verify_widths
 from sglang_d3d.engine.copy_arms import ALONE, SHORT, WIDE, ArmsConfig, CopyArms, Rate
 from sglang_d3d.engine.offline import generate
 
@@ -173,6 +173,19 @@ def test_verify_widths_follow_what_verify_width_costs():
     assert verify_widths(0, 3, None, rows_apart=False) == (0, 3, 5)
     cfg = EngineConfig(lookup_tokens=2).with_verify_widths(rows_apart=False)
     assert (cfg.lookup_tokens, cfg.copy_guesses) == (2, 8)
+
+
+def test_a_fixed_plans_block_follows_what_verify_width_costs():
+    """Without the adaptive controller: the whole block where verify rows share a pass, 4
+    where they run apart; an explicit block stands, capped by the drafter's block."""
+    assert EngineConfig().with_verify_widths(rows_apart=False).fixed_block == 16
+    assert EngineConfig().with_verify_widths(rows_apart=True).fixed_block == 4
+    assert EngineConfig(fixed_block=8).with_verify_widths(rows_apart=True).fixed_block == 8
+    small = EngineConfig(spec=SpecConfig(block_size=3))
+    assert small.with_verify_widths(rows_apart=True).fixed_block == 3
+    assert EngineConfig(fixed_block=32).with_verify_widths(rows_apart=False).fixed_block == 16
+    with pytest.raises(ValueError, match="fixed_block must be >= 2"):
+        EngineConfig(fixed_block=1)
 
 
 def test_the_engine_tries_both_ways_and_keeps_the_targets_output(tiny_models):

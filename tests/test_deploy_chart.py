@@ -16,7 +16,7 @@ from sglang_d3d.server.http_layer import ConnectionLimits
 from yamllint import linter
 from yamllint.config import YamlLintConfig
 
-from sglang_d3d.config import EngineConfig
+from sglang_d3d.config import EngineConfig, SpecConfig
 
 ROOT = Path(__file__).resolve().parent.parent
 CHART = ROOT / "deploy" / "helm" / "sglang-d3d"
@@ -223,7 +223,9 @@ def test_args_are_accepted_by_d3d_serve(chart, case):
     assert cfg.port == merged["server"]["port"] == c["ports"][0]["containerPort"]
     assert cfg.engine.mode.value == merged["server"]["mode"]
     assert cfg.backend.value == merged["server"]["backend"]
-    assert cfg.engine.spec.block_size == merged["server"]["spec"]["blockSize"]
+    block = merged["server"]["spec"].get("blockSize")  # null (Helm drops it): the server's default
+    assert cfg.engine.spec.block_size == (block or SpecConfig.block_size)
+    assert cfg.engine.fixed_block == block
     assert cfg.engine.max_batch_size == merged["server"]["maxConcurrency"]
     assert cfg.model_name == merged["server"]["servedModelName"]
     assert cfg.max_body_bytes == merged["server"]["maxBodyBytes"]

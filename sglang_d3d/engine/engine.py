@@ -229,7 +229,7 @@ class SpecEngine:
             budget = self.cfg.verify_token_budget // (batch + joining)
             return self.controller.choose(batch + joining, budget, evidence)
         budget = self.cfg.verify_token_budget // batch  # tokens per row in one verify pass
-        block = min(self.cfg.spec.block_size, budget)
+        block = min(self.cfg.fixed_block, budget)
         if block < self.cfg.min_block_size:
             return Plan(1)
         return Plan(block, self.cfg.mode is Mode.ASYNC)

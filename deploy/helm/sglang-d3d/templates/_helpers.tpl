@@ -145,8 +145,10 @@ and the autoscaler's bounds must be ordered.
 - --lookup-tokens
 - {{ .Values.server.lookupTokens | quote }}
 {{- end }}
+{{- if not (kindIs "invalid" .Values.server.spec.blockSize) }}
 - --block-size
 - {{ .Values.server.spec.blockSize | quote }}
+{{- end }}
 - --branch-policy
 - {{ .Values.server.spec.branchPolicy | quote }}
 - --branch-budget

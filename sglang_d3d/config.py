@@ -334,6 +334,6 @@ def verify_widths(lookup: int | None, guesses: int | None, trees: int | None,
                   rows_apart: bool) -> tuple[int, int, int]:
     """(lookup_tokens, copy_guesses, tree_nodes): each as given, or where None the default for
     a target whose verify rows run apart or share their passes."""
-    default = APART_ROW_WIDTHS if rows_apart else SHARED_ROW_WIDTHS
-    given = (lookup, guesses, trees)
-    return tuple(d if g is None else g for g, d in zip(given, default))  # type: ignore[return-value]
+    d_lookup, d_guesses, d_trees = APART_ROW_WIDTHS if rows_apart else SHARED_ROW_WIDTHS
+    return (d_lookup if lookup is None else lookup, d_guesses if guesses is None else guesses,
+            d_trees if trees is None else trees)

@@ -142,6 +142,23 @@ def test_the_index_answers_as_the_scan_while_the_text_grows():
                 lookup_continuation(text, length, min_ngram=min_ngram), (text, length, min_ngram)
 
 
+def test_the_index_answers_for_the_text_and_one_more_token_as_the_scan():
+    """continuation_after(text, x) equals lookup_continuation(text + [x]) on random and
+    looping texts (where the n-gram before x is itself the latest match), and leaves the
+    index as it was for the text itself."""
+    rng = random.Random(2)
+    for _ in range(300):
+        index = NgramIndex()
+        text = [rng.randrange(3) for _ in range(rng.randrange(0, 25))]
+        extra, length, min_ngram = rng.randrange(3), rng.randrange(0, 7), rng.randrange(1, 4)
+        assert index.continuation_after(text, extra, length, min_ngram) == \
+            lookup_continuation([*text, extra], length, min_ngram=min_ngram), (text, extra, length)
+        assert index.continuation(text, length, min_ngram) == \
+            lookup_continuation(text, length, min_ngram=min_ngram)
+    loop = NgramIndex()
+    assert loop.continuation_after([7, 7, 7], 7, 3) == [7, 7, 7] == lookup_continuation([7] * 4, 3)
+
+
 def test_the_index_reads_a_new_or_shorter_text_afresh():
     index = NgramIndex()
     text = [1, 2, 3, 1, 2]

@@ -26,7 +26,7 @@ from sglang_d3d.speculative.branches import match_branch, select_branches
 from sglang_d3d.speculative.draft_length import batch_length, confident_length, row_confidences
 from sglang_d3d.speculative.draft_state import DraftState
 from sglang_d3d.speculative.grammar import Constraint
-from sglang_d3d.speculative.lookup import CopySource, lookup_continuation
+from sglang_d3d.speculative.lookup import CopySource
 from sglang_d3d.speculative.sampling import RequestRandom, draw_drafts, usable
 from sglang_d3d.speculative.tree import DraftTree, build_tree, graft, pad, sure_chain
 from sglang_d3d.speculative.tree_sampling import sample_tree
@@ -388,10 +388,8 @@ def _size(s: DraftState, copied: list[int], nodes: int, lookup: int, batch_copie
 
 def _copied(s: DraftState, lookup: int) -> list[int]:
     """A row's guesses copied from its own text after its first draft (a sampled row's are
-    proposed with probability one: tree_sampling.py)."""
-    if lookup <= 0:
-        return []
-    return lookup_continuation([*s.tokens, s.draft[0]], lookup)
+    proposed with probability one: tree_sampling.py), from the row's n-gram index."""
+    return s.ngrams.continuation_after(s.tokens, s.draft[0], lookup)
 
 
 def _checked(logits: torch.Tensor) -> torch.Tensor:

@@ -84,6 +84,24 @@ class NgramIndex:
                 return _copy(tokens, start + n, length)
         return []
 
+    def continuation_after(self, tokens: list[int], extra: int, length: int,
+                           min_ngram: int = 2) -> list[int]:
+        """`lookup_continuation(tokens + [extra], length, self.max_ngram, min_ngram)`, the same
+        list, without building that text (a row's copy after its first draft, `extra`): the
+        n-grams followed by a token inside `tokens` are indexed, and the one n-gram per length
+        that `extra` follows (the last n tokens) is checked on its own; it is the latest."""
+        if length <= 0:
+            return []
+        self._catch_up(tokens)
+        last = len(tokens)  # the virtual text's last position holds `extra`
+        text = _Appended(tokens, extra)
+        for n in range(min(self.max_ngram, last), max(min_ngram, 1) - 1, -1):
+            gram = (*tokens[last + 1 - n : last], extra)
+            start = last - n if tuple(tokens[last - n : last]) == gram else self._start.get(gram)
+            if start is not None:
+                return _copy(text, start + n, length)
+        return []
+
     def _catch_up(self, tokens: list[int]) -> None:
         """Index the n-grams that now have a token after them: those ending before the last."""
         if tokens is not self._text or len(tokens) - 1 < self._ends or \
@@ -94,6 +112,19 @@ class NgramIndex:
                 self._start[tuple(tokens[end - n : end])] = end - n  # later starts overwrite
         self._ends = max(self._ends, len(tokens) - 1)
         self._mark = tokens[self._ends] if tokens else None
+
+
+class _Appended(Sequence[int]):
+    """`tokens + [extra]` as `_copy` reads it (its length and single items), without a copy."""
+
+    def __init__(self, tokens: Sequence[int], extra: int) -> None:
+        self.tokens, self.extra = tokens, extra
+
+    def __len__(self) -> int:
+        return len(self.tokens) + 1
+
+    def __getitem__(self, i):  # int indices only, as _copy uses them
+        return self.extra if i == len(self.tokens) else self.tokens[i]
 
 
 def _copy(ctx: Sequence[int], start: int, length: int) -> list[int]:

@@ -100,24 +100,31 @@ def test_bench_mode_names(tiny_pair_dir):
     assert mode_config(args, "sync-int8@8").draft_weights == "int8"
     assert mode_config(args, "sync").draft_input_bits == 8
     assert mode_config(args, "sync-bits14@4").draft_input_bits == 14
-    with pytest.raises(ValueError, match=r"draft_input_bits must be one of \(8, 14\)"):
-        mode_config(args, "sync-bits4")
-    with pytest.raises(SystemExit):  # a usage error, not a traceback
-        p.parse_args(_engine_flags(tiny_pair_dir) + ["--draft-input-bits", "12"])
+    _refused(p, args, tiny_pair_dir, "sync-bits4", r"draft_input_bits must be one of \(8, 14\)",
+             ["--draft-input-bits", "12"])
     full = mode_config(args, "async-adaptive-full@4")
     assert full.draft_weights == "full" and full.adaptive and full.spec.block_size == 4
     cut = p.parse_args(_engine_flags(tiny_pair_dir) + ["--draft-cutoff", "0.2"])
     assert mode_config(cut, "sync@8").draft_cutoff == 0.2
     assert mode_config(cut, "async-adaptive-cut0@8").draft_cutoff == 0.0
     assert mode_config(args, "sync-cut0.05-full@8").draft_cutoff == 0.05
-    with pytest.raises(ValueError, match=r"cutoff must be in \[0, 1\)"):
-        mode_config(args, "sync-cut1@8")
-    with pytest.raises(SystemExit):  # a usage error, not a traceback
-        p.parse_args(_engine_flags(tiny_pair_dir) + ["--draft-cutoff", "2"])
+    _refused(p, args, tiny_pair_dir, "sync-cut1@8", r"cutoff must be in \[0, 1\)",
+             ["--draft-cutoff", "2"])
     for bad in ("async-fast", "sync@x", "sync-int4", "sync-int8-full", "sync-cutx", "sync-cut0-cut1",
                 "turbo", "sync@0", "int8"):
         with pytest.raises(ValueError, match="unknown mode"):
             mode_config(args, bad)
+
+
+def _refused(p, args, pair, mode: str, match: str, flag: list[str]) -> None:
+    """A bad value in a mode's suffix is a ValueError naming the setting; the same setting out
+    of range on the command line is a usage error, not a traceback."""
+    from sglang_d3d.bench import mode_config
+
+    with pytest.raises(ValueError, match=match):
+        mode_config(args, mode)
+    with pytest.raises(SystemExit):
+        p.parse_args(_engine_flags(pair) + flag)
 
 
 @pytest.mark.parametrize("flag,value", [("--frequency-penalty", "5"), ("--presence-penalty", "nan"),

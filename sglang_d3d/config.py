@@ -302,8 +302,7 @@ class EngineConfig:
         (`rows_apart`) or not."""
         lookup, guesses, trees = verify_widths(self.lookup_tokens, self.copy_guesses,
                                                self.tree_nodes, rows_apart)
-        block = self.fixed_block or (min(APART_ROW_BLOCK, self.spec.block_size) if rows_apart
-                                     else self.spec.block_size)
+        block = self.fixed_block or (APART_ROW_BLOCK if rows_apart else self.spec.block_size)
         return replace(self, lookup_tokens=lookup, copy_guesses=guesses, tree_nodes=trees,
                        fixed_block=min(block, self.spec.block_size))
 

@@ -116,7 +116,7 @@ def test_bench_mode_names(tiny_pair_dir):
             mode_config(args, bad)
 
 
-def _refused(p, args, pair, mode: str, match: str, flag: list[str]) -> None:
+def _refused(p, args, pair, mode: str, match: str, flags: list[str]) -> None:
     """A bad value in a mode's suffix is a ValueError naming the setting; the same setting out
     of range on the command line is a usage error, not a traceback."""
     from sglang_d3d.bench import mode_config
@@ -124,7 +124,7 @@ def _refused(p, args, pair, mode: str, match: str, flag: list[str]) -> None:
     with pytest.raises(ValueError, match=match):
         mode_config(args, mode)
     with pytest.raises(SystemExit):
-        p.parse_args(_engine_flags(pair) + flag)
+        p.parse_args(_engine_flags(pair) + flags)
 
 
 @pytest.mark.parametrize("flag,value", [("--frequency-penalty", "5"), ("--presence-penalty", "nan"),

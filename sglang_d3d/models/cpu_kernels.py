@@ -63,15 +63,15 @@ def _ninja_on_path() -> None:
     os.environ["PATH"] = ninja.BIN_DIR + os.pathsep + os.environ.get("PATH", "")
 
 
-def build(name: str, sources: tuple[str, ...], cflags: list[str]) -> None:
-    """Compile and load csrc `sources` as extension `name` (cached under that name), with
-    `cflags` after -O3; raises where it cannot be built."""
+def build(name: str, sources: tuple[str, ...], cflags: list[str], folder: Path = CSRC) -> None:
+    """Compile and load `sources` (in `folder`, csrc by default) as extension `name` (cached
+    under that name), with `cflags` after -O3; raises where it cannot be built."""
     from torch.utils import cpp_extension
 
     _ninja_on_path()
     # -fopenmp: at::parallel_for runs on torch's OpenMP threads only where the extension
     # is built with it (torch's own libgomp serves, already loaded under the same name)
-    cpp_extension.load(name, sources=[str(CSRC / s) for s in sources], is_python_module=False,
+    cpp_extension.load(name, sources=[str(folder / s) for s in sources], is_python_module=False,
                        extra_cflags=["-O3", *cflags, "-fopenmp"], extra_ldflags=["-fopenmp"], verbose=False)
 
 

@@ -86,7 +86,7 @@ struct Rows {
 };
 
 struct Workspace {
-  std::vector<float> x, qkv, att, o, gu, act, down, q, scores, delta;
+  std::vector<float> x, qkv, att, o, gu, act, down, q, delta;
   Q4Scratch scratch;
 
   static Rows take(std::vector<float>& buf, int64_t rows, int64_t width) {
@@ -234,37 +234,33 @@ void attend(Rows qkv, const at::Tensor& cos, const at::Tensor& sin, LayerCache c
       std::memcpy(vdst + h * d, row + (hd.hq + hd.hkv + h) * d, d * sizeof(float));
     }
   }
+  // Each (row, head) pair on its own: its scores, softmax and weighted sum in one order. The
+  // pairs split over torch's threads in one parallel region a layer (two regions a row took
+  // 2 R fork-joins a layer, and 9 heads split 5 and 4 over two threads).
   float* op = out.p;
-  for (int64_t r = 0; r < rows; ++r) {
-    const std::vector<int64_t>& seen = keys[r];
-    const int64_t n = static_cast<int64_t>(seen.size());
-    const float* kbase = kp + slots[r] * slot_stride;
-    const float* vbase = vp + slots[r] * slot_stride;
-    ws.scores.resize(hd.hq * n);
-    float* sc = ws.scores.data();
-    // heads split over torch's threads: each head's sums are its own, in one order
-    at::parallel_for(0, hd.hq, 1, [&](int64_t h0, int64_t h1) {
-      for (int64_t h = h0; h < h1; ++h) {
-        const float* qh = q.data() + (r * hd.hq + h) * d;
-        const int64_t kvh = h / group;  // query heads share key-value heads in runs (HF repeat_kv)
-        for (int64_t t = 0; t < n; ++t) sc[h * n + t] = dot(qh, kbase + seen[t] * pos_stride + kvh * d, d);
+  at::parallel_for(0, rows * hd.hq, 1, [&](int64_t i0, int64_t i1) {
+    std::vector<float> scores;  // this task's, one pair's at a time
+    for (int64_t i = i0; i < i1; ++i) {
+      const int64_t r = i / hd.hq, h = i % hd.hq;
+      const std::vector<int64_t>& seen = keys[r];
+      const int64_t n = static_cast<int64_t>(seen.size());
+      const int64_t kvh = h / group;  // query heads share key-value heads in runs (HF repeat_kv)
+      const float* kbase = kp + slots[r] * slot_stride + kvh * d;
+      const float* vbase = vp + slots[r] * slot_stride + kvh * d;
+      const float* qh = q.data() + (r * hd.hq + h) * d;
+      scores.resize(n);
+      float* sc = scores.data();
+      for (int64_t t = 0; t < n; ++t) sc[t] = dot(qh, kbase + seen[t] * pos_stride, d);
+      softmax_row(sc, n);
+      lanes acc[MAX_HEAD / LANES] = {};
+      for (int64_t t = 0; t < n; ++t) {
+        const float* v = vbase + seen[t] * pos_stride;
+        const float w = sc[t];
+        for (int64_t j = 0; j < d / LANES; ++j) acc[j] += w * load(v + j * LANES);
       }
-    });
-    const float* pr = sc;
-    at::parallel_for(0, hd.hq, 1, [&](int64_t h0, int64_t h1) {
-      for (int64_t h = h0; h < h1; ++h) {
-        softmax_row(sc + h * n, n);
-        const int64_t kvh = h / group;
-        lanes acc[MAX_HEAD / LANES] = {};
-        for (int64_t t = 0; t < n; ++t) {
-          const float* v = vbase + seen[t] * pos_stride + kvh * d;
-          const float w = pr[h * n + t];
-          for (int64_t j = 0; j < d / LANES; ++j) acc[j] += w * load(v + j * LANES);
-        }
-        std::memcpy(op + (r * hd.hq + h) * d, acc, d * sizeof(float));
-      }
-    });
-  }
+      std::memcpy(op + i * d, acc, d * sizeof(float));
+    }
+  });
 }
 
 // gate_up [R, 2I] -> out = silu(gate) * up [R, I], silu(g) = g / (1 + e^-g), elementwise

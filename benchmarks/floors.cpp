@@ -1,0 +1,113 @@
+// What this CPU can do at most, for benchmarks/bench_floors.py: the throughput of the vector
+// instructions the block products are made of (models/csrc/block_mm.cpp), and the memory read
+// bandwidth, each on 1 thread and on `threads` threads at once (OpenMP), so that what a second
+// thread adds is measured rather than assumed.
+#include <immintrin.h>
+#include <omp.h>
+#include <torch/extension.h>
+
+#include <chrono>
+#include <cstdint>
+#include <vector>
+
+namespace {
+
+constexpr int CHAINS = 12;  // independent accumulators, more than latency x throughput needs
+
+// Keeps the accumulators in registers and their results live
+#define KEEP(v)                                                                                      \
+  asm volatile("" : "+v"(v[0]), "+v"(v[1]), "+v"(v[2]), "+v"(v[3]), "+v"(v[4]), "+v"(v[5]), "+v"(v[6]), \
+               "+v"(v[7]), "+v"(v[8]), "+v"(v[9]), "+v"(v[10]), "+v"(v[11]))
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+#if defined(__AVX512VNNI__) && defined(__AVX512F__)
+// n / CHAINS rounds of CHAINS byte dot products (64 products each). The operands change from
+// round to round: with the same two registers in every product, this CPU ran them about 3.5x
+// slower (0.95 against 0.27 ns), which would understate what the block products can reach.
+void dpbusd_loop(int64_t n) {
+  __m512i acc[CHAINS];
+  for (int i = 0; i < CHAINS; ++i) acc[i] = _mm512_set1_epi32(i);
+  __m512i a = _mm512_set1_epi8(3), b = _mm512_set1_epi8(5), c = _mm512_set1_epi8(7);
+  asm volatile("" : "+v"(a), "+v"(b), "+v"(c));  // not constants to the compiler
+  for (int64_t r = 0; r < n / (4 * CHAINS); ++r) {
+#pragma GCC unroll 12
+    for (int i = 0; i < CHAINS; ++i) acc[i] = _mm512_dpbusd_epi32(acc[i], a, b);
+#pragma GCC unroll 12
+    for (int i = 0; i < CHAINS; ++i) acc[i] = _mm512_dpbusd_epi32(acc[i], c, a);
+#pragma GCC unroll 12
+    for (int i = 0; i < CHAINS; ++i) acc[i] = _mm512_dpbusd_epi32(acc[i], a, c);
+#pragma GCC unroll 12
+    for (int i = 0; i < CHAINS; ++i) acc[i] = _mm512_dpbusd_epi32(acc[i], b, a);
+    KEEP(acc);
+  }
+}
+#endif
+
+#if defined(__AVX512F__)
+void fma_loop(int64_t n) {  // n / CHAINS rounds of CHAINS fp32 multiply-adds (16 lanes each)
+  __m512 acc[CHAINS];
+  for (int i = 0; i < CHAINS; ++i) acc[i] = _mm512_set1_ps(1.0f + i);
+  __m512 a = _mm512_set1_ps(0.999999f), b = _mm512_set1_ps(1e-7f), c = _mm512_set1_ps(0.5f);
+  asm volatile("" : "+v"(a), "+v"(b), "+v"(c));
+  for (int64_t r = 0; r < n / (2 * CHAINS); ++r) {  // the sums stay near 1e-1: no subnormals
+#pragma GCC unroll 12
+    for (int i = 0; i < CHAINS; ++i) acc[i] = _mm512_fmadd_ps(acc[i], a, b);
+#pragma GCC unroll 12
+    for (int i = 0; i < CHAINS; ++i) acc[i] = _mm512_fmadd_ps(acc[i], c, b);
+    KEEP(acc);
+  }
+}
+#endif
+
+}  // namespace
+
+// ns per instruction on each of `threads` threads running the loop at once ("dpbusd": AVX-512
+// VNNI byte dot products; "fma": AVX-512 fp32 multiply-adds); -1 where the build lacks them
+double ns_per_instruction(const std::string& what, int64_t n, int64_t threads) {
+  void (*loop)(int64_t) = nullptr;
+#if defined(__AVX512VNNI__) && defined(__AVX512F__)
+  if (what == "dpbusd") loop = dpbusd_loop;
+#endif
+#if defined(__AVX512F__)
+  if (what == "fma") loop = fma_loop;
+#endif
+  if (!loop) return -1.0;
+  const auto t0 = std::chrono::steady_clock::now();
+#pragma omp parallel num_threads(threads)
+  loop(n);
+  return seconds_since(t0) * 1e9 / static_cast<double>(n);
+}
+
+// GB/s that `threads` threads read together, each summing its own share of `bytes` (so that
+// the sum is not optimised away, it is returned through `sink`)
+double read_gb_per_s(int64_t bytes, int64_t threads, int64_t reps) {
+  const int64_t n = bytes / sizeof(float) / 64 * 64;
+  std::vector<float> buf(n, 1.0f);
+  double sink = 0.0;
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int64_t r = 0; r < reps; ++r) {
+#pragma omp parallel for num_threads(threads) reduction(+ : sink) schedule(static)
+    for (int64_t i = 0; i < n; i += 64) {  // four cache lines a step
+#if defined(__AVX512F__)
+      const __m512 s0 = _mm512_add_ps(_mm512_loadu_ps(&buf[i]), _mm512_loadu_ps(&buf[i + 32]));
+      const __m512 s1 = _mm512_add_ps(_mm512_loadu_ps(&buf[i + 16]), _mm512_loadu_ps(&buf[i + 48]));
+      sink += _mm512_reduce_add_ps(_mm512_add_ps(s0, s1));
+#else
+      float s = 0.0f;
+      for (int j = 0; j < 64; ++j) s += buf[i + j];
+      sink += s;
+#endif
+    }
+  }
+  const double secs = seconds_since(t0);
+  if (sink < 0) return -1.0;  // never: keeps the reads
+  return static_cast<double>(n) * sizeof(float) * reps / secs / 1e9;
+}
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("ns_per_instruction", &ns_per_instruction);
+  m.def("read_gb_per_s", &read_gb_per_s);
+}

@@ -75,10 +75,16 @@ double ns_per_instruction(const std::string& what, int64_t n, int64_t threads) {
   if (what == "fma") loop = fma_loop;
 #endif
   if (!loop) return -1.0;
+  int ran = 0;
   const auto t0 = std::chrono::steady_clock::now();
-#pragma omp parallel num_threads(threads)
-  loop(n);
-  return seconds_since(t0) * 1e9 / static_cast<double>(n);
+#pragma omp parallel num_threads(threads) reduction(+ : ran)
+  {
+    loop(n);
+    ran += 1;
+  }
+  const double ns = seconds_since(t0) * 1e9 / static_cast<double>(n);
+  TORCH_CHECK(ran == threads, "asked for ", threads, " threads, ", ran, " ran");  // else the rate would be wrong
+  return ns;
 }
 
 // GB/s that `threads` threads read together, each summing its own share of `bytes` (so that

@@ -464,9 +464,10 @@ void q4_row_vec(const Rounded* xr, const uint8_t* w, const at::Half* d, const at
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__) && defined(__AVX512DQ__)
 constexpr bool PAIRS = true;
 constexpr int PAIR_ROWS = 4 * TILE;  // input rows up to which weight rows go in pairs, tile by tile
-// Input rows that share one decode of a weight-row pair's octet. Against tiles of 4, over the
-// default target's 30 layers' projections at 1 thread, 8 took 9% less time at 5 rows (a verify
-// of 4 and its root) and at 9, 11% at 16, and the same at 1 to 4.
+// Input rows that share one decode of a weight-row pair's octet. Against tiles of 4 (and four
+// chains a row), over the default target's 30 layers' projections at 1 thread, 0.96x / 0.93x /
+// 0.92x the time at 5 / 9 / 16 rows and the same at 1 (benchmarks/bench_kernels_ab.py); rows
+// 5-8 of a pass (a verify of 4 and its root, a drafter block) no longer pay a second decode.
 constexpr int PAIR_TILE = 8;
 
 // a's 32 bytes in the low half, b's in the high
@@ -511,7 +512,7 @@ void q4_pair_vnni(const Rounded* xr, const uint8_t* wa, const uint8_t* wb, const
       hi[c] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
     }
     const __m512 dw = half_pair(da + o * OCTET, db + o * OCTET), mw = half_pair(ma + o * OCTET, mb + o * OCTET);
-#pragma GCC unroll 8  // as in q4_row_vec
+#pragma GCC unroll 8  // whole, as in q4_row_vec
     for (int r = 0; r < R; ++r) {
       const int8_t* xb = xr[r].bytes + o * XQ_BYTES;
       // Two independent chains: the h and the l bytes' sums; coarse (l = 0), the h bytes' sums

@@ -24,9 +24,10 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 }
 
 #if defined(__AVX512VNNI__) && defined(__AVX512F__)
-// n / CHAINS rounds of CHAINS byte dot products (64 products each). The operands change from
-// round to round: with the same two registers in every product, this CPU ran them about 3.5x
-// slower (0.95 against 0.27 ns), which would understate what the block products can reach.
+// n / CHAINS rounds of CHAINS byte dot products (64 products each), four a chain between the
+// barriers that keep the sums in registers. The loop's shape moves the rate a lot here: one
+// product a chain between barriers ran at 0.8-0.95 ns a product, four at 0.27-0.31, with the
+// same 12 chains. The faster is what the instruction allows, and the floor takes that one.
 void dpbusd_loop(int64_t n) {
   __m512i acc[CHAINS];
   for (int i = 0; i < CHAINS; ++i) acc[i] = _mm512_set1_epi32(i);

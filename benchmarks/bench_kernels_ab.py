@@ -57,18 +57,26 @@ def main() -> None:
         Path(a.json).write_text(json.dumps(out, indent=1) + "\n")
 
 
-def _build_revision(rev: str):
-    """models/csrc at `rev`, built as torch.ops.d3d_ab_<hash of its sources>."""
-    files = subprocess.run(["git", "ls-tree", "--name-only", f"{rev}:{CSRC}"], cwd=ROOT, check=True,
-                           capture_output=True, text=True).stdout.split()
+def csrc_at(rev: str | None) -> tuple[Path, str]:
+    """models/csrc at git revision `rev` (None: the working tree) copied into a new folder ->
+    (the folder, a hash of its sources)."""
     folder = Path(tempfile.mkdtemp(prefix="d3d_ab_"))
     digest = hashlib.sha256()
-    for name in files:
-        text = subprocess.run(["git", "show", f"{rev}:{CSRC}/{name}"], cwd=ROOT, check=True,
-                              capture_output=True).stdout
+    names = sorted(p.name for p in (ROOT / CSRC).iterdir()) if rev is None else \
+        subprocess.run(["git", "ls-tree", "--name-only", f"{rev}:{CSRC}"], cwd=ROOT, check=True,
+                       capture_output=True, text=True).stdout.split()
+    for name in names:
+        text = (ROOT / CSRC / name).read_bytes() if rev is None else \
+            subprocess.run(["git", "show", f"{rev}:{CSRC}/{name}"], cwd=ROOT, check=True, capture_output=True).stdout
         (folder / name).write_bytes(text)
         digest.update(text)
-    ns = f"d3d_ab_{digest.hexdigest()[:12]}"
+    return folder, digest.hexdigest()[:12]
+
+
+def _build_revision(rev: str):
+    """models/csrc at `rev`, its block products built as torch.ops.d3d_ab_<hash of its sources>."""
+    folder, digest = csrc_at(rev)
+    ns = f"d3d_ab_{digest}"
     cpu_kernels.build(ns, ("block_mm.cpp",), ["-march=native", f"-DD3D_OPS={ns}"], folder=folder)
     return getattr(torch.ops, ns)
 

@@ -25,7 +25,7 @@
 // Nothing depends on which other rows share a call or on the thread count, so an output is
 // bitwise the same for 1 row or 512. Rows share each weight block's decode in tiles, which is
 // what makes a verify pass of several rows cheaper than as many single-row steps. With AVX-512,
-// a panel's outputs are reduced 16 at a time at its end (hsum8_x16): reducing each pair of
+// a panel's outputs are reduced 16 at a time at its end (lanes.h hsum8_x16): reducing each pair of
 // weight rows as it finished took about 15% of the layers' products at 1 to 16 input rows.
 
 #include "block_mm.h"
@@ -565,27 +565,6 @@ void q4_pair_vnni(const Rounded* xr, const uint8_t* wa, const uint8_t* wb, const
     }
   }
   for (int r = 0; r < R; ++r) _mm512_store_ps(lanes + r * ld_lanes, _mm512_add_ps(total[r], mt[r]));
-}
-
-// hsum8 of 16 outputs at once: v holds output i's 8 lanes at v + 8 i (a panel's pairs side by
-// side). The same three rounds of additions as hsum8 (lanes i and i + 4, then i and i + 2,
-// then 0 and 1), each on the same two values, so the same bits; the rounds run across
-// outputs, 22 instructions for 16 outputs where one hsum8 takes 6. The first `count` go to y.
-void hsum8_x16(const float* v, int count, float* y) {
-  __m512 a[4], b[2];
-  for (int k = 0; k < 4; ++k) {  // chunk j of a[k]: lanes i + i + 4 (i < 4) of output 4 k + j
-    const __m512 u = _mm512_load_ps(v + 32 * k), w = _mm512_load_ps(v + 32 * k + 16);
-    a[k] = _mm512_add_ps(_mm512_shuffle_f32x4(u, w, _MM_SHUFFLE(2, 0, 2, 0)),
-                         _mm512_shuffle_f32x4(u, w, _MM_SHUFFLE(3, 1, 3, 1)));
-  }
-  for (int k = 0; k < 2; ++k)  // chunk j of b[k]: outputs 8 k + j and 8 k + 4 + j, 2 lanes each
-    b[k] = _mm512_add_ps(_mm512_shuffle_ps(a[2 * k], a[2 * k + 1], _MM_SHUFFLE(1, 0, 1, 0)),
-                         _mm512_shuffle_ps(a[2 * k], a[2 * k + 1], _MM_SHUFFLE(3, 2, 3, 2)));
-  // lane 4 j + l: output j + 4 l
-  const __m512 t = _mm512_add_ps(_mm512_shuffle_ps(b[0], b[1], _MM_SHUFFLE(2, 0, 2, 0)),
-                                 _mm512_shuffle_ps(b[0], b[1], _MM_SHUFFLE(3, 1, 3, 1)));
-  const __m512i order = _mm512_set_epi32(15, 11, 7, 3, 14, 10, 6, 2, 13, 9, 5, 1, 12, 8, 4, 0);
-  _mm512_mask_storeu_ps(y, static_cast<__mmask16>((1u << count) - 1), _mm512_permutexvar_ps(order, t));
 }
 
 // One pair of weight rows against up to PAIR_TILE input rows, its lanes into `lanes`

@@ -23,43 +23,40 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
-#if defined(__AVX512VNNI__) && defined(__AVX512F__)
-// n / CHAINS rounds of CHAINS byte dot products (64 products each), four a chain between the
-// barriers that keep the sums in registers. The loop's shape moves the rate a lot here: one
-// product a chain between barriers ran at 0.8-0.95 ns a product, four at 0.27-0.31, with the
-// same 12 chains. The faster is what the instruction allows, and the floor takes that one.
-void dpbusd_loop(int64_t n) {
-  __m512i acc[CHAINS];
-  for (int i = 0; i < CHAINS; ++i) acc[i] = _mm512_set1_epi32(i);
-  __m512i a = _mm512_set1_epi8(3), b = _mm512_set1_epi8(5), c = _mm512_set1_epi8(7);
+// n / CHAINS rounds of CHAINS instructions `op(sum, x, y)`, four a chain between the barriers
+// that keep the sums in registers, their operands taken in turn from a, b and c. The loop's
+// shape moves the rate a lot here: one byte dot product a chain between barriers ran at
+// 0.8-0.95 ns, four at 0.27-0.31, with the same 12 chains. The faster is what the instruction
+// allows, and the floor takes that one.
+template <typename V, typename Op>
+void chains(int64_t n, V start, V a, V b, V c, Op op) {
+  V acc[CHAINS];
+  for (int i = 0; i < CHAINS; ++i) acc[i] = start;
   asm volatile("" : "+v"(a), "+v"(b), "+v"(c));  // not constants to the compiler
   for (int64_t r = 0; r < n / (4 * CHAINS); ++r) {
 #pragma GCC unroll 12
-    for (int i = 0; i < CHAINS; ++i) acc[i] = _mm512_dpbusd_epi32(acc[i], a, b);
+    for (int i = 0; i < CHAINS; ++i) acc[i] = op(acc[i], a, b);
 #pragma GCC unroll 12
-    for (int i = 0; i < CHAINS; ++i) acc[i] = _mm512_dpbusd_epi32(acc[i], c, a);
+    for (int i = 0; i < CHAINS; ++i) acc[i] = op(acc[i], c, a);
 #pragma GCC unroll 12
-    for (int i = 0; i < CHAINS; ++i) acc[i] = _mm512_dpbusd_epi32(acc[i], a, c);
+    for (int i = 0; i < CHAINS; ++i) acc[i] = op(acc[i], a, c);
 #pragma GCC unroll 12
-    for (int i = 0; i < CHAINS; ++i) acc[i] = _mm512_dpbusd_epi32(acc[i], b, a);
+    for (int i = 0; i < CHAINS; ++i) acc[i] = op(acc[i], b, a);
     KEEP(acc);
   }
+}
+
+#if defined(__AVX512VNNI__) && defined(__AVX512F__)
+void dpbusd_loop(int64_t n) {  // byte dot products, 64 products each
+  chains(n, _mm512_set1_epi32(1), _mm512_set1_epi8(3), _mm512_set1_epi8(5), _mm512_set1_epi8(7),
+         [](__m512i s, __m512i x, __m512i y) { return _mm512_dpbusd_epi32(s, x, y); });
 }
 #endif
 
 #if defined(__AVX512F__)
-void fma_loop(int64_t n) {  // n / CHAINS rounds of CHAINS fp32 multiply-adds (16 lanes each)
-  __m512 acc[CHAINS];
-  for (int i = 0; i < CHAINS; ++i) acc[i] = _mm512_set1_ps(1.0f + i);
-  __m512 a = _mm512_set1_ps(0.999999f), b = _mm512_set1_ps(1e-7f), c = _mm512_set1_ps(0.5f);
-  asm volatile("" : "+v"(a), "+v"(b), "+v"(c));
-  for (int64_t r = 0; r < n / (2 * CHAINS); ++r) {  // the sums stay near 1e-1: no subnormals
-#pragma GCC unroll 12
-    for (int i = 0; i < CHAINS; ++i) acc[i] = _mm512_fmadd_ps(acc[i], a, b);
-#pragma GCC unroll 12
-    for (int i = 0; i < CHAINS; ++i) acc[i] = _mm512_fmadd_ps(acc[i], c, b);
-    KEEP(acc);
-  }
+void fma_loop(int64_t n) {  // fp32 multiply-adds, 16 lanes each; the sums stay near 1: no subnormals
+  chains(n, _mm512_set1_ps(1.0f), _mm512_set1_ps(0.999999f), _mm512_set1_ps(1e-7f), _mm512_set1_ps(0.5f),
+         [](__m512 s, __m512 x, __m512 y) { return _mm512_fmadd_ps(s, x, y); });
 }
 #endif
 

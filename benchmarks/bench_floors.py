@@ -83,7 +83,7 @@ PASSES = (
 
 def main() -> None:
     a = _args()
-    ext = _build()
+    ext = rates_extension()
     rates = _measure(ext, a.iterations, a.read_mb)
     one = Machine(64 / rates["dpbusd_ns"][1], 16 / rates["fma_ns"][1], rates["read_gb_per_s"][1])
     config = json.loads((loading.resolve_target_path(None) / "config.json").read_text())
@@ -104,13 +104,10 @@ def main() -> None:
         Path(a.json).write_text(json.dumps(out, indent=1) + "\n")
 
 
-def _build():
-    from torch.utils import cpp_extension
-
-    cpu_kernels._ninja_on_path()
-    src = Path(__file__).resolve().parent / "floors.cpp"
-    return cpp_extension.load("d3d_floors", sources=[str(src)], extra_cflags=["-O3", "-march=native", "-fopenmp"],
-                              extra_ldflags=["-fopenmp"], verbose=False)
+def rates_extension():
+    """floors.cpp built and loaded (its rate loops)."""
+    return cpu_kernels.build("d3d_floors", ("floors.cpp",), ["-march=native"], folder=Path(__file__).resolve().parent,
+                             module=True)
 
 
 def _measure(ext, iterations: int, read_mb: int) -> dict:

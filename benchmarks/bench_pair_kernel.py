@@ -15,15 +15,15 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import shutil
 import statistics
 import sys
-import tempfile
 from pathlib import Path
 
 from sglang_d3d.models import cpu_kernels
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # run_info, when run as a script
+from bench_floors import rates_extension  # noqa: E402
+from bench_kernels_ab import csrc_at  # noqa: E402
 from run_info import run_info  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
@@ -56,25 +56,17 @@ def main() -> None:
 
 
 def _build():
-    """pair_kernel.cpp with models/csrc beside it, as an extension named by their hash."""
-    from torch.utils import cpp_extension
-
-    folder = Path(tempfile.mkdtemp(prefix="d3d_pair_"))
-    shutil.copy(cpu_kernels.CSRC / "block_mm.cpp", folder / "kernel.cpp")
-    for name in ("block_mm.h", "lanes.h"):
-        shutil.copy(cpu_kernels.CSRC / name, folder / name)
-    shutil.copy(HERE / "pair_kernel.cpp", folder / "pair_kernel.cpp")
-    digest = hashlib.sha256(b"".join(p.read_bytes() for p in sorted(folder.iterdir()))).hexdigest()[:12]
-    cpu_kernels._ninja_on_path()
-    return cpp_extension.load(f"d3d_pair_{digest}", sources=[str(folder / "pair_kernel.cpp")],
-                              extra_cflags=["-O3", "-march=native", f"-DD3D_OPS=d3d_pair_{digest}"], verbose=False)
+    """pair_kernel.cpp beside the working tree's models/csrc, as an extension named by their
+    sources' hash."""
+    folder, digest = csrc_at(None)
+    (folder / "pair_kernel.cpp").write_bytes((HERE / "pair_kernel.cpp").read_bytes())
+    ns = f"d3d_pair_{digest}_{hashlib.sha256((HERE / 'pair_kernel.cpp').read_bytes()).hexdigest()[:8]}"
+    return cpu_kernels.build(ns, ("pair_kernel.cpp",), ["-march=native", f"-DD3D_OPS={ns}"], folder=folder, module=True)
 
 
 def _floors(iterations: int) -> float:
     """ns a byte dot product, 1 thread (bench_floors.py's measurement)."""
-    import bench_floors
-
-    return min(bench_floors._build().ns_per_instruction("dpbusd", iterations, 1) for _ in range(3))
+    return min(rates_extension().ns_per_instruction("dpbusd", iterations, 1) for _ in range(3))
 
 
 def _args() -> argparse.Namespace:

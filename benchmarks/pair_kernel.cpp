@@ -2,8 +2,8 @@
 // benchmarks/bench_pair_kernel.py: one pair of weight rows against R rounded input rows, over
 // and over on the same bytes, so that weights and inputs stay in L1 and what is measured is
 // the kernel's own instructions. The kernel's source is included whole (bench_pair_kernel.py
-// copies it beside this file as kernel.cpp), its operators under a namespace of their own.
-#include "kernel.cpp"
+// puts this file beside a copy of models/csrc), its operators under a namespace of their own.
+#include "block_mm.cpp"
 
 #include <pybind11/pybind11.h>
 

@@ -63,16 +63,19 @@ def _ninja_on_path() -> None:
     os.environ["PATH"] = ninja.BIN_DIR + os.pathsep + os.environ.get("PATH", "")
 
 
-def build(name: str, sources: tuple[str, ...], cflags: list[str], folder: Path = CSRC) -> None:
+def build(name: str, sources: tuple[str, ...], cflags: list[str], folder: Path = CSRC, module: bool = False):
     """Compile and load `sources` (in `folder`, csrc by default) as extension `name` (cached
-    under that name), with `cflags` after -O3; raises where it cannot be built."""
+    under that name), with `cflags` after -O3; raises where it cannot be built. module: the
+    sources define a Python module (benchmarks' timing loops), returned; else they register
+    torch operators and None is returned."""
     from torch.utils import cpp_extension
 
     _ninja_on_path()
     # -fopenmp: at::parallel_for runs on torch's OpenMP threads only where the extension
     # is built with it (torch's own libgomp serves, already loaded under the same name)
-    cpp_extension.load(name, sources=[str(folder / s) for s in sources], is_python_module=False,
-                       extra_cflags=["-O3", *cflags, "-fopenmp"], extra_ldflags=["-fopenmp"], verbose=False)
+    ext = cpp_extension.load(name, sources=[str(folder / s) for s in sources], is_python_module=module,
+                             extra_cflags=["-O3", *cflags, "-fopenmp"], extra_ldflags=["-fopenmp"], verbose=False)
+    return ext if module else None
 
 
 @functools.lru_cache(maxsize=1)

@@ -83,7 +83,7 @@ float dot(const float* a, const float* b, int64_t n) {
 // together (its first round per key, its other three across keys in hsum8_x16). One hsum a
 // key took about half the scores' time at a 1000-token context.
 void key_scores(const float* q, const float* k, const int64_t* seen, int64_t n, int64_t stride, int64_t d,
-            float* sc) {
+                float* sc) {
   int64_t t = 0;
 #if defined(__AVX512F__)
   alignas(64) float halves[LANES * 8];  // key j's 8 lanes after hsum's first round, at 8 j
@@ -237,6 +237,24 @@ struct LayerCache {
   int64_t slot_stride, pos_stride;
 };
 
+// One query's attention over its keys `seen` (cache positions `stride` floats apart from k and
+// v) -> out [d]: scores, softmax and weighted sum, each in one order
+void head_attention(const float* q, const float* k, const float* v, const std::vector<int64_t>& seen,
+                    int64_t stride, int64_t d, std::vector<float>& scores, float* out) {
+  const int64_t n = static_cast<int64_t>(seen.size());
+  scores.resize(n);
+  float* sc = scores.data();
+  key_scores(q, k, seen.data(), n, stride, d, sc);
+  softmax_row(sc, n);
+  lanes acc[MAX_HEAD / LANES] = {};
+  for (int64_t t = 0; t < n; ++t) {
+    const float* vt = v + seen[t] * stride;
+    const float w = sc[t];
+    for (int64_t j = 0; j < d / LANES; ++j) acc[j] += w * load(vt + j * LANES);
+  }
+  std::memcpy(out, acc, d * sizeof(float));
+}
+
 // Writes every row's key and value into the layer cache, then out [R, Hq * D]: row r's
 // attention over the cache entries keys[r].
 void attend(Rows qkv, const at::Tensor& cos, const at::Tensor& sin, LayerCache cache, c10::IntArrayRef slots,
@@ -262,33 +280,18 @@ void attend(Rows qkv, const at::Tensor& cos, const at::Tensor& sin, LayerCache c
       std::memcpy(vdst + h * d, row + (hd.hq + hd.hkv + h) * d, d * sizeof(float));
     }
   }
-  // Each (row, head) pair on its own: its scores, softmax and weighted sum in one order. The
-  // pairs split over torch's threads in one parallel region a layer (two regions a row took
-  // 2 R fork-joins a layer, and 9 heads split 5 and 4 over two threads), head by head, every
-  // row of a head in turn: a head's keys and values then stay in cache from row to row (row
-  // by row, every row read the layer's whole cache again, 1.5 MB at a 1000-token context).
+  // (row, head) pairs in one parallel region a layer, head by head and every row of a head in
+  // turn, so that a head's keys and values stay in cache from row to row (the layer's whole
+  // cache is 1.5 MB at a 1000-token context, past L2)
   float* op = out.p;
   at::parallel_for(0, rows * hd.hq, 1, [&](int64_t i0, int64_t i1) {
     std::vector<float> scores;  // this task's, one pair's at a time
     for (int64_t i = i0; i < i1; ++i) {
       const int64_t h = i / rows, r = i % rows;
-      const std::vector<int64_t>& seen = keys[r];
-      const int64_t n = static_cast<int64_t>(seen.size());
       const int64_t kvh = h / group;  // query heads share key-value heads in runs (HF repeat_kv)
-      const float* kbase = kp + slots[r] * slot_stride + kvh * d;
-      const float* vbase = vp + slots[r] * slot_stride + kvh * d;
-      const float* qh = q.data() + (r * hd.hq + h) * d;
-      scores.resize(n);
-      float* sc = scores.data();
-      key_scores(qh, kbase, seen.data(), n, pos_stride, d, sc);
-      softmax_row(sc, n);
-      lanes acc[MAX_HEAD / LANES] = {};
-      for (int64_t t = 0; t < n; ++t) {
-        const float* v = vbase + seen[t] * pos_stride;
-        const float w = sc[t];
-        for (int64_t j = 0; j < d / LANES; ++j) acc[j] += w * load(v + j * LANES);
-      }
-      std::memcpy(op + (r * hd.hq + h) * d, acc, d * sizeof(float));
+      const int64_t at = slots[r] * slot_stride + kvh * d;
+      head_attention(q.data() + (r * hd.hq + h) * d, kp + at, vp + at, keys[r], pos_stride, d, scores,
+                     op + (r * hd.hq + h) * d);
     }
   });
 }

@@ -21,12 +21,13 @@ double time_pair(int64_t groups, int64_t calls) {
   const int64_t x_bytes = octets * XQ_BYTES + TAIL_BYTES;
   std::vector<uint8_t> w(2 * row_bytes + Q4_PAD_BYTES, 0x5a);
   std::vector<at::Half> dm(2 * groups + OCTET, at::Half(0.01f));
-  std::vector<int8_t> bytes(R * x_bytes, 3);
+  std::vector<int8_t> storage(R * x_bytes + CACHE_LINE, 3);
   std::vector<float> dx(R * octets * OCTET, 0.5f), xs(R * octets * OCTET, 0.25f);
   std::vector<Rounded> xr(R);
+  int8_t* bytes = line_aligned(storage.data());  // as q4_mm_into lays its rows out
   for (int r = 0; r < R; ++r)
-    xr[r] = {bytes.data() + r * x_bytes, dx.data() + r * octets * OCTET, xs.data() + r * octets * OCTET,
-             bytes.data() + r * x_bytes + octets * XQ_BYTES};
+    xr[r] = {bytes + r * x_bytes, dx.data() + r * octets * OCTET, xs.data() + r * octets * OCTET,
+             bytes + r * x_bytes + octets * XQ_BYTES};
   alignas(64) float lanes[PAIR_TILE * PANEL * OCTET];
   const auto t0 = std::chrono::steady_clock::now();
   for (int64_t i = 0; i < calls; ++i) {

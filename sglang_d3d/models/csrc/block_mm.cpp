@@ -36,6 +36,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -68,10 +69,10 @@ constexpr int64_t PREFETCH = 2048;  // bytes of weights fetched ahead (1-16 KB m
 // 4 t bytes long, and lanes t..7 meet zero activations. The d and m of all rows are arrays of
 // their own; every array ends in zeros the kernel may read past the last row (block_mm.h).
 
-// One input row, rounded for the integer products. bytes: per octet and chunk, 4 parts of 32
-// (the h and l bytes of the inputs meeting the low nibbles, then of those meeting the high
-// ones), laid out as the weight chunk; dx [octets * 8] the blocks' scales and xs [octets * 8]
-// dx * sum(xq) (zero past the last block).
+// One input row, rounded for the integer products. bytes: per octet, each chunk's 4 parts of
+// 32 (the h and l bytes of the inputs meeting the low nibbles, then of those meeting the high
+// ones), laid out as the weight chunk, at part_at; dx [octets * 8] the blocks' scales and
+// xs [octets * 8] dx * sum(xq) (zero past the last block).
 struct Rounded {
   int8_t* bytes;
   float* dx;
@@ -80,6 +81,17 @@ struct Rounded {
 };
 
 constexpr int64_t TAIL_BYTES = 4 * 32;
+
+// The rounded rows start on cache lines (their strides are whole lines), where std::vector's
+// storage is only 16-byte aligned: a 32-byte load of input bytes that straddles two lines made
+// the AVX-512 pair kernel alone about 30% slower (benchmarks/bench_pair_kernel.py)
+constexpr int64_t CACHE_LINE = 64;
+
+template <typename T>
+T* line_aligned(T* p) {
+  const auto at = reinterpret_cast<uintptr_t>(p);
+  return reinterpret_cast<T*>((at + CACHE_LINE - 1) / CACHE_LINE * CACHE_LINE);
+}
 
 // Whether a path reads Rounded::tail: q4 rows on AVX2 byte multiply-adds, and weight-row
 // pairs on AVX-512 VNNI
@@ -90,19 +102,36 @@ constexpr bool SHORT_TAILS = true;
 constexpr bool SHORT_TAILS = false;
 #endif
 
+// Where the AVX-512 pair kernel runs, an octet's input bytes go chunk pair by chunk pair: part p
+// of chunks 2q and 2q + 1 side by side in one 64-byte line, so that one aligned load meets a
+// 64-byte load of one weight row's two chunks. Against a 32-byte load broadcast to both halves
+// of a register for two weight rows, the kernel alone took 0.75-0.85x the time at 4-8 rows.
+// Elsewhere each chunk's 4 parts follow one another. Every path reads the bytes through part_at.
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__) && defined(__AVX512DQ__)
+constexpr bool CHUNK_PAIRS = true;
+#else
+constexpr bool CHUNK_PAIRS = false;
+#endif
+
+// The offset of part p of chunk c within an octet's input bytes
+constexpr int64_t part_at(int c, int p) { return CHUNK_PAIRS ? (c / 2) * 256 + p * 64 + (c % 2) * 32 : c * 128 + p * 32; }
+
+// From a part to the next (an h byte to its l byte)
+constexpr int64_t PART_STRIDE = part_at(0, 1) - part_at(0, 0);
+
 // A last octet of t <= 2 blocks holds 4 t bytes a chunk, so its 4 chunks fill one 32-byte load
 // of weights. tail part p (h and l bytes against low nibbles, then against high ones) is that
 // octet's part p of chunks 0-3 side by side, 4 t bytes each, to meet that load; zeros after.
 void tail_bytes(const int8_t* oct, int64_t t, int8_t* tail) {
   for (int part = 0; part < 4; ++part)
-    for (int c = 0; c < 4; ++c) std::memcpy(tail + part * 32 + c * 4 * t, oct + c * 128 + part * 32, 4 * t);
+    for (int c = 0; c < 4; ++c) std::memcpy(tail + part * 32 + c * 4 * t, oct + part_at(c, part), 4 * t);
 }
 
 // Where block j of an octet keeps input i's h byte: part (chunk, nibble) at j's 4 bytes; the
-// l byte lies 32 bytes on
+// l byte lies PART_STRIDE bytes on
 inline int64_t h_at(int i, int64_t j) {
   const int nib = i / 16, c = (i % 16) / 4, b = i % 4;  // high nibble?, chunk, byte
-  return c * 128 + nib * 64 + 4 * j + b;
+  return part_at(c, 2 * nib) + 4 * j + b;
 }
 
 
@@ -117,7 +146,7 @@ int32_t round_block_plain(const float* xb, int8_t* oct, int64_t j, float* amax_o
     const int32_t xq = static_cast<int32_t>((v + ROUNDER) - ROUNDER);
     sum += xq;
     oct[h_at(i, j)] = static_cast<int8_t>(xq >> 7);  // h (arithmetic shift: floor)
-    oct[h_at(i, j) + 32] = static_cast<int8_t>(xq & 127);  // l
+    oct[h_at(i, j) + PART_STRIDE] = static_cast<int8_t>(xq & 127);  // l
   }
   *amax_out = amax;
   return sum;
@@ -143,7 +172,7 @@ int32_t round_block(const float* xb, int8_t* oct, int64_t j, float* amax_out) {
     _mm_store_si128(reinterpret_cast<__m128i*>(l), _mm512_cvtepi32_epi8(_mm512_and_si512(xq, _mm512_set1_epi32(127))));
     for (int c = 0; c < 4; ++c) {
       std::memcpy(oct + h_at(16 * nib + 4 * c, j), h + 4 * c, 4);
-      std::memcpy(oct + h_at(16 * nib + 4 * c, j) + 32, l + 4 * c, 4);
+      std::memcpy(oct + h_at(16 * nib + 4 * c, j) + PART_STRIDE, l + 4 * c, 4);
     }
   }
   *amax_out = amax;
@@ -185,7 +214,7 @@ int32_t round_block(const float* xb, int8_t* oct, int64_t j, float* amax_out) {
     _mm_store_si128(reinterpret_cast<__m128i*>(l), bytes16(_mm256_and_si256(a, low7), _mm256_and_si256(b, low7)));
     for (int c = 0; c < 4; ++c) {
       std::memcpy(oct + h_at(16 * nib + 4 * c, j), h + 4 * c, 4);
-      std::memcpy(oct + h_at(16 * nib + 4 * c, j) + 32, l + 4 * c, 4);
+      std::memcpy(oct + h_at(16 * nib + 4 * c, j) + PART_STRIDE, l + 4 * c, 4);
     }
   }
   alignas(32) int32_t lanes8[8];
@@ -208,8 +237,8 @@ int32_t coarsen_block(int8_t* oct, int64_t j) {
   int32_t sum = 0;
   for (int i = 0; i < BLOCK; ++i) {
     int8_t* h = oct + h_at(i, j);
-    *h = static_cast<int8_t>(*h + (h[32] >= 64 ? 1 : 0));
-    h[32] = 0;
+    *h = static_cast<int8_t>(*h + (h[PART_STRIDE] >= 64 ? 1 : 0));
+    h[PART_STRIDE] = 0;
     sum += 128 * static_cast<int32_t>(*h);
   }
   return sum;
@@ -255,8 +284,9 @@ void q4_row_portable(const Rounded* xr, int rows, const uint8_t* w, const at::Ha
         for (int c = 0; c < 4; ++c)
           for (int b = 0; b < 4; ++b) {
             const int32_t byte = w[o * OCTET_BYTES + c * stride + 4 * j + b];
-            const int8_t* part = xb + c * 128 + 4 * j + b;
-            sum += (byte & 15) * (128 * part[0] + part[32]) + (byte >> 4) * (128 * part[64] + part[96]);
+            const int8_t* x = xb + 4 * j + b;
+            sum += (byte & 15) * (128 * x[part_at(c, 0)] + x[part_at(c, 1)]) +
+                   (byte >> 4) * (128 * x[part_at(c, 2)] + x[part_at(c, 3)]);
           }
         const int64_t g = o * OCTET + j;
         const float dw = static_cast<float>(d[g]), mw = static_cast<float>(m[g]);
@@ -324,7 +354,7 @@ void q4_row_vec(const Rounded* xr, const uint8_t* w, const at::Half* d, const at
       __m256i acc[4] = {};  // four independent chains (h and l bytes against low and high nibbles)
       for (int c = 0; c < 4; ++c)
         for (int part = 0; part < 4; ++part)
-          acc[part] = _mm256_dpbusd_avx_epi32(acc[part], part < 2 ? lo[c] : hi[c], load32(xb + c * 128 + part * 32));
+          acc[part] = _mm256_dpbusd_avx_epi32(acc[part], part < 2 ? lo[c] : hi[c], load32(xb + part_at(c, part)));
       const __m256i ah = _mm256_add_epi32(acc[0], acc[2]), al = _mm256_add_epi32(acc[1], acc[3]);
       const __m256 sum = _mm256_cvtepi32_ps(_mm256_add_epi32(_mm256_slli_epi32(ah, 7), al));  // exact
       const __m256 scale = _mm256_mul_ps(dw, _mm256_loadu_ps(xr[r].dx + o * OCTET));
@@ -372,8 +402,9 @@ __attribute__((always_inline)) inline void octet_avx2(const Rounded* xr, int64_t
       hi[p] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
     }
     for (int r = 0; r < R; ++r) {
-      const int8_t* x = xr[r].bytes + o * XQ_BYTES + c * 128;
-      const __m256i xh = load32(x), xl = load32(x + 32), xh2 = load32(x + 64), xl2 = load32(x + 96);
+      const int8_t* x = xr[r].bytes + o * XQ_BYTES;
+      const __m256i xh = load32(x + part_at(c, 0)), xl = load32(x + part_at(c, 1));
+      const __m256i xh2 = load32(x + part_at(c, 2)), xl2 = load32(x + part_at(c, 3));
       for (int p = 0; p < P; ++p) {
         h[p][r] = _mm256_add_epi16(h[p][r], _mm256_add_epi16(_mm256_maddubs_epi16(lo[p], xh),
                                                              _mm256_maddubs_epi16(hi[p], xh2)));
@@ -481,22 +512,117 @@ inline __m512 half_pair(const at::Half* a, const at::Half* b) {
   return _mm512_cvtph_ps(_mm256_inserti128_si256(_mm256_castsi128_si256(lo), hi, 1));
 }
 
-// Two adjacent weight rows a and b at once in AVX-512 registers (a's octet in the low half, b's
-// in the high, the input bytes broadcast to both): every lane computes what q4_row_vec's
-// does, so the outputs are the same bits; the wider byte dot products do twice the work.
+// Two weight rows' octet chunks c and c + 1 (`stride` bytes apart) in one register: the low
+// nibbles' bytes, then the high ones', each as lo and hi
+struct ChunkPair {
+  __m512i lo, hi;
+};
+
+// line: w and chunk c + 1 lie in one cache line (a 64-byte load that straddles two lines made
+// plain steps about 7% slower than two 32-byte loads)
+inline ChunkPair chunk_pair(const uint8_t* w, int64_t stride, bool line) {
+  const __m512i low4 = _mm512_set1_epi8(15);
+  const __m512i v = line ? _mm512_load_si512(w) : _mm512_inserti64x4(_mm512_castsi256_si512(load32(w)), load32(w + stride), 1);
+  return {_mm512_and_si512(v, low4), _mm512_and_si512(_mm512_srli_epi16(v, 4), low4)};
+}
+
+// A row's lanes for its two 32-byte halves (chunk 2q in lanes 0-7, 2q + 1 in 8-15) of weight
+// rows a and b -> a's 8 block sums in lanes 0-7, b's in 8-15 (integers: exact in any order)
+inline __m512i fold_halves(__m512i a, __m512i b) {
+  return _mm512_add_epi32(_mm512_shuffle_i64x2(a, b, _MM_SHUFFLE(1, 0, 1, 0)), _mm512_shuffle_i64x2(a, b, _MM_SHUFFLE(3, 2, 3, 2)));
+}
+
+// The m * xs sums of weight rows a and b over the octets taken whole (lanes as in total), in the
+// order the octets come: the same fp32 steps as beside each octet's products, in a loop of
+// their own so that, past 4 input rows, the products' loop holds one running sum a row, not two
+template <int R>
+inline void min_sums(const Rounded* xr, const at::Half* ma, const at::Half* mb, int64_t octets, __m512* mt) {
+  for (int64_t o = 0; o < octets; ++o) {
+    const __m512 mw = half_pair(ma + o * OCTET, mb + o * OCTET);
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r)
+      mt[r] = _mm512_fmadd_ps(mw, _mm512_broadcast_f32x8(_mm256_loadu_ps(xr[r].xs + o * OCTET)), mt[r]);
+  }
+}
+
+// Two adjacent weight rows a and b at once in AVX-512 registers: one register holds one row's
+// chunks c and c + 1, and meets the input bytes of those two chunks (CHUNK_PAIRS: one aligned
+// 64-byte load each, shared by both weight rows). Each lane sums one block's products within
+// one chunk; the two halves' sums are folded (integers, exact in any order) into a's 8 blocks
+// in lanes 0-7 and b's in 8-15, which then take the fp32 steps q4_row_vec's lanes take, so the
+// outputs are the same bits.
 // A last octet of t <= 2 blocks (its chunks 4 t bytes apart) goes in one 32-byte half per row,
 // against the rows' tail bytes: a quarter of a full octet's byte products. A lane of 4 bytes
 // then holds one chunk's sum for one block (chunk c, block j at lane c t + j of its half), and
 // the chunks' integer sums are exact in any order. Lanes 0 .. t - 1 of each half take the full
 // octet's fp32 steps; the others are left as they are, where a full octet adds zero products
 // to them, so outputs differ at most in the sign of an exact zero (as short_tail_avx2).
+// One input row's block sums (a's 8 blocks in lanes 0-7, b's in 8-15) for one octet of weight
+// rows a and b held as chunk pairs: four independent chains, rows a and b each with its h and its
+// l bytes' sums (coarse, l = 0: each its h bytes' sums against the low and the high nibbles)
+template <bool COARSE>
+inline __m512i pair_sums(const int8_t* xb, const ChunkPair* a, const ChunkPair* b) {
+  __m512i ha = _mm512_setzero_si512(), la = ha, hb = ha, lb = ha;
+  for (int q = 0; q < 2; ++q) {
+    const int8_t* xq = xb + part_at(2 * q, 0);  // this chunk pair's 4 parts, a line each
+    const __m512i hl = _mm512_loadu_si512(xq), hh = _mm512_loadu_si512(xq + part_at(0, 2));
+    if (COARSE) {
+      ha = _mm512_dpbusd_epi32(ha, a[q].lo, hl);
+      la = _mm512_dpbusd_epi32(la, a[q].hi, hh);
+      hb = _mm512_dpbusd_epi32(hb, b[q].lo, hl);
+      lb = _mm512_dpbusd_epi32(lb, b[q].hi, hh);
+    } else {
+      const __m512i ll = _mm512_loadu_si512(xq + part_at(0, 1)), lh = _mm512_loadu_si512(xq + part_at(0, 3));
+      ha = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(ha, a[q].lo, hl), a[q].hi, hh);
+      la = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(la, a[q].lo, ll), a[q].hi, lh);
+      hb = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(hb, b[q].lo, hl), b[q].hi, hh);
+      lb = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(lb, b[q].lo, ll), b[q].hi, lh);
+    }
+  }
+  if (COARSE) return _mm512_slli_epi32(fold_halves(_mm512_add_epi32(ha, la), _mm512_add_epi32(hb, lb)), 7);
+  return fold_halves(_mm512_add_epi32(_mm512_slli_epi32(ha, 7), la), _mm512_add_epi32(_mm512_slli_epi32(hb, 7), lb));
+}
+
+// Chunk c of weight rows a and b in one register (a's in the low half, b's in the high), its
+// low and high nibbles
+inline void chunks_side_by_side(const uint8_t* wa, const uint8_t* wb, int64_t stride, __m512i* lo, __m512i* hi) {
+  const __m512i low4 = _mm512_set1_epi8(15);
+  for (int c = 0; c < 4; ++c) {
+    const __m512i v = pair32(wa + c * stride, wb + c * stride);
+    lo[c] = _mm512_and_si512(v, low4);
+    hi[c] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
+  }
+}
+
+// pair_sums' result with the weights side by side (chunks_side_by_side) and each input part
+// broadcast to both halves of a register: for 1 and 2 input rows, 1-3% less time than chunk
+// pairs over the default target's projections (no folding), where more rows share the decode
+template <bool COARSE>
+inline __m512i broadcast_sums(const int8_t* xb, const __m512i* lo, const __m512i* hi) {
+  __m512i h = _mm512_setzero_si512(), l = h;
+  for (int c = 0; c < 4; ++c) {
+    const auto part = [&](int p) { return _mm512_broadcast_i64x4(load32(xb + part_at(c, p))); };
+    if (COARSE) {
+      h = _mm512_dpbusd_epi32(h, lo[c], part(0));
+      l = _mm512_dpbusd_epi32(l, hi[c], part(2));
+    } else {
+      h = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(h, lo[c], part(0)), hi[c], part(2));
+      l = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(l, lo[c], part(1)), hi[c], part(3));
+    }
+  }
+  return COARSE ? _mm512_slli_epi32(_mm512_add_epi32(h, l), 7) : _mm512_add_epi32(_mm512_slli_epi32(h, 7), l);
+}
+
 template <int R, bool COARSE>
 void q4_pair_vnni(const Rounded* xr, const uint8_t* wa, const uint8_t* wb, const at::Half* da,
                   const at::Half* db, const at::Half* ma, const at::Half* mb, int64_t groups, float* lanes,
                   int64_t ld_lanes) {
   const int64_t full = groups / OCTET, tail = groups - full * OCTET;
   const int64_t octets = tail > 2 ? full + 1 : full;  // the octets taken whole
-  const __m512i low4 = _mm512_set1_epi8(15);
+  const bool a_lines = reinterpret_cast<uintptr_t>(wa) % CACHE_LINE == 0;  // octets are 2 lines
+  const bool b_lines = reinterpret_cast<uintptr_t>(wb) % CACHE_LINE == 0;
+  constexpr bool BROADCAST = R <= 2;
+  constexpr bool INLINE_MT = R <= 4;  // registers for both running sums of every row
   __m512 total[R], mt[R];
   for (int r = 0; r < R; ++r) total[r] = mt[r] = _mm512_setzero_ps();
   for (int64_t o = 0; o < octets; ++o) {
@@ -505,42 +631,30 @@ void q4_pair_vnni(const Rounded* xr, const uint8_t* wa, const uint8_t* wb, const
     _mm_prefetch(reinterpret_cast<const char*>(wa + at + PREFETCH + 64), _MM_HINT_T0);
     _mm_prefetch(reinterpret_cast<const char*>(wb + at + PREFETCH), _MM_HINT_T0);
     _mm_prefetch(reinterpret_cast<const char*>(wb + at + PREFETCH + 64), _MM_HINT_T0);
+    const bool whole = o < full;
+    ChunkPair a[2], b[2];
     __m512i lo[4], hi[4];
-    for (int c = 0; c < 4; ++c) {
-      const __m512i v = pair32(wa + at + c * stride, wb + at + c * stride);
-      lo[c] = _mm512_and_si512(v, low4);
-      hi[c] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
-    }
+    if (BROADCAST) chunks_side_by_side(wa + at, wb + at, stride, lo, hi);
+    else
+      for (int q = 0; q < 2; ++q) {
+        a[q] = chunk_pair(wa + at + 2 * q * stride, stride, whole && a_lines);
+        b[q] = chunk_pair(wb + at + 2 * q * stride, stride, whole && b_lines);
+      }
     const __m512 dw = half_pair(da + o * OCTET, db + o * OCTET), mw = half_pair(ma + o * OCTET, mb + o * OCTET);
 #pragma GCC unroll 8  // whole, as in q4_row_vec
     for (int r = 0; r < R; ++r) {
       const int8_t* xb = xr[r].bytes + o * XQ_BYTES;
-      // Two independent chains: the h and the l bytes' sums; coarse (l = 0), the h bytes' sums
-      // against the low and against the high nibbles
-      __m512i a0 = _mm512_setzero_si512(), a1 = _mm512_setzero_si512();
-      for (int c = 0; c < 4; ++c) {
-        const int8_t* xp = xb + c * 128;  // h and l against low nibbles, then against high
-        if (COARSE) {
-          a0 = _mm512_dpbusd_epi32(a0, lo[c], _mm512_broadcast_i64x4(load32(xp)));
-          a1 = _mm512_dpbusd_epi32(a1, hi[c], _mm512_broadcast_i64x4(load32(xp + 64)));
-        } else {
-          a0 = _mm512_dpbusd_epi32(a0, lo[c], _mm512_broadcast_i64x4(load32(xp)));
-          a1 = _mm512_dpbusd_epi32(a1, lo[c], _mm512_broadcast_i64x4(load32(xp + 32)));
-          a0 = _mm512_dpbusd_epi32(a0, hi[c], _mm512_broadcast_i64x4(load32(xp + 64)));
-          a1 = _mm512_dpbusd_epi32(a1, hi[c], _mm512_broadcast_i64x4(load32(xp + 96)));
-        }
-      }
-      const __m512i exact = COARSE ? _mm512_slli_epi32(_mm512_add_epi32(a0, a1), 7)
-                                   : _mm512_add_epi32(_mm512_slli_epi32(a0, 7), a1);
+      const __m512i exact = BROADCAST ? broadcast_sums<COARSE>(xb, lo, hi) : pair_sums<COARSE>(xb, a, b);
       const __m512 sum = _mm512_cvtepi32_ps(exact);  // exact
       const __m512 scale = _mm512_mul_ps(dw, _mm512_broadcast_f32x8(_mm256_loadu_ps(xr[r].dx + o * OCTET)));
       total[r] = _mm512_fmadd_ps(sum, scale, total[r]);
-      mt[r] = _mm512_fmadd_ps(mw, _mm512_broadcast_f32x8(_mm256_loadu_ps(xr[r].xs + o * OCTET)), mt[r]);
+      if (INLINE_MT) mt[r] = _mm512_fmadd_ps(mw, _mm512_broadcast_f32x8(_mm256_loadu_ps(xr[r].xs + o * OCTET)), mt[r]);
     }
   }
+  if (!INLINE_MT) min_sums<R>(xr, ma, mb, octets, mt);
   if (tail > 0 && tail <= 2) {  // the short last octet
     const int64_t at = full * OCTET_BYTES, o = full;
-    const __m512i v = pair32(wa + at, wb + at);
+    const __m512i v = pair32(wa + at, wb + at), low4 = _mm512_set1_epi8(15);
     const __m512i lo = _mm512_and_si512(v, low4), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
     const __m512 dw = half_pair(da + o * OCTET, db + o * OCTET), mw = half_pair(ma + o * OCTET, mb + o * OCTET);
     const __mmask16 keep = tail == 1 ? 0x0101 : 0x0303;  // lanes 0 .. t - 1 of each row's half
@@ -827,14 +941,15 @@ void q4_mm_into(const float* xp, int64_t rows, int64_t k, const at::Tensor& qs, 
   const int64_t n = (d.numel() - OCTET) / groups;  // weight rows
   // every input row rounded once, into zeroed buffers (a last octet's missing blocks stay zero)
   const int64_t row_bytes = octets * XQ_BYTES + TAIL_BYTES;
-  scratch.bytes.assign(rows * row_bytes, 0);
-  scratch.dx.assign(rows * octets * OCTET, 0.0f);
-  scratch.xs.assign(rows * octets * OCTET, 0.0f);
+  scratch.bytes.assign(rows * row_bytes + CACHE_LINE, 0);
+  scratch.dx.assign(rows * octets * OCTET + CACHE_LINE / sizeof(float), 0.0f);
+  scratch.xs.assign(rows * octets * OCTET + CACHE_LINE / sizeof(float), 0.0f);
+  int8_t* bytes = line_aligned(scratch.bytes.data());
+  float *dx = line_aligned(scratch.dx.data()), *xs = line_aligned(scratch.xs.data());
   std::vector<Rounded> rounded(rows);
   for (int64_t r = 0; r < rows; ++r) {
-    int8_t* b = scratch.bytes.data() + r * row_bytes;
-    rounded[r] = {b, scratch.dx.data() + r * octets * OCTET, scratch.xs.data() + r * octets * OCTET,
-                  b + octets * XQ_BYTES};
+    int8_t* b = bytes + r * row_bytes;
+    rounded[r] = {b, dx + r * octets * OCTET, xs + r * octets * OCTET, b + octets * XQ_BYTES};
   }
   at::parallel_for(0, rows, 8, [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) round_row(xp + r * k, groups, rounded[r], portable, coarse);

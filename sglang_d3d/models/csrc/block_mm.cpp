@@ -83,8 +83,8 @@ struct Rounded {
 constexpr int64_t TAIL_BYTES = 4 * 32;
 
 // The rounded rows start on cache lines (their strides are whole lines), where std::vector's
-// storage is only 16-byte aligned: a 32-byte load of input bytes that straddles two lines made
-// the AVX-512 pair kernel alone about 30% slower (benchmarks/bench_pair_kernel.py)
+// storage is only 16-byte aligned: the AVX-512 pair kernel loads their bytes 64 at a time, and
+// a load that straddles two lines costs two
 constexpr int64_t CACHE_LINE = 64;
 
 template <typename T>
@@ -105,7 +105,8 @@ constexpr bool SHORT_TAILS = false;
 // Where the AVX-512 pair kernel runs, an octet's input bytes go chunk pair by chunk pair: part p
 // of chunks 2q and 2q + 1 side by side in one 64-byte line, so that one aligned load meets a
 // 64-byte load of one weight row's two chunks. Against a 32-byte load broadcast to both halves
-// of a register for two weight rows, the kernel alone took 0.75-0.85x the time at 4-8 rows.
+// of a register for two weight rows, the layer loop took 0.82-0.98x the time at 5 and 9 rows
+// and the same at 1 (benchmarks/bench_layers_ab.py; docs/benchmarks.md, "Chunk pairs").
 // Elsewhere each chunk's 4 parts follow one another. Every path reads the bytes through part_at.
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__) && defined(__AVX512DQ__)
 constexpr bool CHUNK_PAIRS = true;
@@ -518,8 +519,8 @@ struct ChunkPair {
   __m512i lo, hi;
 };
 
-// line: w and chunk c + 1 lie in one cache line (a 64-byte load that straddles two lines made
-// plain steps about 7% slower than two 32-byte loads)
+// line: w and chunk c + 1 lie in one cache line; elsewhere (a row of 576 inputs is 288 bytes,
+// so every other one starts mid-line) two 32-byte loads, which never straddle two lines
 inline ChunkPair chunk_pair(const uint8_t* w, int64_t stride, bool line) {
   const __m512i low4 = _mm512_set1_epi8(15);
   const __m512i v = line ? _mm512_load_si512(w) : _mm512_inserti64x4(_mm512_castsi256_si512(load32(w)), load32(w + stride), 1);
@@ -595,8 +596,8 @@ inline void chunks_side_by_side(const uint8_t* wa, const uint8_t* wb, int64_t st
 }
 
 // pair_sums' result with the weights side by side (chunks_side_by_side) and each input part
-// broadcast to both halves of a register: for 1 and 2 input rows, 1-3% less time than chunk
-// pairs over the default target's projections (no folding), where more rows share the decode
+// broadcast to both halves of a register: for 1 and 2 input rows, whose few loads gain little
+// from chunk pairs, it spares the folding (chunk pairs were slightly slower there)
 template <bool COARSE>
 inline __m512i broadcast_sums(const int8_t* xb, const __m512i* lo, const __m512i* hi) {
   __m512i h = _mm512_setzero_si512(), l = h;

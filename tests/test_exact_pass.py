@@ -145,6 +145,48 @@ def test_cpp_kernels_land_closer_to_fp32_than_bf16_activations(both):
     assert (cpp - fp32).abs().max() < 0.5 * (script - fp32).abs().max()
 
 
+def _tiny_llama(heads: int, kv_heads: int, head_dim: int):
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    cfg = AutoConfig.for_model(
+        "llama", vocab_size=96, hidden_size=heads * head_dim, intermediate_size=256, num_hidden_layers=2,
+        num_attention_heads=heads, num_key_value_heads=kv_heads, max_position_embeddings=512,
+        bos_token_id=1, eos_token_id=2, pad_token_id=0, tie_word_embeddings=True,
+    )
+    torch.manual_seed(heads * head_dim)
+    hf = AutoModelForCausalLM.from_config(cfg).eval()
+    with torch.no_grad():
+        hf.lm_head.weight.mul_(8.0)  # sharper logits: few greedy near-ties
+    return hf
+
+
+@pytest.mark.parametrize("heads,kv_heads,head_dim", [(6, 2, 64), (8, 2, 128), (3, 1, 32)])
+def test_query_heads_that_share_a_key_value_head_attend_together_exactly(tmp_path, heads, kv_heads, head_dim):
+    """The C++ loop takes the query heads of one key-value head together, in runs whose length
+    depends on the head size and the threads (exact_layers.cpp, group_attention): a verify
+    block's rows are plain steps bitwise on 1 and 2 threads, and the logits are the fp32
+    model's within the 14-bit inputs' rounding."""
+    if not cpu_kernels.load():
+        pytest.skip("the C++ CPU kernels do not build here")
+    hf = _tiny_llama(heads, kv_heads, head_dim)
+    write_q4_gguf(hf, tmp_path / "tiny.Q4_1.gguf")
+    fp32, q4 = Decoder.from_hf(hf), Decoder.from_hf(hf)
+    use_gguf_q4(q4, tmp_path / "tiny.Q4_1.gguf", q8_head=True, kernels="cpp")
+    tokens = [31, 37, 41, 43, 47]
+    before, blocks = torch.get_num_threads(), []
+    try:
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            blocks.append(_runner(q4).forward_block([0], torch.tensor([tokens]))[0])
+            assert torch.equal(blocks[-1], _plain(q4, tokens))
+    finally:
+        torch.set_num_threads(before)
+    assert torch.equal(blocks[0], blocks[1])
+    ref = _runner(fp32).forward_block([0], torch.tensor([tokens]))[0]
+    assert torch.equal(blocks[0].argmax(-1), ref.argmax(-1))
+    assert torch.allclose(blocks[0], ref, rtol=0.02, atol=0.02 * float(ref.abs().max()))
+
+
 def test_unsupported_layers_are_refused(q4_models):  # noqa: F811
     from dataclasses import replace
 

@@ -78,34 +78,6 @@ float dot(const float* a, const float* b, int64_t n) {
   return hsum(acc);
 }
 
-// sc[t] = dot(q, k + seen[t] * stride, d) for t < n, the same bits as dot: with AVX-512, 16
-// keys at a time, each key's LANES running sums as dot forms them, then hsum's tree for the 16
-// together (its first round per key, its other three across keys in hsum8_x16). One hsum a
-// key took about half the scores' time at a 1000-token context.
-void key_scores(const float* q, const float* k, const int64_t* seen, int64_t n, int64_t stride, int64_t d,
-                float* sc) {
-  int64_t t = 0;
-#if defined(__AVX512F__)
-  alignas(64) float halves[LANES * 8];  // key j's 8 lanes after hsum's first round, at 8 j
-  for (; t + LANES <= n; t += LANES) {
-    for (int j = 0; j < LANES; j += 2) {
-      lanes a = {}, b = {};
-      const float *ka = k + seen[t + j] * stride, *kb = k + seen[t + j + 1] * stride;
-      for (int64_t i = 0; i < d; i += LANES) {
-        a += load(q + i) * load(ka + i);
-        b += load(q + i) * load(kb + i);
-      }
-      const __m512 va = reinterpret_cast<__m512>(a), vb = reinterpret_cast<__m512>(b);
-      // [lanes 0-7 of a | of b] + [lanes 8-15 of a | of b]: hsum's v[i] + v[i + 8], two keys
-      _mm512_store_ps(halves + 8 * j, _mm512_add_ps(_mm512_shuffle_f32x4(va, vb, _MM_SHUFFLE(1, 0, 1, 0)),
-                                                    _mm512_shuffle_f32x4(va, vb, _MM_SHUFFLE(3, 2, 3, 2))));
-    }
-    hsum8_x16(halves, LANES, sc + t);
-  }
-#endif
-  for (; t < n; ++t) sc[t] = dot(q, k + seen[t] * stride, d);
-}
-
 // One row block's activations, [R, width] fp32, in buffers a pass reuses from layer to layer
 // (a torch allocation per operation costs more than the operation at one query's size)
 struct Rows {
@@ -237,15 +209,62 @@ struct LayerCache {
   int64_t slot_stride, pos_stride;
 };
 
-// One query's attention over its keys `seen` (cache positions `stride` floats apart from k and
-// v) -> out [d]: scores, softmax and weighted sum, each in one order
-void head_attention(const float* q, const float* k, const float* v, const std::vector<int64_t>& seen,
-                    int64_t stride, int64_t d, std::vector<float>& scores, float* out) {
-  const int64_t n = static_cast<int64_t>(seen.size());
-  scores.resize(n);
-  float* sc = scores.data();
-  key_scores(q, k, seen.data(), n, stride, d, sc);
-  softmax_row(sc, n);
+// G queries' scores against the same keys `seen` (cache positions `stride` floats apart from
+// k): sc[g * n + t] = dot(qs[g], k + seen[t] * stride, d), the same bits as dot, each key's
+// lanes loaded once for all G. With AVX-512, 16 keys at a time: each key's LANES running sums
+// as dot forms them, then hsum's tree for the 16 together (its first round per key, its other
+// three across keys in hsum8_x16). One hsum a key took about half the scores' time at a
+// 1000-token context.
+template <int G>
+void group_key_scores(const float* const* qs, const float* k, const int64_t* seen, int64_t n, int64_t stride,
+                      int64_t d, float* sc) {
+  int64_t t = 0;
+#if defined(__AVX512F__)
+  alignas(64) float halves[G][LANES * 8];  // query g's key j's 8 lanes after hsum's first round, at 8 j
+  for (; t + LANES <= n; t += LANES) {
+    for (int j = 0; j < LANES; j += 2) {
+      lanes a[G] = {}, b[G] = {};
+      const float *ka = k + seen[t + j] * stride, *kb = k + seen[t + j + 1] * stride;
+      for (int64_t i = 0; i < d; i += LANES) {
+        const lanes x = load(ka + i), y = load(kb + i);
+        for (int g = 0; g < G; ++g) {
+          a[g] += load(qs[g] + i) * x;
+          b[g] += load(qs[g] + i) * y;
+        }
+      }
+      for (int g = 0; g < G; ++g) {
+        const __m512 va = reinterpret_cast<__m512>(a[g]), vb = reinterpret_cast<__m512>(b[g]);
+        _mm512_store_ps(halves[g] + 8 * j, _mm512_add_ps(_mm512_shuffle_f32x4(va, vb, _MM_SHUFFLE(1, 0, 1, 0)),
+                                                         _mm512_shuffle_f32x4(va, vb, _MM_SHUFFLE(3, 2, 3, 2))));
+      }
+    }
+    for (int g = 0; g < G; ++g) hsum8_x16(halves[g], LANES, sc + g * n + t);
+  }
+#endif
+  for (; t < n; ++t)
+    for (int g = 0; g < G; ++g) sc[g * n + t] = dot(qs[g], k + seen[t] * stride, d);
+}
+
+// outs[g] [DL * LANES] = sum over t of sc[g, t] * v[seen[t]]: for each query the sums of
+// query_values' loop, in its order; each value's lanes loaded once for all G, and G * DL
+// running sums in registers rather than DL (one query's sums wait on each other's latency)
+template <int G, int DL>
+void group_values(const float* v, const int64_t* seen, int64_t n, int64_t stride, const float* sc,
+                  float* const* outs) {
+  lanes acc[G][DL] = {};
+  for (int64_t t = 0; t < n; ++t) {
+    const float* vt = v + seen[t] * stride;
+    for (int j = 0; j < DL; ++j) {
+      const lanes x = load(vt + j * LANES);
+      for (int g = 0; g < G; ++g) acc[g][j] += sc[g * n + t] * x;
+    }
+  }
+  for (int g = 0; g < G; ++g) std::memcpy(outs[g], acc[g], DL * LANES * sizeof(float));
+}
+
+// The same sums for a head size without a written-out case, one query at a time
+void query_values(const float* v, const int64_t* seen, int64_t n, int64_t stride, int64_t d, const float* sc,
+                  float* out) {
   lanes acc[MAX_HEAD / LANES] = {};
   for (int64_t t = 0; t < n; ++t) {
     const float* vt = v + seen[t] * stride;
@@ -253,6 +272,44 @@ void head_attention(const float* q, const float* k, const float* v, const std::v
     for (int64_t j = 0; j < d / LANES; ++j) acc[j] += w * load(vt + j * LANES);
   }
   std::memcpy(out, acc, d * sizeof(float));
+}
+
+// G query heads that share one key-value head, for one row, over its keys `seen` (cache
+// positions `stride` floats apart from k and v) -> outs[g] [d]: each query's scores, softmax
+// and weighted sum in one order (a query's result does not depend on G), the keys and values
+// read once for the G of them: a layer's cache is read from L2 or memory, not L1
+template <int G>
+void group_attention(const float* const* qs, const float* k, const float* v, const std::vector<int64_t>& seen,
+                     int64_t stride, int64_t d, std::vector<float>& scores, float* const* outs) {
+  const int64_t n = static_cast<int64_t>(seen.size());
+  scores.resize(G * n);
+  float* sc = scores.data();
+  group_key_scores<G>(qs, k, seen.data(), n, stride, d, sc);
+  for (int g = 0; g < G; ++g) softmax_row(sc + g * n, n);
+  if (d == 4 * LANES) return group_values<G, 4>(v, seen.data(), n, stride, sc, outs);
+  if (d == 8 * LANES) return group_values<G, 8>(v, seen.data(), n, stride, sc, outs);
+  for (int g = 0; g < G; ++g) query_values(v, seen.data(), n, stride, d, sc + g * n, outs[g]);
+}
+
+// Query heads taken together against one key-value head (each run of them one task): as many
+// as keep their running sums in registers (4 of 64 lanes, 2 of more) and as share a key-value
+// head (`group`), but fewer where the tasks would not give every thread two (a plain step's 3
+// tasks of 3 heads left one of 2 threads idle a third of the time)
+int64_t heads_together(int64_t d, int64_t group, int64_t tasks_per_run) {
+  int64_t together = std::min<int64_t>(d <= 4 * LANES ? 4 : 2, group);
+  while (together > 1 && (group + together - 1) / together * tasks_per_run < 2 * at::get_num_threads()) --together;
+  return together;
+}
+
+void heads_attention(int64_t count, const float* const* qs, const float* k, const float* v,
+                     const std::vector<int64_t>& seen, int64_t stride, int64_t d, std::vector<float>& scores,
+                     float* const* outs) {
+  switch (count) {
+    case 1: return group_attention<1>(qs, k, v, seen, stride, d, scores, outs);
+    case 2: return group_attention<2>(qs, k, v, seen, stride, d, scores, outs);
+    case 3: return group_attention<3>(qs, k, v, seen, stride, d, scores, outs);
+    default: return group_attention<4>(qs, k, v, seen, stride, d, scores, outs);
+  }
 }
 
 // Writes every row's key and value into the layer cache, then out [R, Hq * D]: row r's
@@ -280,18 +337,26 @@ void attend(Rows qkv, const at::Tensor& cos, const at::Tensor& sin, LayerCache c
       std::memcpy(vdst + h * d, row + (hd.hq + hd.hkv + h) * d, d * sizeof(float));
     }
   }
-  // (row, head) pairs in one parallel region a layer, head by head and every row of a head in
-  // turn, so that a head's keys and values stay in cache from row to row (the layer's whole
-  // cache is 1.5 MB at a 1000-token context, past L2)
+  // Tasks of a row and a run of query heads that share a key-value head (HF repeat_kv), in one
+  // parallel region a layer: key-value head by head, every row of one in turn, so that its keys
+  // and values stay in cache from row to row (the layer's whole cache is 1.5 MB at a
+  // 1000-token context, past L2), and each run reads them once for all its heads
   float* op = out.p;
-  at::parallel_for(0, rows * hd.hq, 1, [&](int64_t i0, int64_t i1) {
-    std::vector<float> scores;  // this task's, one pair's at a time
+  const int64_t together = heads_together(d, group, hd.hkv * rows);
+  const int64_t runs = (group + together - 1) / together;  // per key-value head
+  at::parallel_for(0, hd.hkv * runs * rows, 1, [&](int64_t i0, int64_t i1) {
+    std::vector<float> scores;  // this task's, one run's at a time
+    const float* qs[4];
+    float* outs[4];
     for (int64_t i = i0; i < i1; ++i) {
-      const int64_t h = i / rows, r = i % rows;
-      const int64_t kvh = h / group;  // query heads share key-value heads in runs (HF repeat_kv)
+      const int64_t kvh = i / (runs * rows), run = i / rows % runs, r = i % rows;
+      const int64_t h0 = kvh * group + run * together, count = std::min(together, (kvh + 1) * group - h0);
+      for (int64_t g = 0; g < count; ++g) {
+        qs[g] = q.data() + (r * hd.hq + h0 + g) * d;
+        outs[g] = op + (r * hd.hq + h0 + g) * d;
+      }
       const int64_t at = slots[r] * slot_stride + kvh * d;
-      head_attention(q.data() + (r * hd.hq + h) * d, kp + at, vp + at, keys[r], pos_stride, d, scores,
-                     op + (r * hd.hq + h) * d);
+      heads_attention(count, qs, kp + at, vp + at, keys[r], pos_stride, d, scores, outs);
     }
   });
 }

@@ -150,7 +150,7 @@ def _tiny_llama(heads: int, kv_heads: int, head_dim: int):
 
     cfg = AutoConfig.for_model(
         "llama", vocab_size=96, hidden_size=heads * head_dim, intermediate_size=256, num_hidden_layers=2,
-        num_attention_heads=heads, num_key_value_heads=kv_heads, max_position_embeddings=512,
+        num_attention_heads=heads, num_key_value_heads=kv_heads, max_position_embeddings=4096,
         bos_token_id=1, eos_token_id=2, pad_token_id=0, tie_word_embeddings=True,
     )
     torch.manual_seed(heads * head_dim)
@@ -185,6 +185,47 @@ def test_query_heads_that_share_a_key_value_head_attend_together_exactly(tmp_pat
     ref = _runner(fp32).forward_block([0], torch.tensor([tokens]))[0]
     assert torch.equal(blocks[0].argmax(-1), ref.argmax(-1))
     assert torch.allclose(blocks[0], ref, rtol=0.02, atol=0.02 * float(ref.abs().max()))
+
+
+def test_rows_of_a_slot_read_a_long_shared_prefix_together_exactly(tmp_path):
+    """Past 1536 shared cache positions the rows of one slot take them together, block by block
+    (attention.h): a chain's and a tree's rows after a 1600-token prompt are plain steps
+    bitwise, beside a second slot's row, on 1 and 2 threads."""
+    if not cpu_kernels.load():
+        pytest.skip("the C++ CPU kernels do not build here")
+    hf = _tiny_llama(6, 2, 64)
+    write_q4_gguf(hf, tmp_path / "tiny.Q4_1.gguf")
+    q4 = Decoder.from_hf(hf)
+    use_gguf_q4(q4, tmp_path / "tiny.Q4_1.gguf", q8_head=True, kernels="cpp")
+    prompt = [(i * 13) % 90 + 3 for i in range(1600)]
+
+    def runner() -> TargetRunner:
+        r = TargetRunner(q4, 2, 1700)
+        r.prefill(0, prompt)
+        r.prefill(1, prompt[:1590])
+        return r
+
+    def plain(slot: int, tokens: list[int]) -> torch.Tensor:
+        r, out = runner(), []
+        for t in tokens:
+            out.append(r.forward_block([slot], torch.tensor([[t]]))[0, 0])
+            r.advance(slot, 1)
+        return torch.stack(out)
+
+    chain, other = [31, 37, 41, 43, 47], [53, 59, 61, 67, 71]
+    depths = torch.tensor([[0, 1, 1, 2]])
+    anc = torch.tensor([[1, 0, 0, 0], [1, 1, 0, 0], [1, 0, 1, 0], [1, 0, 1, 1]], dtype=torch.bool)
+    before = torch.get_num_threads()
+    try:
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            both = runner().forward_block([0, 1], torch.tensor([chain, other]))
+            assert torch.equal(both[0], plain(0, chain))
+            assert torch.equal(both[1], plain(1, other))
+            tree = runner().forward_block([0], torch.tensor([[31, 37, 41, 43]]), trees=(depths, anc.unsqueeze(0)))[0]
+            assert torch.equal(tree[[0, 2, 3]], plain(0, [31, 41, 43]))
+    finally:
+        torch.set_num_threads(before)
 
 
 def test_unsupported_layers_are_refused(q4_models):  # noqa: F811

@@ -23,60 +23,12 @@
 #include <optional>
 #include <vector>
 
+#include "attention.h"
 #include "block_mm.h"
 #include "lanes.h"
 
 namespace d3d {
 namespace {
-
-constexpr int64_t MAX_HEAD = 256;  // head sizes up to this, in whole LANES
-
-// e^x in fp32, for the softmax and SiLU: x = n ln2 + r (|r| <= ln2 / 2, ln2 in two parts so
-// that r is exact), e^r by Cephes' expf polynomial, times 2^n. On every 64th float in
-// [-87, 88] it is within 1.3 ulp of e^x in double; x is clamped there (beyond, e^x is 0 or
-// infinite in what follows). Fused multiply-adds round once and nothing is reassociated, so a
-// vectorised loop gives the scalar loop's bits.
-// Written here, not through ATen: inside a plain step of the default target, ATen's SiLU gate
-// took 12.7 us a layer and its softmax 4.4, mostly the calls' own cost at one query's size.
-inline float exp_fp32(float x) {
-  x = std::min(std::max(x, -87.0f), 88.0f);
-  const float n = (x * 1.44269504088896341f + ROUNDER) - ROUNDER;  // nearest integer, ties to even
-  float r = std::fma(n, -0.693359375f, x);
-  r = std::fma(n, 2.12194440e-4f, r);
-  float p = 1.9875691500e-4f;
-  p = std::fma(p, r, 1.3981999507e-3f);
-  p = std::fma(p, r, 8.3334519073e-3f);
-  p = std::fma(p, r, 4.1665795894e-2f);
-  p = std::fma(p, r, 1.6666665459e-1f);
-  p = std::fma(p, r, 5.0000001201e-1f);
-  p = std::fma(p, r * r, r + 1.0f);
-  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;  // 2^n, n in [-126, 127]
-  float two_n;
-  std::memcpy(&two_n, &bits, sizeof(two_n));
-  return p * two_n;
-}
-
-// s [n] -> softmax(s) in place: e^(s - max) over their sum (four running sums, then a fixed tree)
-void softmax_row(float* s, int64_t n) {
-  if (n == 0) return;
-  float top = s[0];
-  for (int64_t t = 1; t < n; ++t) top = std::max(top, s[t]);
-  for (int64_t t = 0; t < n; ++t) s[t] = exp_fp32(s[t] - top);
-  float part[4] = {};
-  int64_t t = 0;
-  for (; t + 4 <= n; t += 4)
-    for (int j = 0; j < 4; ++j) part[j] += s[t + j];
-  for (int j = 0; t < n; ++t, ++j) part[j] += s[t];
-  const float total = (part[0] + part[2]) + (part[1] + part[3]);
-  for (int64_t i = 0; i < n; ++i) s[i] /= total;
-}
-
-// sum a[i] * b[i] for n a multiple of LANES: LANES running sums, then the tree
-float dot(const float* a, const float* b, int64_t n) {
-  lanes acc = {};
-  for (int64_t i = 0; i < n; i += LANES) acc += load(a + i) * load(b + i);
-  return hsum(acc);
-}
 
 // One row block's activations, [R, width] fp32, in buffers a pass reuses from layer to layer
 // (a torch allocation per operation costs more than the operation at one query's size)
@@ -209,107 +161,55 @@ struct LayerCache {
   int64_t slot_stride, pos_stride;
 };
 
-// G queries' scores against the same keys `seen` (cache positions `stride` floats apart from
-// k): sc[g * n + t] = dot(qs[g], k + seen[t] * stride, d), the same bits as dot, each key's
-// lanes loaded once for all G. With AVX-512, 16 keys at a time: each key's LANES running sums
-// as dot forms them, then hsum's tree for the 16 together (its first round per key, its other
-// three across keys in hsum8_x16). One hsum a key took about half the scores' time at a
-// 1000-token context.
-template <int G>
-void group_key_scores(const float* const* qs, const float* k, const int64_t* seen, int64_t n, int64_t stride,
-                      int64_t d, float* sc) {
-  int64_t t = 0;
-#if defined(__AVX512F__)
-  alignas(64) float halves[G][LANES * 8];  // query g's key j's 8 lanes after hsum's first round, at 8 j
-  for (; t + LANES <= n; t += LANES) {
-    for (int j = 0; j < LANES; j += 2) {
-      lanes a[G] = {}, b[G] = {};
-      const float *ka = k + seen[t + j] * stride, *kb = k + seen[t + j + 1] * stride;
-      for (int64_t i = 0; i < d; i += LANES) {
-        const lanes x = load(ka + i), y = load(kb + i);
-        for (int g = 0; g < G; ++g) {
-          a[g] += load(qs[g] + i) * x;
-          b[g] += load(qs[g] + i) * y;
-        }
-      }
-      for (int g = 0; g < G; ++g) {
-        const __m512 va = reinterpret_cast<__m512>(a[g]), vb = reinterpret_cast<__m512>(b[g]);
-        _mm512_store_ps(halves[g] + 8 * j, _mm512_add_ps(_mm512_shuffle_f32x4(va, vb, _MM_SHUFFLE(1, 0, 1, 0)),
-                                                         _mm512_shuffle_f32x4(va, vb, _MM_SHUFFLE(3, 2, 3, 2))));
-      }
-    }
-    for (int g = 0; g < G; ++g) hsum8_x16(halves[g], LANES, sc + g * n + t);
-  }
-#endif
-  for (; t < n; ++t)
-    for (int g = 0; g < G; ++g) sc[g * n + t] = dot(qs[g], k + seen[t] * stride, d);
-}
+// Rows of one slot whose attention runs as one task per key-value head (attention.h), and
+// the cache positions 0 .. shared - 1 they all see
+struct Bundle {
+  std::vector<int64_t> rows;
+  int64_t shared;
+};
 
-// outs[g] [DL * LANES] = sum over t of sc[g, t] * v[seen[t]]: for each query the sums of
-// query_values' loop, in its order; each value's lanes loaded once for all G, and G * DL
-// running sums in registers rather than DL (one query's sums wait on each other's latency)
-template <int G, int DL>
-void group_values(const float* v, const int64_t* seen, int64_t n, int64_t stride, const float* sc,
-                  float* const* outs) {
-  lanes acc[G][DL] = {};
-  for (int64_t t = 0; t < n; ++t) {
-    const float* vt = v + seen[t] * stride;
-    for (int j = 0; j < DL; ++j) {
-      const lanes x = load(vt + j * LANES);
-      for (int g = 0; g < G; ++g) acc[g][j] += sc[g * n + t] * x;
+// Shared keys from which the rows of a slot read them together: below, each row's task found a
+// head's keys and values of the row before it in L2 (200 and 1000 tokens: the same time or up
+// to 3% more together; 2000 tokens: 0.79-0.84x at 5 rows, benchmarks/bench_layers_ab.py)
+constexpr int64_t SHARED_MIN = 1536;
+
+// The pass's rows by slot, in order: the rows of a slot that all see at least SHARED_MIN of its
+// positions in one bundle, split in halves (the largest first) while the key-value heads times
+// the bundles would not give every thread two tasks; every other row a bundle of its own
+std::vector<Bundle> row_bundles(c10::IntArrayRef slots, const KeyLists& keys, int64_t kv_heads) {
+  std::vector<Bundle> bundles;
+  for (int64_t r = 0; r < static_cast<int64_t>(slots.size()); ++r) {
+    auto same = std::find_if(bundles.begin(), bundles.end(), [&](const Bundle& b) { return slots[b.rows[0]] == slots[r]; });
+    if (same == bundles.end()) bundles.push_back({{r}, leading_run(keys[r])});
+    else {
+      same->rows.push_back(r);
+      same->shared = std::min(same->shared, leading_run(keys[r]));
     }
   }
-  for (int g = 0; g < G; ++g) std::memcpy(outs[g], acc[g], DL * LANES * sizeof(float));
-}
-
-// The same sums for a head size without a written-out case, one query at a time
-void query_values(const float* v, const int64_t* seen, int64_t n, int64_t stride, int64_t d, const float* sc,
-                  float* out) {
-  lanes acc[MAX_HEAD / LANES] = {};
-  for (int64_t t = 0; t < n; ++t) {
-    const float* vt = v + seen[t] * stride;
-    const float w = sc[t];
-    for (int64_t j = 0; j < d / LANES; ++j) acc[j] += w * load(vt + j * LANES);
+  std::vector<Bundle> out;
+  for (Bundle& b : bundles) {
+    if (b.rows.size() > 1 && b.shared >= SHARED_MIN) out.push_back(std::move(b));
+    else
+      for (int64_t r : b.rows) out.push_back({{r}, 0});  // one row: its keys in one span
   }
-  std::memcpy(out, acc, d * sizeof(float));
+  const int64_t wanted = 2 * at::get_num_threads();
+  while (kv_heads * static_cast<int64_t>(out.size()) < wanted) {
+    auto big = std::max_element(out.begin(), out.end(), [](const Bundle& a, const Bundle& b) { return a.rows.size() < b.rows.size(); });
+    if (big->rows.size() < 2) break;
+    Bundle half{{big->rows.begin() + big->rows.size() / 2, big->rows.end()}, big->shared};
+    big->rows.resize(big->rows.size() / 2);
+    out.insert(big + 1, std::move(half));
+  }
+  return out;
 }
 
-// G query heads that share one key-value head, for one row, over its keys `seen` (cache
-// positions `stride` floats apart from k and v) -> outs[g] [d]: each query's scores, softmax
-// and weighted sum in one order (a query's result does not depend on G), the keys and values
-// read once for the G of them: a layer's cache is read from L2 or memory, not L1
-template <int G>
-void group_attention(const float* const* qs, const float* k, const float* v, const std::vector<int64_t>& seen,
-                     int64_t stride, int64_t d, std::vector<float>& scores, float* const* outs) {
-  const int64_t n = static_cast<int64_t>(seen.size());
-  scores.resize(G * n);
-  float* sc = scores.data();
-  group_key_scores<G>(qs, k, seen.data(), n, stride, d, sc);
-  for (int g = 0; g < G; ++g) softmax_row(sc + g * n, n);
-  if (d == 4 * LANES) return group_values<G, 4>(v, seen.data(), n, stride, sc, outs);
-  if (d == 8 * LANES) return group_values<G, 8>(v, seen.data(), n, stride, sc, outs);
-  for (int g = 0; g < G; ++g) query_values(v, seen.data(), n, stride, d, sc + g * n, outs[g]);
-}
-
-// Query heads taken together against one key-value head (each run of them one task): as many
-// as keep their running sums in registers (4 of 64 lanes, 2 of more) and as share a key-value
-// head (`group`), but fewer where the tasks would not give every thread two (a plain step's 3
-// tasks of 3 heads left one of 2 threads idle a third of the time)
-int64_t heads_together(int64_t d, int64_t group, int64_t tasks_per_run) {
-  int64_t together = std::min<int64_t>(d <= 4 * LANES ? 4 : 2, group);
+// Query heads of one key-value head a task: all of them (`group`), or fewer where the tasks
+// would not give every thread two (a plain step's 3 tasks of 3 heads left one of 2 threads
+// idle a third of the time)
+int64_t heads_a_task(int64_t group, int64_t tasks_per_run) {
+  int64_t together = group;
   while (together > 1 && (group + together - 1) / together * tasks_per_run < 2 * at::get_num_threads()) --together;
   return together;
-}
-
-void heads_attention(int64_t count, const float* const* qs, const float* k, const float* v,
-                     const std::vector<int64_t>& seen, int64_t stride, int64_t d, std::vector<float>& scores,
-                     float* const* outs) {
-  switch (count) {
-    case 1: return group_attention<1>(qs, k, v, seen, stride, d, scores, outs);
-    case 2: return group_attention<2>(qs, k, v, seen, stride, d, scores, outs);
-    case 3: return group_attention<3>(qs, k, v, seen, stride, d, scores, outs);
-    default: return group_attention<4>(qs, k, v, seen, stride, d, scores, outs);
-  }
 }
 
 // Writes every row's key and value into the layer cache, then out [R, Hq * D]: row r's
@@ -337,26 +237,35 @@ void attend(Rows qkv, const at::Tensor& cos, const at::Tensor& sin, LayerCache c
       std::memcpy(vdst + h * d, row + (hd.hq + hd.hkv + h) * d, d * sizeof(float));
     }
   }
-  // Tasks of a row and a run of query heads that share a key-value head (HF repeat_kv), in one
-  // parallel region a layer: key-value head by head, every row of one in turn, so that its keys
-  // and values stay in cache from row to row (the layer's whole cache is 1.5 MB at a
-  // 1000-token context, past L2), and each run reads them once for all its heads
+  // Tasks of a key-value head, a run of the query heads that share it (HF repeat_kv) and a
+  // bundle of rows, in one parallel region a layer, key-value head by head: each task reads the
+  // keys and values it needs once (the layer's whole cache is 1.5 MB at a 1000-token context,
+  // past L2), and the next task of the same head finds them in cache
   float* op = out.p;
-  const int64_t together = heads_together(d, group, hd.hkv * rows);
+  const std::vector<Bundle> bundles = row_bundles(slots, keys, hd.hkv);
+  const int64_t nb = static_cast<int64_t>(bundles.size());
+  const int64_t together = heads_a_task(group, hd.hkv * nb);
   const int64_t runs = (group + together - 1) / together;  // per key-value head
-  at::parallel_for(0, hd.hkv * runs * rows, 1, [&](int64_t i0, int64_t i1) {
-    std::vector<float> scores;  // this task's, one run's at a time
-    const float* qs[4];
-    float* outs[4];
+  at::parallel_for(0, hd.hkv * runs * nb, 1, [&](int64_t i0, int64_t i1) {
+    std::vector<Query> qs;
+    std::vector<float> scores;  // this task's, one task's at a time
     for (int64_t i = i0; i < i1; ++i) {
-      const int64_t kvh = i / (runs * rows), run = i / rows % runs, r = i % rows;
+      const int64_t kvh = i / (runs * nb), run = i / nb % runs;
+      const Bundle& b = bundles[i % nb];
       const int64_t h0 = kvh * group + run * together, count = std::min(together, (kvh + 1) * group - h0);
-      for (int64_t g = 0; g < count; ++g) {
-        qs[g] = q.data() + (r * hd.hq + h0 + g) * d;
-        outs[g] = op + (r * hd.hq + h0 + g) * d;
-      }
-      const int64_t at = slots[r] * slot_stride + kvh * d;
-      heads_attention(count, qs, kp + at, vp + at, keys[r], pos_stride, d, scores, outs);
+      int64_t total = 0;
+      for (int64_t r : b.rows) total += count * static_cast<int64_t>(keys[r].size());
+      scores.resize(total);
+      qs.clear();
+      float* sc = scores.data();
+      for (int64_t r : b.rows)
+        for (int64_t h = h0; h < h0 + count; ++h) {
+          const int64_t n = static_cast<int64_t>(keys[r].size());
+          qs.push_back({q.data() + (r * hd.hq + h) * d, op + (r * hd.hq + h) * d, keys[r].data(), n, sc});
+          sc += n;
+        }
+      const int64_t at = slots[b.rows[0]] * slot_stride + kvh * d;
+      attend_queries(qs.data(), static_cast<int64_t>(qs.size()), count, b.shared, {kp + at, vp + at, pos_stride, d});
     }
   });
 }

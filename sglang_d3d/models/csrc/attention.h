@@ -24,19 +24,40 @@ constexpr int64_t MAX_HEAD = 256;  // head sizes up to this, in whole LANES
 constexpr int TILE_QUERIES = 4;  // queries whose running sums share the registers
 constexpr int64_t KEY_BLOCK = 64;  // shared keys a block: 16 KB of keys (or values) of 64 lanes stay in L1
 
-// s [n] -> softmax(s) in place: e^(s - max) over their sum (four running sums, then a fixed tree)
-inline void softmax_row(float* s, int64_t n) {
+// The largest of s [n], n >= 1: 16 running maxima (one chain of n dependent comparisons took
+// about a third of a 2000-token context's softmax), the same value in any order
+inline float largest(const float* s, int64_t n) {
+  float tops[LANES];
+  for (int j = 0; j < LANES; ++j) tops[j] = s[0];
+  int64_t t = 0;
+  for (; t + LANES <= n; t += LANES)
+    for (int j = 0; j < LANES; ++j) tops[j] = std::max(tops[j], s[t + j]);
+  for (int j = 0; t < n; ++t, ++j) tops[j] = std::max(tops[j], s[t]);
+  float top = tops[0];
+  for (int j = 1; j < LANES; ++j) top = std::max(top, tops[j]);
+  return top;
+}
+
+// G score rows of n each -> softmax in place: e^(s - max) over their sum, the sum in four
+// running sums and then a fixed tree for each row. The G rows' sums run side by side: one
+// row's four chains of n / 4 dependent additions wait on each other's latency.
+template <int G>
+void softmax_rows(float* const* s, int64_t n) {
   if (n == 0) return;
-  float top = s[0];
-  for (int64_t t = 1; t < n; ++t) top = std::max(top, s[t]);
-  for (int64_t t = 0; t < n; ++t) s[t] = exp_fp32(s[t] - top);
-  float part[4] = {};
+  for (int g = 0; g < G; ++g) {
+    const float top = largest(s[g], n);
+    for (int64_t t = 0; t < n; ++t) s[g][t] = exp_fp32(s[g][t] - top);
+  }
+  float part[G][4] = {};
   int64_t t = 0;
   for (; t + 4 <= n; t += 4)
-    for (int j = 0; j < 4; ++j) part[j] += s[t + j];
-  for (int j = 0; t < n; ++t, ++j) part[j] += s[t];
-  const float total = (part[0] + part[2]) + (part[1] + part[3]);
-  for (int64_t i = 0; i < n; ++i) s[i] /= total;
+    for (int g = 0; g < G; ++g)
+      for (int j = 0; j < 4; ++j) part[g][j] += s[g][t + j];
+  for (int g = 0; g < G; ++g) {
+    for (int64_t u = t, j = 0; u < n; ++u, ++j) part[g][j] += s[g][u];
+    const float total = (part[g][0] + part[g][2]) + (part[g][1] + part[g][3]);
+    for (int64_t i = 0; i < n; ++i) s[g][i] /= total;
+  }
 }
 
 // One query: its vector, where its output goes, the cache positions it sees and its scores
@@ -152,10 +173,24 @@ inline void spans(bool scores, const Query* qs, int64_t count, int64_t per_row, 
       span(scores, qs + g, static_cast<int>(std::min(tile, r0 + per_row - g)), c, shared, qs[g].n);
 }
 
+// softmax_rows for `count` <= TILE_QUERIES queries of one row (the same n)
+inline void softmax_tile(const Query* qs, int count) {
+  float* s[TILE_QUERIES];
+  for (int g = 0; g < count; ++g) s[g] = qs[g].sc;
+  switch (count) {
+    case 1: return softmax_rows<1>(s, qs[0].n);
+    case 2: return softmax_rows<2>(s, qs[0].n);
+    case 3: return softmax_rows<3>(s, qs[0].n);
+    default: return softmax_rows<4>(s, qs[0].n);
+  }
+}
+
 // Every query's attention: scores, softmax, weighted sum -> each query's out
 inline void attend_queries(const Query* qs, int64_t count, int64_t per_row, int64_t shared, const HeadCache& c) {
   spans(true, qs, count, per_row, shared, c);
-  for (int64_t g = 0; g < count; ++g) softmax_row(qs[g].sc, qs[g].n);
+  const int64_t tile = std::min<int64_t>(TILE_QUERIES, per_row);
+  for (int64_t r0 = 0; r0 < count; r0 += per_row)
+    for (int64_t g = r0; g < r0 + per_row; g += tile) softmax_tile(qs + g, static_cast<int>(std::min(tile, r0 + per_row - g)));
   spans(false, qs, count, per_row, shared, c);
 }
 

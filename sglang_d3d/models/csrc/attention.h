@@ -6,7 +6,7 @@
 //   see together, in tiles of up to four (their running sums in registers);
 // - the rows of one slot (a verify block's chain or tree, a drafter's block) take the keys
 //   they all see, the cache positions from 0 on (`shared`), together too, block by block, so a
-//   prefix of 2000 tokens is read once a layer for the block rather than once a row;
+//   prefix of 2000 tokens is read once a layer for a bundle of rows rather than once a row;
 // - each row's own keys past the shared ones (its block's earlier rows, its tree path) follow
 //   for that row alone.
 #pragma once
@@ -24,8 +24,9 @@ constexpr int64_t MAX_HEAD = 256;  // head sizes up to this, in whole LANES
 constexpr int TILE_QUERIES = 4;  // queries whose running sums share the registers
 constexpr int64_t KEY_BLOCK = 64;  // shared keys a block: 16 KB of keys (or values) of 64 lanes stay in L1
 
-// The largest of s [n], n >= 1: 16 running maxima (one chain of n dependent comparisons took
-// about a third of a 2000-token context's softmax), the same value in any order
+// The largest of s [n], n >= 1, in 16 running maxima: the same value in any order, and not one
+// chain of n comparisons each waiting on the last (with them, a 9-row pass's layer loop at 2000
+// tokens took 0.93x the time, benchmarks/bench_layers_ab.py)
 inline float largest(const float* s, int64_t n) {
   float tops[LANES];
   for (int j = 0; j < LANES; ++j) tops[j] = s[0];

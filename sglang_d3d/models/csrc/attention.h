@@ -99,7 +99,7 @@ void scores_span(const Query* qs, const HeadCache& c, int64_t t0, int64_t t1) {
           b[g] += load(qs[g].q + i) * y;
         }
       }
-      for (int g = 0; g < G; ++g) {
+      for (int g = 0; g < G; ++g) {  // [lanes 0-7 of a | of b] + [lanes 8-15 of a | of b]: hsum's v[i] + v[i + 8]
         const __m512 va = reinterpret_cast<__m512>(a[g]), vb = reinterpret_cast<__m512>(b[g]);
         _mm512_store_ps(halves[g] + 8 * j, _mm512_add_ps(_mm512_shuffle_f32x4(va, vb, _MM_SHUFFLE(1, 0, 1, 0)),
                                                          _mm512_shuffle_f32x4(va, vb, _MM_SHUFFLE(3, 2, 3, 2))));

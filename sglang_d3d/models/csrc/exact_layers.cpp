@@ -168,29 +168,35 @@ struct Bundle {
   int64_t shared;
 };
 
-// Shared keys from which the rows of a slot read them together: below, each row's task found a
-// head's keys and values of the row before it in L2 (200 and 1000 tokens: the same time or up
-// to 3% more together; 2000 tokens: 0.79-0.84x at 5 rows, benchmarks/bench_layers_ab.py)
+// The shared positions from which the rows of a slot read them together: below, each row's task
+// found the previous row's keys and values in L2 (200 and 1000 tokens: the same time or up to
+// 3% more together; 2000 tokens: 0.79-0.84x at 5 rows, benchmarks/bench_layers_ab.py)
 constexpr int64_t SHARED_MIN = 1536;
 
-// The pass's rows by slot, in order: the rows of a slot that all see at least SHARED_MIN of its
-// positions in one bundle, split in halves (the largest first) while the key-value heads times
-// the bundles would not give every thread two tasks; every other row a bundle of its own
-std::vector<Bundle> row_bundles(c10::IntArrayRef slots, const KeyLists& keys, int64_t kv_heads) {
+// The pass's rows by slot, in order, with the positions 0 .. shared - 1 all of a slot's rows see
+std::vector<Bundle> slot_bundles(c10::IntArrayRef slots, const KeyLists& keys) {
   std::vector<Bundle> bundles;
   for (int64_t r = 0; r < static_cast<int64_t>(slots.size()); ++r) {
     auto same = std::find_if(bundles.begin(), bundles.end(), [&](const Bundle& b) { return slots[b.rows[0]] == slots[r]; });
-    if (same == bundles.end()) bundles.push_back({{r}, leading_run(keys[r])});
-    else {
+    if (same == bundles.end()) {
+      bundles.push_back({{r}, leading_run(keys[r])});
+    } else {
       same->rows.push_back(r);
       same->shared = std::min(same->shared, leading_run(keys[r]));
     }
   }
+  return bundles;
+}
+
+// The rows of a slot that all see at least SHARED_MIN of its positions in one bundle, split in
+// halves (the largest first) while the key-value heads times the bundles would not give every
+// thread two tasks; every other row a bundle of its own, its keys in one span
+std::vector<Bundle> row_bundles(c10::IntArrayRef slots, const KeyLists& keys, int64_t kv_heads) {
   std::vector<Bundle> out;
-  for (Bundle& b : bundles) {
+  for (Bundle& b : slot_bundles(slots, keys)) {
     if (b.rows.size() > 1 && b.shared >= SHARED_MIN) out.push_back(std::move(b));
     else
-      for (int64_t r : b.rows) out.push_back({{r}, 0});  // one row: its keys in one span
+      for (int64_t r : b.rows) out.push_back({{r}, 0});
   }
   const int64_t wanted = 2 * at::get_num_threads();
   while (kv_heads * static_cast<int64_t>(out.size()) < wanted) {

@@ -49,7 +49,7 @@ def main() -> None:
     table = []
     for m in rows:
         for part, run in _parts(layers, head, m).items():
-            table.append({"rows": m, "part": part, **_race(ops, run, a.rounds)})
+            table.append({"rows": m, "part": part, **race(ops, run, a.rounds)})
             _print_row(table[-1])
     if a.json:
         out = {**run_info(weights="q4_1 random, default target's shapes; Q8_0 head"), "args": vars(a),
@@ -109,9 +109,9 @@ def _parts(layers: list[dict], head: tuple, m: int) -> dict:
             "head": lambda ops: [ops.q8_mm(xh, *head)]}
 
 
-def _race(ops: dict, run, rounds: int) -> dict:
-    """Median ms of each build, and the median per-round ratio work / base, alternating which
-    goes first; plus whether the outputs are the same bits."""
+def race(ops: dict, run, rounds: int) -> dict:
+    """Median ms of each build (`run(build)` -> its outputs), and the median per-round ratio
+    work / base, alternating which goes first; plus whether the outputs are the same bits."""
     same = all(torch.equal(x, y) for x, y in zip(run(ops["base"]), run(ops["work"])))
     ms = {k: [] for k in ops}
     for r in range(rounds):

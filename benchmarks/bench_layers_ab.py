@@ -15,9 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -28,7 +26,7 @@ from sglang_d3d.models.q4_target import use_gguf_q4
 from sglang_d3d.models.target import TargetRunner
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # run_info, when run as a script
-from bench_kernels_ab import csrc_at  # noqa: E402
+from bench_kernels_ab import csrc_at, race  # noqa: E402
 from run_info import run_info  # noqa: E402
 
 
@@ -45,7 +43,7 @@ def main() -> None:
     for ctx in (int(c) for c in a.ctx.split(",")):
         for rows in (int(r) for r in a.rows.split(",")):
             args, kwargs = _captured(model, ctx, rows)
-            table.append({"ctx": ctx, "rows": rows, **_race(loops, args, kwargs, a.rounds)})
+            table.append({"ctx": ctx, "rows": rows, **race(loops, _calling(args, kwargs), a.rounds)})
             r = table[-1]
             print(f"ctx {ctx:>5}, rows {rows:>2}: base {r['base_ms']:7.2f} ms  work {r['work_ms']:7.2f} ms  "
                   f"x{r['ratio']:.3f}  {'same bits' if r['same_bits'] else 'BITS DIFFER'}", flush=True)
@@ -87,17 +85,9 @@ def _captured(model: Decoder, ctx: int, rows: int) -> tuple[tuple, dict]:
     return seen["call"]
 
 
-def _race(loops: dict, args: tuple, kwargs: dict, rounds: int) -> dict:
-    same = torch.equal(loops["base"](*args, **kwargs), loops["work"](*args, **kwargs))
-    ms = {k: [] for k in loops}
-    for r in range(rounds):
-        for k in (("base", "work") if r % 2 else ("work", "base")):
-            start = time.perf_counter()
-            loops[k](*args, **kwargs)
-            ms[k].append((time.perf_counter() - start) * 1e3)
-    ratio = statistics.median(w / b for w, b in zip(ms["work"], ms["base"]))
-    return {"base_ms": round(statistics.median(ms["base"]), 3), "work_ms": round(statistics.median(ms["work"]), 3),
-            "ratio": round(ratio, 3), "same_bits": same}
+def _calling(args: tuple, kwargs: dict):
+    """A loop build -> its output for these arguments (race's run)."""
+    return lambda loop: [loop(*args, **kwargs)]
 
 
 def _args() -> argparse.Namespace:

@@ -513,18 +513,21 @@ inline __m512 half_pair(const at::Half* a, const at::Half* b) {
   return _mm512_cvtph_ps(_mm256_inserti128_si256(_mm256_castsi128_si256(lo), hi, 1));
 }
 
-// Two weight rows' octet chunks c and c + 1 (`stride` bytes apart) in one register: the low
-// nibbles' bytes, then the high ones', each as lo and hi
-struct ChunkPair {
+// A register of 4-bit weights as its low nibbles' bytes and its high ones'
+struct Nibbles {
   __m512i lo, hi;
 };
 
-// line: w and chunk c + 1 lie in one cache line; elsewhere (a row of 576 inputs is 288 bytes,
-// so every other one starts mid-line) two 32-byte loads, which never straddle two lines
-inline ChunkPair chunk_pair(const uint8_t* w, int64_t stride, bool line) {
+inline Nibbles nibbles(__m512i v) {
   const __m512i low4 = _mm512_set1_epi8(15);
-  const __m512i v = line ? _mm512_load_si512(w) : _mm512_inserti64x4(_mm512_castsi256_si512(load32(w)), load32(w + stride), 1);
   return {_mm512_and_si512(v, low4), _mm512_and_si512(_mm512_srli_epi16(v, 4), low4)};
+}
+
+// One weight row's octet chunks c and c + 1 (`stride` bytes apart) in one register. line: w
+// and chunk c + 1 lie in one cache line; elsewhere (a row of 576 inputs is 288 bytes, so every
+// other one starts mid-line) two 32-byte loads, which never straddle two lines
+inline Nibbles chunk_pair(const uint8_t* w, int64_t stride, bool line) {
+  return nibbles(line ? _mm512_load_si512(w) : pair32(w, w + stride));
 }
 
 // A row's lanes for its two 32-byte halves (chunk 2q in lanes 0-7, 2q + 1 in 8-15) of weight
@@ -546,23 +549,11 @@ inline void min_sums(const Rounded* xr, const at::Half* ma, const at::Half* mb, 
   }
 }
 
-// Two adjacent weight rows a and b at once in AVX-512 registers: one register holds one row's
-// chunks c and c + 1, and meets the input bytes of those two chunks (CHUNK_PAIRS: one aligned
-// 64-byte load each, shared by both weight rows). Each lane sums one block's products within
-// one chunk; the two halves' sums are folded (integers, exact in any order) into a's 8 blocks
-// in lanes 0-7 and b's in 8-15, which then take the fp32 steps q4_row_vec's lanes take, so the
-// outputs are the same bits.
-// A last octet of t <= 2 blocks (its chunks 4 t bytes apart) goes in one 32-byte half per row,
-// against the rows' tail bytes: a quarter of a full octet's byte products. A lane of 4 bytes
-// then holds one chunk's sum for one block (chunk c, block j at lane c t + j of its half), and
-// the chunks' integer sums are exact in any order. Lanes 0 .. t - 1 of each half take the full
-// octet's fp32 steps; the others are left as they are, where a full octet adds zero products
-// to them, so outputs differ at most in the sign of an exact zero (as short_tail_avx2).
 // One input row's block sums (a's 8 blocks in lanes 0-7, b's in 8-15) for one octet of weight
 // rows a and b held as chunk pairs: four independent chains, rows a and b each with its h and its
 // l bytes' sums (coarse, l = 0: each its h bytes' sums against the low and the high nibbles)
 template <bool COARSE>
-inline __m512i pair_sums(const int8_t* xb, const ChunkPair* a, const ChunkPair* b) {
+inline __m512i pair_sums(const int8_t* xb, const Nibbles* a, const Nibbles* b) {
   __m512i ha = _mm512_setzero_si512(), la = ha, hb = ha, lb = ha;
   for (int q = 0; q < 2; ++q) {
     const int8_t* xq = xb + part_at(2 * q, 0);  // this chunk pair's 4 parts, a line each
@@ -584,36 +575,38 @@ inline __m512i pair_sums(const int8_t* xb, const ChunkPair* a, const ChunkPair* 
   return fold_halves(_mm512_add_epi32(_mm512_slli_epi32(ha, 7), la), _mm512_add_epi32(_mm512_slli_epi32(hb, 7), lb));
 }
 
-// Chunk c of weight rows a and b in one register (a's in the low half, b's in the high), its
-// low and high nibbles
-inline void chunks_side_by_side(const uint8_t* wa, const uint8_t* wb, int64_t stride, __m512i* lo, __m512i* hi) {
-  const __m512i low4 = _mm512_set1_epi8(15);
-  for (int c = 0; c < 4; ++c) {
-    const __m512i v = pair32(wa + c * stride, wb + c * stride);
-    lo[c] = _mm512_and_si512(v, low4);
-    hi[c] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
-  }
-}
-
-// pair_sums' result with the weights side by side (chunks_side_by_side) and each input part
-// broadcast to both halves of a register: for 1 and 2 input rows, whose few loads gain little
-// from chunk pairs, it spares the folding (chunk pairs were slightly slower there)
+// pair_sums' result with the weights side by side (side[c]: chunk c of weight rows a and b in
+// one register, a's in the low half) and each input part broadcast to both halves of a
+// register: for 1 and 2 input rows, whose few loads gain little from chunk pairs, it spares the
+// folding (chunk pairs were slightly slower there)
 template <bool COARSE>
-inline __m512i broadcast_sums(const int8_t* xb, const __m512i* lo, const __m512i* hi) {
+inline __m512i broadcast_sums(const int8_t* xb, const Nibbles* side) {
   __m512i h = _mm512_setzero_si512(), l = h;
   for (int c = 0; c < 4; ++c) {
     const auto part = [&](int p) { return _mm512_broadcast_i64x4(load32(xb + part_at(c, p))); };
     if (COARSE) {
-      h = _mm512_dpbusd_epi32(h, lo[c], part(0));
-      l = _mm512_dpbusd_epi32(l, hi[c], part(2));
+      h = _mm512_dpbusd_epi32(h, side[c].lo, part(0));
+      l = _mm512_dpbusd_epi32(l, side[c].hi, part(2));
     } else {
-      h = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(h, lo[c], part(0)), hi[c], part(2));
-      l = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(l, lo[c], part(1)), hi[c], part(3));
+      h = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(h, side[c].lo, part(0)), side[c].hi, part(2));
+      l = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(l, side[c].lo, part(1)), side[c].hi, part(3));
     }
   }
   return COARSE ? _mm512_slli_epi32(_mm512_add_epi32(h, l), 7) : _mm512_add_epi32(_mm512_slli_epi32(h, 7), l);
 }
 
+// Two adjacent weight rows a and b at once in AVX-512 registers: one register holds one row's
+// chunks c and c + 1, and meets the input bytes of those two chunks (CHUNK_PAIRS: one aligned
+// 64-byte load each, shared by both weight rows). Each lane sums one block's products within
+// one chunk; the two halves' sums are folded (integers, exact in any order) into a's 8 blocks
+// in lanes 0-7 and b's in 8-15, which then take the fp32 steps q4_row_vec's lanes take, so the
+// outputs are the same bits. One or two input rows take broadcast_sums instead.
+// A last octet of t <= 2 blocks (its chunks 4 t bytes apart) goes in one 32-byte half per row,
+// against the rows' tail bytes: a quarter of a full octet's byte products. A lane of 4 bytes
+// then holds one chunk's sum for one block (chunk c, block j at lane c t + j of its half), and
+// the chunks' integer sums are exact in any order. Lanes 0 .. t - 1 of each half take the full
+// octet's fp32 steps; the others are left as they are, where a full octet adds zero products
+// to them, so outputs differ at most in the sign of an exact zero (as short_tail_avx2).
 template <int R, bool COARSE>
 void q4_pair_vnni(const Rounded* xr, const uint8_t* wa, const uint8_t* wb, const at::Half* da,
                   const at::Half* db, const at::Half* ma, const at::Half* mb, int64_t groups, float* lanes,
@@ -633,9 +626,9 @@ void q4_pair_vnni(const Rounded* xr, const uint8_t* wa, const uint8_t* wb, const
     _mm_prefetch(reinterpret_cast<const char*>(wb + at + PREFETCH), _MM_HINT_T0);
     _mm_prefetch(reinterpret_cast<const char*>(wb + at + PREFETCH + 64), _MM_HINT_T0);
     const bool whole = o < full;
-    ChunkPair a[2], b[2];
-    __m512i lo[4], hi[4];
-    if (BROADCAST) chunks_side_by_side(wa + at, wb + at, stride, lo, hi);
+    Nibbles a[2], b[2], side[4];
+    if (BROADCAST)
+      for (int c = 0; c < 4; ++c) side[c] = nibbles(pair32(wa + at + c * stride, wb + at + c * stride));
     else
       for (int q = 0; q < 2; ++q) {
         a[q] = chunk_pair(wa + at + 2 * q * stride, stride, whole && a_lines);
@@ -645,7 +638,7 @@ void q4_pair_vnni(const Rounded* xr, const uint8_t* wa, const uint8_t* wb, const
 #pragma GCC unroll 8  // whole, as in q4_row_vec
     for (int r = 0; r < R; ++r) {
       const int8_t* xb = xr[r].bytes + o * XQ_BYTES;
-      const __m512i exact = BROADCAST ? broadcast_sums<COARSE>(xb, lo, hi) : pair_sums<COARSE>(xb, a, b);
+      const __m512i exact = BROADCAST ? broadcast_sums<COARSE>(xb, side) : pair_sums<COARSE>(xb, a, b);
       const __m512 sum = _mm512_cvtepi32_ps(exact);  // exact
       const __m512 scale = _mm512_mul_ps(dw, _mm512_broadcast_f32x8(_mm256_loadu_ps(xr[r].dx + o * OCTET)));
       total[r] = _mm512_fmadd_ps(sum, scale, total[r]);
@@ -655,8 +648,7 @@ void q4_pair_vnni(const Rounded* xr, const uint8_t* wa, const uint8_t* wb, const
   if (!INLINE_MT) min_sums<R>(xr, ma, mb, octets, mt);
   if (tail > 0 && tail <= 2) {  // the short last octet
     const int64_t at = full * OCTET_BYTES, o = full;
-    const __m512i v = pair32(wa + at, wb + at), low4 = _mm512_set1_epi8(15);
-    const __m512i lo = _mm512_and_si512(v, low4), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
+    const auto [lo, hi] = nibbles(pair32(wa + at, wb + at));
     const __m512 dw = half_pair(da + o * OCTET, db + o * OCTET), mw = half_pair(ma + o * OCTET, mb + o * OCTET);
     const __mmask16 keep = tail == 1 ? 0x0101 : 0x0303;  // lanes 0 .. t - 1 of each row's half
 #pragma GCC unroll 4

@@ -218,10 +218,25 @@ int64_t heads_a_task(int64_t group, int64_t tasks_per_run) {
   return together;
 }
 
+// How a pass's attention splits into tasks, the same in every layer (the rows' keys are): the
+// bundles of rows, and per key-value head runs of `together` query heads (`runs` of them)
+struct AttentionPlan {
+  std::vector<Bundle> bundles;
+  int64_t together, runs;
+};
+
+AttentionPlan attention_plan(c10::IntArrayRef slots, const KeyLists& keys, Heads hd) {
+  const int64_t group = hd.hq / hd.hkv;
+  std::vector<Bundle> bundles = row_bundles(slots, keys, hd.hkv);
+  const int64_t together = heads_a_task(group, hd.hkv * static_cast<int64_t>(bundles.size()));
+  return {std::move(bundles), together, (group + together - 1) / together};
+}
+
 // Writes every row's key and value into the layer cache, then out [R, Hq * D]: row r's
-// attention over the cache entries keys[r].
+// attention over the cache entries keys[r], in the tasks of `plan`.
 void attend(Rows qkv, const at::Tensor& cos, const at::Tensor& sin, LayerCache cache, c10::IntArrayRef slots,
-            c10::IntArrayRef writes, const KeyLists& keys, Heads hd, Rows out, Workspace& ws) {
+            c10::IntArrayRef writes, const KeyLists& keys, const AttentionPlan& plan, Heads hd, Rows out,
+            Workspace& ws) {
   const int64_t rows = qkv.rows, width = qkv.width, d = hd.d;
   const int64_t group = hd.hq / hd.hkv, slot_stride = cache.slot_stride, pos_stride = cache.pos_stride;
   const float* src = qkv.p;
@@ -248,10 +263,8 @@ void attend(Rows qkv, const at::Tensor& cos, const at::Tensor& sin, LayerCache c
   // keys and values it needs once (the layer's whole cache is 1.5 MB at a 1000-token context,
   // past L2), and the next task of the same head finds them in cache
   float* op = out.p;
-  const std::vector<Bundle> bundles = row_bundles(slots, keys, hd.hkv);
-  const int64_t nb = static_cast<int64_t>(bundles.size());
-  const int64_t together = heads_a_task(group, hd.hkv * nb);
-  const int64_t runs = (group + together - 1) / together;  // per key-value head
+  const std::vector<Bundle>& bundles = plan.bundles;
+  const int64_t nb = static_cast<int64_t>(bundles.size()), together = plan.together, runs = plan.runs;
   at::parallel_for(0, hd.hkv * runs * nb, 1, [&](int64_t i0, int64_t i1) {
     std::vector<Query> qs;
     std::vector<float> scores;  // this task's, one task's at a time
@@ -320,6 +333,7 @@ at::Tensor exact_layers(const at::Tensor& h0, const at::Tensor& cos, const at::T
   const at::Tensor c = cos.contiguous(), s = sin.contiguous();
   const Heads hd{hq, hkv, d};
   const KeyLists keys = key_lists(counts, paths);
+  const AttentionPlan plan = attention_plan(slots, keys, hd);
   const int64_t rows = h.size(0), width = h.size(1);
   const Rows hr{h.data_ptr<float>(), rows, width};
   const std::vector<int64_t> outputs = checked_widths(qs, ds, ms, kc.size(0), width, hd);
@@ -340,7 +354,7 @@ at::Tensor exact_layers(const at::Tensor& h0, const at::Tensor& cos, const at::T
     const LayerCache layer{kc.data_ptr<float>() + li * kc.stride(0), vc.data_ptr<float>() + li * vc.stride(0),
                            kc.stride(1), kc.stride(2)};
     const Rows att = Workspace::take(ws.att, rows, hq * d);
-    attend(qkv, c, s, layer, slots, writes, keys, hd, att, ws);
+    attend(qkv, c, s, layer, slots, writes, keys, plan, hd, att, ws);
     const Rows o = Workspace::take(ws.o, rows, width);
     project(att, qs[p + 1], ds[p + 1], ms[p + 1], biases.get(p + 1), o, ws.scratch, coarse);
     add_delta(att, dls[p + 1], is_mask, o, ws.delta);
